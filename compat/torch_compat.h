@@ -1,0 +1,33 @@
+// The LibTorch API differences between Debian's 1.13 and the 2.x shipped with
+// PyTorch, isolated here so that nothing else in bigbatch tests versions.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace bigbatch::compat {
+
+/// Key type of `torch::optim::Optimizer::state()`: the TensorImpl address
+/// printed as a string in 1.13, the address itself (`void*`) in 2.x.
+using OptimizerStateKey = typename std::decay_t<
+    decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+/// The key under which LibTorch's optimizers (and its serialize helpers)
+/// store the state of parameter `p`.
+/// (A template so that only the branch of the installed version is compiled.)
+template <typename Key = OptimizerStateKey>
+Key optimizer_state_key(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;  // as c10::guts::to_string(TensorImpl*) in 1.13
+    key << p.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+}  // namespace bigbatch::compat

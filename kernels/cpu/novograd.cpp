@@ -1,0 +1,27 @@
+// Fused CPU kernel: NovoGrad's element pass (kernels/novograd.h), reading
+// w, g, m and writing m, w.
+#include <bigbatch/kernels/novograd.h>
+#include <bigbatch/kernels/cpu/loops.h>
+
+namespace bigbatch::kernels {
+
+void novograd_update_cpu(void* w_, const void* g_, float* m, DType dtype, std::int64_t n,
+                         const NovoGradStep& s) {
+  cpu::dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* w = static_cast<T*>(w_);
+    const T* g = static_cast<const T*>(g_);
+    cpu::parallel_elements(n, [&](std::int64_t begin, std::int64_t end) {
+#pragma omp simd
+      for (std::int64_t i = begin; i < end; ++i) {
+        const float wi = cpu::load(w, i);
+        const float d = (cpu::load(g, i) / s.denom + s.weight_decay * wi) * s.grad_factor;
+        const float mi = s.beta1 * m[i] + d;               // m = b1*m + d
+        m[i] = mi;
+        cpu::store(w, i, wi - s.lr * mi);                  // w = w - lr*m
+      }
+    });
+  });
+}
+
+}  // namespace bigbatch::kernels

@@ -1,0 +1,78 @@
+// LAMB: layer-wise adaptive moments for large batches (You et al. 2019,
+// arXiv:1904.00962, v5 Algorithm 2; apex FusedLAMB). FORMULAS.md, per tensor:
+//   if max_grad_norm > 0:  g = g / max(1, G / max_grad_norm)   (G over all groups)
+//   if !adam_w_mode:       g = g + wd*w
+//   m = b1*m + b3*g;  v = b2*v + (1-b2)*g^2      b3 = grad_averaging ? 1-b1 : 1
+//   u = (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps) + (adam_w_mode ? wd*w : 0)
+//   ratio = ||w|| / ||u|| if adapt and (wd != 0 or always_adapt), else 1;
+//           clamped to [min_trust, max_trust], and to <= 1 with trust_clip
+//   w = w - lr*ratio*u
+// As a chain of steps: clip by global norm -> adam moments (bias-corrected)
+// -> add decayed weights -> trust ratio -> scale by -lr.
+// Variants: apex FusedLAMB = max_grad_norm(1.0); NVLAMB = always_adapt(true);
+// timm "lambc" = trust_clip(true); DeepSpeed = min_trust(0.01).max_trust(10).
+#pragma once
+
+#include <bigbatch/optimizers/layerwise_optimizer.h>
+#include <bigbatch/optimizers/options_macros.h>
+#include <bigbatch/kernels/lamb.h>
+
+#include <limits>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace bigbatch::optim {
+
+struct LAMBOptions : public torch::optim::OptimizerCloneableOptions<LAMBOptions> {
+  LAMBOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): as LibTorch
+  TORCH_ARG(double, lr) = 1e-3;
+  typedef std::tuple<double, double> betas_t;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-6;
+  TORCH_ARG(double, weight_decay) = 0.01;
+  TORCH_ARG(bool, bias_correction) = true;
+  TORCH_ARG(bool, grad_averaging) = true;
+  /// true: decoupled decay added to the update (AdamW); false: L2 in the gradient.
+  TORCH_ARG(bool, adam_w_mode) = true;
+  /// Clip by the L2 norm of all gradients of all groups; 0 = no clipping.
+  TORCH_ARG(double, max_grad_norm) = 0;
+  /// Use the trust ratio even where weight_decay is 0 (NVLAMB).
+  TORCH_ARG(bool, always_adapt) = false;
+  /// Cap the trust ratio at 1 (timm's lambc).
+  TORCH_ARG(bool, trust_clip) = false;
+  TORCH_ARG(double, min_trust) = 0;
+  TORCH_ARG(double, max_trust) = std::numeric_limits<double>::infinity();
+  /// false: no trust ratio for this group (biases, normalization parameters).
+  TORCH_ARG(bool, adapt) = true;
+  /// A step with inf/NaN gradients changes nothing and is counted in skipped_steps().
+  TORCH_ARG(bool, skip_nonfinite) = true;
+  /// true: fused CPU kernels; false: the reference path in plain ATen ops.
+  TORCH_ARG(bool, fused) = true;
+
+  BIGBATCH_OPTIONS_MEMBERS(LAMBOptions);
+};
+
+struct LAMBParamState : public torch::optim::OptimizerCloneableParamState<LAMBParamState> {
+  TORCH_ARG(int64_t, step) = 0;
+  TORCH_ARG(torch::Tensor, exp_avg);     ///< m, fp32
+  TORCH_ARG(torch::Tensor, exp_avg_sq);  ///< v, fp32
+
+  BIGBATCH_PARAM_STATE_MEMBERS(LAMBParamState);
+};
+
+/// LAMB as a drop-in torch::optim::Optimizer.
+class LAMB : public LayerwiseOptimizer<LAMBOptions, LAMBParamState> {
+ public:
+  explicit LAMB(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                LAMBOptions defaults = {});
+  explicit LAMB(std::vector<torch::Tensor> params, LAMBOptions defaults = {});
+
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
+ private:
+  void step_fused(const Group& group, double grad_scale, const std::vector<kernels::LambNorms>& norms);
+  void step_reference(const Group& group, double grad_scale);
+};
+
+}  // namespace bigbatch::optim

@@ -1,0 +1,81 @@
+// LARC (larc.h): options, state, and the step with its fused CPU path
+// (kernels/momentum.h) and its reference path in plain ATen ops.
+#include <bigbatch/optimizers/larc.h>
+
+#include <bigbatch/optimizers/internal.h>
+
+#include <algorithm>
+
+namespace bigbatch::optim {
+
+#define LARC_OPTION_FIELDS(X)                                                                  \
+  X(double, lr) X(double, momentum) X(double, weight_decay) X(double, trust_coefficient)       \
+  X(double, eps) X(bool, clip) X(bool, nesterov) X(bool, adapt) X(bool, skip_nonfinite)        \
+  X(bool, fused)
+#define LARC_STATE_FIELDS(X) X(torch::Tensor, momentum_buffer)
+
+LARCOptions::LARCOptions(double lr) : lr_(lr) {}
+BIGBATCH_DEFINE_FIELD_IO(LARCOptions, LARC_OPTION_FIELDS)
+BIGBATCH_DEFINE_FIELD_IO(LARCParamState, LARC_STATE_FIELDS)
+
+void LARCOptions::validate() const {
+  using namespace internal;
+  // clip divides by lr: a zero rate is meaningless there.
+  check_option(clip() ? lr() > 0 : lr() >= 0, "LARC", "lr", lr(), clip() ? "> 0 with clip" : ">= 0");
+  check_nonnegative("LARC", "momentum", momentum());
+  check_nonnegative("LARC", "weight_decay", weight_decay());
+  check_option(trust_coefficient() > 0, "LARC", "trust_coefficient", trust_coefficient(), "> 0");
+  check_nonnegative("LARC", "eps", eps());
+  check_option(!nesterov() || momentum() > 0, "LARC", "momentum", momentum(),
+               "> 0 with nesterov");
+}
+
+LARCParamState LARCParamState::fresh(const at::Tensor& param) {
+  LARCParamState s;
+  s.momentum_buffer(at::zeros_like(param, param.options().dtype(at::kFloat)));
+  return s;
+}
+
+LARC::LARC(std::vector<torch::optim::OptimizerParamGroup> param_groups, LARCOptions defaults)
+    : LayerwiseOptimizer(std::move(param_groups), defaults, "LARC") {}
+
+LARC::LARC(std::vector<torch::Tensor> params, LARCOptions defaults)
+    : LARC({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+torch::Tensor LARC::step(LossClosure closure) {
+  return norm_pass_then_update(closure, /*with_weight=*/true, [this](const LARCOptions& o,
+                                                                   const ParamGrad& pg,
+                                                                   const TensorNorms& n,
+                                                                   bool fused) {
+    const double wd = o.weight_decay();
+    double scale = 1.0;
+    if (o.adapt() && n.w_norm != 0 && n.g_norm != 0) {
+      const double local = o.trust_coefficient() * n.w_norm / (n.g_norm + wd * n.w_norm + o.eps());
+      scale = o.clip() ? std::min(local / o.lr(), 1.0) : local;
+    }
+    auto& v = state_of(pg.param).momentum_buffer();
+    if (fused) {
+      kernels::MomentumStep s;
+      s.scale = static_cast<float>(scale);
+      s.step_size = static_cast<float>(o.lr());
+      s.momentum = static_cast<float>(o.momentum());
+      s.weight_decay = static_cast<float>(wd);
+      s.nesterov = o.nesterov();
+      kernels::momentum_update_cpu(pg.param.data_ptr(), pg.grad.data_ptr(), v.data_ptr<float>(),
+                                   kernel_dtype(pg.param), pg.param.numel(), s);
+      return;
+    }
+    // Reference: the formulas of larc.h in ATen ops.
+    at::Tensor w = pg.param.to(at::kFloat);  // the parameter itself when it is fp32
+    const at::Tensor d = (pg.grad.to(at::kFloat) + wd * w) * scale;
+    v.mul_(o.momentum()).add_(d);
+    if (o.nesterov()) {
+      w.sub_((d + v * o.momentum()) * o.lr());
+    } else {
+      w.sub_(v * o.lr());
+    }
+    if (!w.is_same(pg.param)) pg.param.copy_(w);
+  });
+}
+
+}  // namespace bigbatch::optim

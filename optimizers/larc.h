@@ -1,0 +1,56 @@
+// LARC: layer-wise rate with clipping on an SGD-momentum base (apex's LARC;
+// FORMULAS.md), per tensor:
+//   local = tc*||w|| / (||g|| + wd*||w|| + eps)
+//   scale = clip ? min(local/lr, 1) : local     (1 where ||w|| or ||g|| is 0, or adapt false)
+//   d = (g + wd*w) * scale
+//   v = momentum*v + d                          (v starts at 0, so v = d at the first step)
+//   w = w - lr*v       nesterov: w = w - lr*(d + momentum*v)
+// With clip the effective rate of a layer is min(lr, local); clip=false is the
+// "scale" mode of timm's Lars and torchlars, with PyTorch's lr-outside-momentum form.
+// As a chain of steps: add decayed weights -> clipped trust scale -> momentum -> scale by lr.
+#pragma once
+
+#include <bigbatch/kernels/momentum.h>
+#include <bigbatch/optimizers/layerwise_optimizer.h>
+#include <bigbatch/optimizers/options_macros.h>
+
+#include <vector>
+
+namespace bigbatch::optim {
+
+struct LARCOptions : public torch::optim::OptimizerCloneableOptions<LARCOptions> {
+  LARCOptions(double lr);  // NOLINT(google-explicit-constructor): as LibTorch
+  TORCH_ARG(double, lr);
+  TORCH_ARG(double, momentum) = 0.9;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(double, trust_coefficient) = 0.02;
+  TORCH_ARG(double, eps) = 1e-8;
+  /// true: effective rate min(lr, local) ("clip"); false: lr*local ("scale").
+  TORCH_ARG(bool, clip) = true;
+  TORCH_ARG(bool, nesterov) = false;
+  /// false: no layer-wise scale for this group (biases, normalization parameters).
+  TORCH_ARG(bool, adapt) = true;
+  /// A step with inf/NaN gradients changes nothing and is counted in skipped_steps().
+  TORCH_ARG(bool, skip_nonfinite) = true;
+  /// true: fused CPU kernels; false: the reference path in plain ATen ops.
+  TORCH_ARG(bool, fused) = true;
+
+  BIGBATCH_OPTIONS_MEMBERS(LARCOptions);
+};
+
+struct LARCParamState : public torch::optim::OptimizerCloneableParamState<LARCParamState> {
+  TORCH_ARG(torch::Tensor, momentum_buffer);  ///< v, fp32
+
+  BIGBATCH_PARAM_STATE_MEMBERS(LARCParamState);
+};
+
+/// LARC as a drop-in torch::optim::Optimizer.
+class LARC : public LayerwiseOptimizer<LARCOptions, LARCParamState> {
+ public:
+  explicit LARC(std::vector<torch::optim::OptimizerParamGroup> param_groups, LARCOptions defaults);
+  explicit LARC(std::vector<torch::Tensor> params, LARCOptions defaults);
+
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
+
+}  // namespace bigbatch::optim

@@ -1,0 +1,53 @@
+// LARS: layer-wise adaptive rate scaling (You, Gitman, Ginsburg 2017,
+// arXiv:1708.03888). FORMULAS.md, per tensor:
+//   ratio = adapt ? tc*||w|| / (||g|| + wd*||w|| + eps) : 1   (1 where ||w|| or ||g|| is 0)
+//   d = g + wd*w
+//   v = momentum*v + lr*ratio*d                               (v starts at 0)
+//   w = w - v          nesterov: w = w - (momentum*v + lr*ratio*d)
+// The learning rate sits inside the momentum buffer, as in the paper and optax.
+// As a chain of steps: add decayed weights -> trust ratio -> scale by lr -> momentum.
+#pragma once
+
+#include <bigbatch/kernels/momentum.h>
+#include <bigbatch/optimizers/layerwise_optimizer.h>
+#include <bigbatch/optimizers/options_macros.h>
+
+#include <vector>
+
+namespace bigbatch::optim {
+
+struct LARSOptions : public torch::optim::OptimizerCloneableOptions<LARSOptions> {
+  LARSOptions(double lr);  // NOLINT(google-explicit-constructor): as LibTorch
+  TORCH_ARG(double, lr);
+  TORCH_ARG(double, momentum) = 0.9;
+  TORCH_ARG(double, weight_decay) = 0;
+  /// tc, the trust coefficient (eta in the paper).
+  TORCH_ARG(double, trust_coefficient) = 1e-3;
+  TORCH_ARG(double, eps) = 0;
+  TORCH_ARG(bool, nesterov) = false;
+  /// false: no trust ratio for this group (biases, normalization parameters).
+  TORCH_ARG(bool, adapt) = true;
+  /// A step with inf/NaN gradients changes nothing and is counted in skipped_steps().
+  TORCH_ARG(bool, skip_nonfinite) = true;
+  /// true: fused CPU kernels; false: the reference path in plain ATen ops.
+  TORCH_ARG(bool, fused) = true;
+
+  BIGBATCH_OPTIONS_MEMBERS(LARSOptions);
+};
+
+struct LARSParamState : public torch::optim::OptimizerCloneableParamState<LARSParamState> {
+  TORCH_ARG(torch::Tensor, momentum_buffer);  ///< v, fp32 (holds the learning rate)
+
+  BIGBATCH_PARAM_STATE_MEMBERS(LARSParamState);
+};
+
+/// LARS as a drop-in torch::optim::Optimizer.
+class LARS : public LayerwiseOptimizer<LARSOptions, LARSParamState> {
+ public:
+  explicit LARS(std::vector<torch::optim::OptimizerParamGroup> param_groups, LARSOptions defaults);
+  explicit LARS(std::vector<torch::Tensor> params, LARSOptions defaults);
+
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
+
+}  // namespace bigbatch::optim

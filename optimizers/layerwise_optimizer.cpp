@@ -1,0 +1,156 @@
+// The machinery of LayerwiseOptimizer (layerwise_optimizer.h), instantiated
+// once for each of the four optimizers at the bottom of this file.
+#include <bigbatch/optimizers/layerwise_optimizer.h>
+
+#include <bigbatch/optimizers/lamb.h>
+#include <bigbatch/optimizers/larc.h>
+#include <bigbatch/optimizers/lars.h>
+#include <bigbatch/optimizers/novograd.h>
+
+#include <bigbatch/optimizers/internal.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace bigbatch::optim {
+
+kernels::DType kernel_dtype(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return kernels::DType::kFloat32;
+    case at::kBFloat16: return kernels::DType::kBFloat16;
+    case at::kHalf: return kernels::DType::kFloat16;
+    default: break;
+  }
+  TORCH_CHECK(false, "bigbatch optimizers support float32, bfloat16 and float16 parameters, got ",
+              t.scalar_type());
+}
+
+TensorNorms tensor_norms(const ParamGrad& pg, bool fused, bool with_weight) {
+  TensorNorms n;
+  if (fused) {
+    const auto sums = kernels::sum_squares_cpu(pg.grad.data_ptr(),
+                                               with_weight ? pg.param.data_ptr() : nullptr,
+                                               kernel_dtype(pg.param), pg.param.numel());
+    n.g_norm = std::sqrt(sums.x);
+    n.w_norm = std::sqrt(sums.y);
+    n.finite = std::isfinite(sums.x);
+  } else {
+    n.g_norm = internal::norm_of(pg.grad);
+    n.w_norm = with_weight ? internal::norm_of(pg.param) : 0.0;
+    n.finite = internal::all_finite(pg.grad);
+  }
+  return n;
+}
+
+template <typename Options, typename ParamState>
+LayerwiseOptimizer<Options, ParamState>::LayerwiseOptimizer(
+    std::vector<torch::optim::OptimizerParamGroup> groups, const Options& defaults,
+    const char* name)
+    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
+                              std::make_unique<Options>(defaults)),
+      name_(name) {
+  defaults.validate();
+  for (const auto& group : groups) add_param_group(group);
+}
+
+template <typename Options, typename ParamState>
+void LayerwiseOptimizer<Options, ParamState>::add_param_group(
+    const torch::optim::OptimizerParamGroup& group) {
+  if (group.has_options()) {
+    const auto* own = dynamic_cast<const Options*>(&group.options());
+    TORCH_CHECK(own != nullptr, name_, ": the options of parameter group ", param_groups_.size(),
+                " are not ", name_, "Options");
+    own->validate();
+  }
+  for (const auto& p : group.params()) {
+    TORCH_CHECK(p.is_floating_point(), name_, ": parameter group ", param_groups_.size(),
+                " holds a tensor of dtype ", p.scalar_type(), "; only floating point tensors can be optimized");
+  }
+  torch::optim::Optimizer::add_param_group(group);
+  if (group.has_options()) param_groups_.back().set_options(group.options().clone());
+}
+
+template <typename Options, typename ParamState>
+const ParamState* LayerwiseOptimizer<Options, ParamState>::param_state(
+    const at::Tensor& param) const {
+  const auto it = state_.find(compat::optimizer_state_key(param));
+  return it == state_.end() ? nullptr : static_cast<const ParamState*>(it->second.get());
+}
+
+template <typename Options, typename ParamState>
+auto LayerwiseOptimizer<Options, ParamState>::gather() const -> std::vector<Group> {
+  std::vector<Group> groups;
+  groups.reserve(param_groups_.size());
+  for (std::size_t i = 0; i < param_groups_.size(); ++i) {
+    Group group{&static_cast<const Options&>(param_groups_[i].options()), {}};
+    const auto& params = param_groups_[i].params();
+    for (std::size_t j = 0; j < params.size(); ++j) {
+      const auto& p = params[j];
+      const auto& g = p.grad();
+      if (!g.defined()) continue;  // no gradient: no update, no state
+      TORCH_CHECK(!g.is_sparse(), name_, " does not support sparse gradients (group ", i,
+                  ", parameter ", j, ")");
+      TORCH_CHECK(g.scalar_type() == p.scalar_type() && g.device() == p.device(), name_,
+                  ": the gradient of group ", i, ", parameter ", j, " is ", g.scalar_type(), " on ",
+                  g.device(), " but the parameter is ", p.scalar_type(), " on ", p.device());
+      kernel_dtype(p);  // rejects unsupported dtypes with a clear message
+      group.params.push_back({p, g.contiguous()});
+    }
+    groups.push_back(std::move(group));
+  }
+  return groups;
+}
+
+template <typename Options, typename ParamState>
+ParamState& LayerwiseOptimizer<Options, ParamState>::state_of(const at::Tensor& param) {
+  auto key = compat::optimizer_state_key(param);
+  auto it = state_.find(key);
+  if (it == state_.end()) {
+    it = state_.emplace(key, std::make_unique<ParamState>(ParamState::fresh(param))).first;
+    created_this_step_.push_back(std::move(key));
+  }
+  return static_cast<ParamState&>(*it->second);
+}
+
+template <typename Options, typename ParamState>
+bool LayerwiseOptimizer<Options, ParamState>::skip_nonfinite(const std::vector<Group>& groups,
+                                                             const std::vector<bool>& finite) {
+  bool skip = false;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    skip = skip || (groups[i].options->skip_nonfinite() && !finite[i]);
+  }
+  if (skip) {
+    for (const auto& key : created_this_step_) state_.erase(key);
+    ++skipped_steps_;
+  }
+  created_this_step_.clear();
+  return skip;
+}
+
+template <typename Options, typename ParamState>
+bool LayerwiseOptimizer<Options, ParamState>::runs_fused(const Group& group) {
+  return group.options->fused() &&
+         std::all_of(group.params.begin(), group.params.end(), [](const ParamGrad& pg) {
+           return pg.param.device().is_cpu() && pg.param.is_contiguous();
+         });
+}
+
+template <typename Options, typename ParamState>
+void LayerwiseOptimizer<Options, ParamState>::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<ParamState, Options>(archive, *this);
+  archive.write("bigbatch/skipped_steps", at::scalar_tensor(skipped_steps_, at::kLong));
+}
+
+template <typename Options, typename ParamState>
+void LayerwiseOptimizer<Options, ParamState>::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<ParamState, Options>(archive, *this);
+  at::Tensor skipped;
+  if (archive.try_read("bigbatch/skipped_steps", skipped)) skipped_steps_ = skipped.item<std::int64_t>();
+}
+
+template class LayerwiseOptimizer<LARSOptions, LARSParamState>;
+template class LayerwiseOptimizer<LARCOptions, LARCParamState>;
+template class LayerwiseOptimizer<LAMBOptions, LAMBParamState>;
+template class LayerwiseOptimizer<NovoGradOptions, NovoGradParamState>;
+
+}  // namespace bigbatch::optim

@@ -1,0 +1,58 @@
+// NovoGrad: layer-wise second moments (Ginsburg et al. 2019, arXiv:1905.11286;
+// timm's NvNovoGrad). FORMULAS.md, per tensor, with one scalar v:
+//   n = ||g||^2
+//   v = n at the tensor's first step, else b2*v + (1-b2)*n
+//   d = g / (sqrt(v) + eps) + wd*w;   grad_averaging: d = (1-b1)*d
+//   m = b1*m + d                      (m starts at 0)
+//   w = w - lr*m
+// As a chain of steps: layer-normalized gradient -> add decayed weights -> momentum -> scale by -lr.
+// NovoGrad has no trust ratio: `adapt` is accepted for uniform group handling
+// (layerwise_param_groups) and changes nothing.
+#pragma once
+
+#include <bigbatch/kernels/novograd.h>
+#include <bigbatch/optimizers/layerwise_optimizer.h>
+#include <bigbatch/optimizers/options_macros.h>
+
+#include <tuple>
+#include <vector>
+
+namespace bigbatch::optim {
+
+struct NovoGradOptions : public torch::optim::OptimizerCloneableOptions<NovoGradOptions> {
+  NovoGradOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): as LibTorch
+  TORCH_ARG(double, lr) = 1e-3;
+  typedef std::tuple<double, double> betas_t;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.95, 0.98);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, grad_averaging) = false;
+  /// No effect (NovoGrad has no trust ratio); kept so all four share group helpers.
+  TORCH_ARG(bool, adapt) = true;
+  /// A step with inf/NaN gradients changes nothing and is counted in skipped_steps().
+  TORCH_ARG(bool, skip_nonfinite) = true;
+  /// true: fused CPU kernels; false: the reference path in plain ATen ops.
+  TORCH_ARG(bool, fused) = true;
+
+  BIGBATCH_OPTIONS_MEMBERS(NovoGradOptions);
+};
+
+struct NovoGradParamState : public torch::optim::OptimizerCloneableParamState<NovoGradParamState> {
+  TORCH_ARG(int64_t, step) = 0;
+  TORCH_ARG(torch::Tensor, exp_avg);     ///< m, fp32, shaped like the parameter
+  TORCH_ARG(torch::Tensor, exp_avg_sq);  ///< v, a 0-dim fp32 tensor (one per parameter tensor)
+
+  BIGBATCH_PARAM_STATE_MEMBERS(NovoGradParamState);
+};
+
+/// NovoGrad as a drop-in torch::optim::Optimizer.
+class NovoGrad : public LayerwiseOptimizer<NovoGradOptions, NovoGradParamState> {
+ public:
+  explicit NovoGrad(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                    NovoGradOptions defaults = {});
+  explicit NovoGrad(std::vector<torch::Tensor> params, NovoGradOptions defaults = {});
+
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
+
+}  // namespace bigbatch::optim
