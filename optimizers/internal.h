@@ -34,8 +34,9 @@ inline void check_betas(const char* optimizer, const std::tuple<double, double>&
 /// Reference path: whether every element of a gradient is finite.
 inline bool all_finite(const at::Tensor& g) { return at::isfinite(g).all().item<bool>(); }
 
-/// Reference path: the L2 norm of a tensor, computed in fp32 as ATen does.
-inline double norm_of(const at::Tensor& t) { return t.norm().item<double>(); }
+/// Reference path: the L2 norm of a tensor, computed in fp32 (the arithmetic
+/// of every optimizer is fp32, also for bf16/fp16 tensors).
+inline double norm_of(const at::Tensor& t) { return t.to(at::kFloat).norm().item<double>(); }
 
 inline bool same_value(const at::Tensor& a, const at::Tensor& b) {
   return a.defined() == b.defined() && (!a.defined() || at::equal(a, b));

@@ -99,7 +99,7 @@ torch::Tensor LAMB::step(LossClosure closure) {
         const double sq = runs_fused(groups[i])
             ? kernels::sum_squares_cpu(pg.grad.data_ptr(), nullptr, kernel_dtype(pg.grad),
                                        pg.grad.numel()).x
-            : std::pow(internal::norm_of(pg.grad.to(at::kFloat)), 2);
+            : std::pow(internal::norm_of(pg.grad), 2);
         finite[i] = finite[i] && std::isfinite(sq);
         sum += sq;
       }

@@ -1,0 +1,132 @@
+// An independent float64 re-derivation of the four optimizers, written from
+// ../shared/FORMULAS.md with plain loops. It shares no code with the library:
+// the golden tests compare both library paths against it.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace ref64 {
+
+using Vec = std::vector<double>;
+
+inline double sq_norm(const Vec& x) {
+  double s = 0;
+  for (double e : x) s += e * e;
+  return s;
+}
+inline double norm(const Vec& x) { return std::sqrt(sq_norm(x)); }
+
+/// Per-tensor state of every optimizer (each uses what it needs).
+struct State {
+  Vec m;              // momentum buffer / first moment
+  Vec v;              // LAMB second moment
+  double vs = 0;      // NovoGrad scalar second moment
+  std::int64_t t = 0; // steps taken
+};
+
+struct Lars {
+  double lr = 0.1, momentum = 0.9, wd = 0, tc = 1e-3, eps = 0;
+  bool nesterov = false, adapt = true;
+
+  void step(Vec& w, const Vec& g, State& s) const {
+    if (s.m.empty()) s.m.assign(w.size(), 0.0);
+    const double wn = norm(w), gn = norm(g);
+    const double ratio = (adapt && wn > 0 && gn > 0) ? tc * wn / (gn + wd * wn + eps) : 1.0;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      const double d = g[i] + wd * w[i];
+      s.m[i] = momentum * s.m[i] + lr * ratio * d;
+      w[i] -= nesterov ? momentum * s.m[i] + lr * ratio * d : s.m[i];
+    }
+  }
+};
+
+struct Larc {
+  double lr = 0.1, momentum = 0.9, wd = 0, tc = 0.02, eps = 1e-8;
+  bool clip = true, nesterov = false, adapt = true;
+
+  void step(Vec& w, const Vec& g, State& s) const {
+    const double wn = norm(w), gn = norm(g);
+    double scale = 1.0;
+    if (adapt && wn > 0 && gn > 0) {
+      const double local = tc * wn / (gn + wd * wn + eps);
+      scale = clip ? std::min(local / lr, 1.0) : local;
+    }
+    Vec d(w.size());
+    for (std::size_t i = 0; i < w.size(); ++i) d[i] = (g[i] + wd * w[i]) * scale;
+    if (s.t == 0) {
+      s.m = d;  // v = d at the first step
+    } else {
+      for (std::size_t i = 0; i < w.size(); ++i) s.m[i] = momentum * s.m[i] + d[i];
+    }
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      w[i] -= lr * (nesterov ? d[i] + momentum * s.m[i] : s.m[i]);
+    }
+    ++s.t;
+  }
+};
+
+struct Lamb {
+  double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-6, wd = 0.01;
+  bool bias_correction = true, grad_averaging = true, adam_w_mode = true;
+  double max_grad_norm = 0;
+  bool always_adapt = false, trust_clip = false;
+  double min_trust = 0, max_trust = std::numeric_limits<double>::infinity();
+  bool adapt = true;
+
+  /// One step over all tensors (global clipping needs them all).
+  void step(std::vector<Vec>& ws, const std::vector<Vec>& gs, std::vector<State>& st) const {
+    double G2 = 0;
+    for (const auto& g : gs) G2 += sq_norm(g);
+    const double divisor = max_grad_norm > 0 ? std::max(1.0, std::sqrt(G2) / max_grad_norm) : 1.0;
+    for (std::size_t k = 0; k < ws.size(); ++k) {
+      Vec& w = ws[k];
+      State& s = st[k];
+      if (s.m.empty()) { s.m.assign(w.size(), 0.0); s.v.assign(w.size(), 0.0); }
+      s.t += 1;
+      const double b3 = grad_averaging ? 1 - b1 : 1.0;
+      const double bc1 = bias_correction ? 1 - std::pow(b1, s.t) : 1.0;
+      const double bc2 = bias_correction ? 1 - std::pow(b2, s.t) : 1.0;
+      Vec u(w.size());
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        double g = gs[k][i] / divisor;
+        if (!adam_w_mode) g += wd * w[i];
+        s.m[i] = b1 * s.m[i] + b3 * g;
+        s.v[i] = b2 * s.v[i] + (1 - b2) * g * g;
+        u[i] = (s.m[i] / bc1) / (std::sqrt(s.v[i] / bc2) + eps) + (adam_w_mode ? wd * w[i] : 0.0);
+      }
+      double ratio = 1.0;
+      if (adapt && (wd != 0 || always_adapt)) {
+        const double wn = norm(w), un = norm(u);
+        ratio = (wn > 0 && un > 0) ? wn / un : 1.0;
+        ratio = std::min(std::max(ratio, min_trust), max_trust);
+        if (trust_clip) ratio = std::min(ratio, 1.0);
+      }
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] -= lr * ratio * u[i];
+    }
+  }
+};
+
+struct NovoGrad {
+  double lr = 1e-3, b1 = 0.95, b2 = 0.98, eps = 1e-8, wd = 0;
+  bool grad_averaging = false;
+
+  void step(Vec& w, const Vec& g, State& s) const {
+    if (s.m.empty()) s.m.assign(w.size(), 0.0);
+    const double n = sq_norm(g);
+    s.vs = s.t == 0 ? n : b2 * s.vs + (1 - b2) * n;
+    ++s.t;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      double d = g[i] / (std::sqrt(s.vs) + eps) + wd * w[i];
+      if (grad_averaging) d *= 1 - b1;
+      s.m[i] = b1 * s.m[i] + d;
+      w[i] -= lr * s.m[i];
+    }
+  }
+};
+
+}  // namespace ref64
