@@ -31,12 +31,16 @@ inline void check_betas(const char* optimizer, const std::tuple<double, double>&
   check_option(b2 >= 0 && b2 < 1, optimizer, "betas[1]", b2, "in [0, 1)");
 }
 
+// The reference paths write products out (x * (a * b)) rather than using
+// add_(x, alpha) or addcmul_: ATen's vectorized forms of those fuse a
+// multiply-add, which would make the two paths round differently.
+
 /// Reference path: whether every element of a gradient is finite.
 inline bool all_finite(const at::Tensor& g) { return at::isfinite(g).all().item<bool>(); }
 
-/// Reference path: the L2 norm of a tensor, computed in fp32 (the arithmetic
-/// of every optimizer is fp32, also for bf16/fp16 tensors).
-inline double norm_of(const at::Tensor& t) { return t.to(at::kFloat).norm().item<double>(); }
+/// Reference path: the L2 norm of a tensor, accumulated in double as the
+/// fused kernels do, so a finite gradient never has an infinite norm.
+inline double norm_of(const at::Tensor& t) { return t.to(at::kDouble).norm().item<double>(); }
 
 inline bool same_value(const at::Tensor& a, const at::Tensor& b) {
   return a.defined() == b.defined() && (!a.defined() || at::equal(a, b));

@@ -167,14 +167,14 @@ void LAMB::step_reference(const Group& group, double grad_scale) {
     if (!o.adam_w_mode()) g = g + wd * w;
     auto& m = st.exp_avg();
     auto& v = st.exp_avg_sq();
-    m.mul_(b1).add_(g, o.grad_averaging() ? 1 - b1 : 1.0);
-    v.mul_(b2).addcmul_(g, g, 1 - b2);
+    m.mul_(b1).add_(g * (o.grad_averaging() ? 1 - b1 : 1.0));
+    v.mul_(b2).add_(g * g * (1 - b2));
     const at::Tensor m_hat = o.bias_correction() ? m / (1 - std::pow(b1, t)) : m;
     const at::Tensor v_hat = o.bias_correction() ? v / (1 - std::pow(b2, t)) : v;
     at::Tensor u = m_hat / (v_hat.sqrt() + o.eps());
     if (o.adam_w_mode()) u = u + wd * w;
     const double ratio = trust_ratio(o, internal::norm_of(w), internal::norm_of(u));
-    w.add_(u, -o.lr() * ratio);
+    w.sub_(u * (o.lr() * ratio));
     if (!w.is_same(pg.param)) pg.param.copy_(w);
   }
 }

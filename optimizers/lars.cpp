@@ -63,7 +63,7 @@ torch::Tensor LARS::step(LossClosure closure) {
     // Reference: the formulas of lars.h in ATen ops.
     at::Tensor w = pg.param.to(at::kFloat);  // the parameter itself when it is fp32
     const at::Tensor d = pg.grad.to(at::kFloat) + wd * w;
-    v.mul_(o.momentum()).add_(d, o.lr() * ratio);
+    v.mul_(o.momentum()).add_(d * (o.lr() * ratio));
     if (o.nesterov()) {
       w.sub_(v * o.momentum() + d * (o.lr() * ratio));
     } else {

@@ -78,7 +78,9 @@ const ParamState* LayerwiseOptimizer<Options, ParamState>::param_state(
 }
 
 template <typename Options, typename ParamState>
-auto LayerwiseOptimizer<Options, ParamState>::gather() const -> std::vector<Group> {
+auto LayerwiseOptimizer<Options, ParamState>::gather() -> std::vector<Group> {
+  created_in_norm_pass_.clear();
+  in_norm_pass_ = true;
   std::vector<Group> groups;
   groups.reserve(param_groups_.size());
   for (std::size_t i = 0; i < param_groups_.size(); ++i) {
@@ -107,7 +109,7 @@ ParamState& LayerwiseOptimizer<Options, ParamState>::state_of(const at::Tensor& 
   auto it = state_.find(key);
   if (it == state_.end()) {
     it = state_.emplace(key, std::make_unique<ParamState>(ParamState::fresh(param))).first;
-    created_this_step_.push_back(std::move(key));
+    if (in_norm_pass_) created_in_norm_pass_.push_back(std::move(key));
   }
   return static_cast<ParamState&>(*it->second);
 }
@@ -120,10 +122,11 @@ bool LayerwiseOptimizer<Options, ParamState>::skip_nonfinite(const std::vector<G
     skip = skip || (groups[i].options->skip_nonfinite() && !finite[i]);
   }
   if (skip) {
-    for (const auto& key : created_this_step_) state_.erase(key);
+    for (const auto& key : created_in_norm_pass_) state_.erase(key);
     ++skipped_steps_;
   }
-  created_this_step_.clear();
+  created_in_norm_pass_.clear();
+  in_norm_pass_ = false;
   return skip;
 }
 

@@ -68,13 +68,13 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
     std::vector<ParamGrad> params;
   };
 
-  /// Every group with the parameters that have a gradient. Checks that
-  /// gradients are dense and of a supported dtype, naming the optimizer,
-  /// group and parameter where they are not.
-  std::vector<Group> gather() const;
+  /// Starts a step: every group with the parameters that have a gradient.
+  /// Checks that gradients are dense and of a supported dtype, naming the
+  /// optimizer, group and parameter where they are not.
+  std::vector<Group> gather();
 
   /// The state of `param`, created zeroed on its first step. States created
-  /// since the last finish_step() are dropped if that step is skipped.
+  /// between gather() and skip_nonfinite() are dropped if the step is skipped.
   ParamState& state_of(const at::Tensor& param);
 
   /// Ends the norm pass: `finite[i]` says whether group i's gradients are all
@@ -122,7 +122,8 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
  private:
   const char* name_;
   std::int64_t skipped_steps_ = 0;
-  std::vector<compat::OptimizerStateKey> created_this_step_;
+  bool in_norm_pass_ = false;  // between gather() and skip_nonfinite()
+  std::vector<compat::OptimizerStateKey> created_in_norm_pass_;
 };
 
 }  // namespace bigbatch::optim

@@ -1,0 +1,351 @@
+// How the optimizers behave as torch::optim::Optimizers: per-group options,
+// the two-group helper, save/load continuation, non-finite skipping, bad
+// input, LibTorch schedulers, and fused against reference on a network.
+#include "reference64.h"
+
+#include <bigbatch/bigbatch.h>
+
+#include <gtest/gtest.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/schedulers/step_lr.h>
+#include <torch/serialize.h>
+
+#include <sstream>
+#include <string>
+
+namespace {
+
+using namespace bigbatch::optim;
+
+// Expects `fn` to throw a c10::Error whose message contains `needle`.
+template <typename F>
+void expect_error(F fn, const std::string& needle) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message was: " << e.what_without_backtrace();
+    return;
+  }
+  ADD_FAILURE() << "no error thrown, expected one containing '" << needle << "'";
+}
+
+torch::nn::Sequential small_net() {
+  torch::manual_seed(3);
+  return torch::nn::Sequential(torch::nn::Linear(10, 16), torch::nn::ReLU(),
+                               torch::nn::LayerNorm(torch::nn::LayerNormOptions({16})),
+                               torch::nn::Linear(16, 3));
+}
+
+// One training step on a fixed random batch chosen by `seed`.
+void train_step(torch::nn::Sequential& net, torch::optim::Optimizer& opt, int seed) {
+  torch::manual_seed(1000 + seed);
+  const auto x = torch::randn({32, 10});
+  const auto y = torch::randint(0, 3, {32});
+  opt.zero_grad();
+  torch::nn::functional::cross_entropy(net->forward(x), y).backward();
+  opt.step();
+}
+
+std::vector<at::Tensor> snapshot(const torch::nn::Module& net) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : net.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+// ------------------------------------------------------------------ groups --
+
+TEST(Groups, PerGroupOptionsSurviveConstruction) {
+  auto net = small_net();
+  auto groups = layerwise_param_groups(*net, LAMBOptions(2e-3).weight_decay(0.05));
+  ASSERT_EQ(groups.size(), 2u);
+  LAMB opt(groups, LAMBOptions(1e-3));
+  const auto& weights = static_cast<const LAMBOptions&>(opt.param_groups()[0].options());
+  const auto& others = static_cast<const LAMBOptions&>(opt.param_groups()[1].options());
+  EXPECT_DOUBLE_EQ(weights.lr(), 2e-3);
+  EXPECT_DOUBLE_EQ(weights.weight_decay(), 0.05);
+  EXPECT_TRUE(weights.adapt());
+  EXPECT_DOUBLE_EQ(others.weight_decay(), 0.0);
+  EXPECT_FALSE(others.adapt());
+  EXPECT_DOUBLE_EQ(static_cast<const LAMBOptions&>(opt.defaults()).lr(), 1e-3);
+  // 2-D weights in group 0; biases and LayerNorm's scale and shift in group 1.
+  for (const auto& p : opt.param_groups()[0].params()) EXPECT_EQ(p.dim(), 2);
+  for (const auto& p : opt.param_groups()[1].params()) EXPECT_EQ(p.dim(), 1);
+  EXPECT_EQ(opt.param_groups()[0].params().size() + opt.param_groups()[1].params().size(),
+            net->parameters().size());
+}
+
+TEST(Groups, ANoAdaptGroupStepsWithoutTrustRatio) {
+  // Group 1 (adapt false, no decay) must take the plain bias-corrected Adam
+  // step, which a float64 LAMB with adapt=false reproduces.
+  torch::manual_seed(5);
+  auto w = torch::randn({4, 3}).requires_grad_(true);
+  auto b = torch::randn({3}).requires_grad_(true);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>{w});
+  groups.emplace_back(std::vector<at::Tensor>{b},
+                      std::make_unique<LAMBOptions>(LAMBOptions(0.1).weight_decay(0).adapt(false)));
+  LAMB opt(groups, LAMBOptions(0.1));
+  ref64::Lamb ref;
+  ref.lr = 0.1;
+  ref.wd = 0;
+  ref.adapt = false;
+  std::vector<ref64::Vec> wb = {ref64::Vec(b.data_ptr<float>(), b.data_ptr<float>() + 3)};
+  std::vector<ref64::State> st(1);
+  for (int s = 0; s < 3; ++s) {
+    w.mutable_grad() = torch::randn({4, 3});
+    b.mutable_grad() = torch::randn({3});
+    ref.step(wb, {ref64::Vec(b.grad().data_ptr<float>(), b.grad().data_ptr<float>() + 3)}, st);
+    opt.step();
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(b[i].item<double>(), wb[0][i], 1e-5);
+}
+
+TEST(Groups, RejectsOptionsOfAnotherOptimizer) {
+  auto w = torch::zeros({2}, torch::requires_grad());
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>{w}, std::make_unique<LARSOptions>(0.1));
+  expect_error([&] { LAMB opt(groups, LAMBOptions()); }, "are not LAMBOptions");
+}
+
+TEST(Groups, InvalidGroupOptionsFailInTheConstructor) {
+  auto w = torch::zeros({2}, torch::requires_grad());
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>{w}, std::make_unique<NovoGradOptions>(NovoGradOptions(-0.5)));
+  expect_error([&] { NovoGrad opt(groups, NovoGradOptions()); }, "Invalid NovoGrad option lr: -0.5");
+}
+
+// ---------------------------------------------------------------- save/load --
+
+template <typename Opt, typename Options>
+void expect_save_load_continues(const Options& options) {
+  constexpr int kSteps = 5;
+  // Straight: 2N steps.
+  auto straight = small_net();
+  Opt opt_straight(layerwise_param_groups(*straight, options), options);
+  for (int s = 0; s < 2 * kSteps; ++s) train_step(straight, opt_straight, s);
+
+  // N steps, save model and optimizer, load both into fresh objects, N more.
+  auto first = small_net();
+  Opt opt_first(layerwise_param_groups(*first, options), options);
+  for (int s = 0; s < kSteps; ++s) train_step(first, opt_first, s);
+  std::stringstream model_bytes;
+  std::stringstream opt_bytes;
+  torch::save(first, model_bytes);
+  torch::save(opt_first, opt_bytes);
+
+  auto second = small_net();
+  torch::load(second, model_bytes);
+  Opt opt_second(layerwise_param_groups(*second, options), options);
+  torch::load(opt_second, opt_bytes);
+  EXPECT_EQ(opt_second.state().size(), opt_first.state().size());
+  for (int s = kSteps; s < 2 * kSteps; ++s) train_step(second, opt_second, s);
+
+  const auto a = snapshot(*straight);
+  const auto b = snapshot(*second);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+  }
+}
+
+TEST(SaveLoad, LARSContinuesAsIfNeverStopped) { expect_save_load_continues<LARS>(LARSOptions(0.5)); }
+TEST(SaveLoad, LARCContinuesAsIfNeverStopped) { expect_save_load_continues<LARC>(LARCOptions(0.1)); }
+TEST(SaveLoad, LAMBContinuesAsIfNeverStopped) { expect_save_load_continues<LAMB>(LAMBOptions(0.01)); }
+TEST(SaveLoad, NovoGradContinuesAsIfNeverStopped) {
+  expect_save_load_continues<NovoGrad>(NovoGradOptions(0.01));
+}
+
+TEST(SaveLoad, KeepsTheSkippedStepCounter) {
+  auto w = torch::ones({3}, torch::requires_grad());
+  LAMB opt({w}, LAMBOptions());
+  w.mutable_grad() = torch::full({3}, std::numeric_limits<float>::quiet_NaN());
+  opt.step();
+  std::stringstream bytes;
+  torch::save(opt, bytes);
+  LAMB loaded({w}, LAMBOptions());
+  torch::load(loaded, bytes);
+  EXPECT_EQ(loaded.skipped_steps(), 1);
+}
+
+// ---------------------------------------------------------------- non-finite --
+
+template <typename Opt, typename Options>
+void expect_nonfinite_step_skipped(const Options& options, float bad) {
+  auto a = torch::randn({5}).requires_grad_(true);
+  auto b = torch::randn({4}).requires_grad_(true);
+  Opt opt({a, b}, options);
+  a.mutable_grad() = torch::randn({5});
+  b.mutable_grad() = torch::randn({4});
+  opt.step();  // state exists now
+  const auto a0 = a.detach().clone();
+  const auto b0 = b.detach().clone();
+  std::stringstream before;
+  torch::save(opt, before);
+
+  a.mutable_grad() = torch::randn({5});
+  b.mutable_grad() = torch::randn({4});
+  b.mutable_grad()[2] = bad;  // one bad element in the second tensor
+  opt.step();
+  EXPECT_EQ(opt.skipped_steps(), 1);
+  EXPECT_TRUE(torch::equal(a, a0)) << "a finite tensor of a skipped step changed";
+  EXPECT_TRUE(torch::equal(b, b0));
+  // The state too: compare with the state saved before the skipped step.
+  Opt reloaded({a, b}, options);
+  torch::load(reloaded, before);
+  for (const auto& p : {a, b}) {
+    const auto* s0 = opt.param_state(p);
+    const auto* s1 = reloaded.param_state(p);
+    ASSERT_TRUE(s0 != nullptr && s1 != nullptr);
+    EXPECT_TRUE(*s0 == *s1) << "state of a tensor changed in a skipped step";
+  }
+
+  // Skipping off: the step is applied as computed and b becomes non-finite.
+  Options apply = options;
+  apply.skip_nonfinite(false);
+  Opt loose({a, b}, apply);
+  loose.step();
+  EXPECT_EQ(loose.skipped_steps(), 0);
+  EXPECT_FALSE(torch::isfinite(b).all().item<bool>());
+}
+
+class NonFinite : public ::testing::TestWithParam<bool> {};
+TEST_P(NonFinite, LARSSkipsTheWholeStep) {
+  expect_nonfinite_step_skipped<LARS>(LARSOptions(0.1).fused(GetParam()), NAN);
+}
+TEST_P(NonFinite, LARCSkipsTheWholeStep) {
+  expect_nonfinite_step_skipped<LARC>(LARCOptions(0.1).fused(GetParam()), INFINITY);
+}
+TEST_P(NonFinite, LAMBSkipsTheWholeStep) {
+  expect_nonfinite_step_skipped<LAMB>(LAMBOptions(0.1).fused(GetParam()), -INFINITY);
+}
+TEST_P(NonFinite, LAMBWithClippingSkipsTheWholeStep) {
+  expect_nonfinite_step_skipped<LAMB>(LAMBOptions(0.1).max_grad_norm(1).fused(GetParam()), NAN);
+}
+TEST_P(NonFinite, NovoGradSkipsTheWholeStep) {
+  expect_nonfinite_step_skipped<NovoGrad>(NovoGradOptions(0.1).fused(GetParam()), NAN);
+}
+TEST_P(NonFinite, AFirstStepSkippedCreatesNoState) {
+  auto w = torch::randn({3}).requires_grad_(true);
+  LAMB opt({w}, LAMBOptions().fused(GetParam()));
+  w.mutable_grad() = torch::tensor({1.0f, NAN, 2.0f});
+  opt.step();
+  EXPECT_EQ(opt.param_state(w), nullptr);
+  EXPECT_TRUE(opt.state().empty());
+}
+TEST_P(NonFinite, HugeFiniteGradientsAreNotSkipped) {
+  // 1e30^2 overflows fp32 but the gradient is finite: the step must happen.
+  auto w = torch::ones({2}, torch::requires_grad());
+  LARS opt({w}, LARSOptions(0.1).fused(GetParam()));
+  w.mutable_grad() = torch::full({2}, 1e30f);
+  opt.step();
+  EXPECT_EQ(opt.skipped_steps(), 0);
+  EXPECT_LT(w[0].item<float>(), 1.0f);
+}
+INSTANTIATE_TEST_SUITE_P(Paths, NonFinite, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "fused" : "reference"; });
+
+// ---------------------------------------------------------------- bad input --
+
+TEST(BadInput, InvalidOptionsNameTheOptionAndValue) {
+  auto w = torch::zeros({2}, torch::requires_grad());
+  const std::vector<at::Tensor> p{w};
+  expect_error([&] { LARS(p, LARSOptions(-1)); }, "Invalid LARS option lr: -1");
+  expect_error([&] { LARS(p, LARSOptions(0.1).trust_coefficient(0)); }, "trust_coefficient: 0");
+  expect_error([&] { LARS(p, LARSOptions(0.1).momentum(-0.1)); }, "momentum: -0.1");
+  expect_error([&] { LARS(p, LARSOptions(0.1).momentum(0).nesterov(true)); }, "with nesterov");
+  expect_error([&] { LARC(p, LARCOptions(0.1).eps(-1e-8)); }, "Invalid LARC option eps: -1e-08");
+  expect_error([&] { LARC(p, LARCOptions(0)); }, "LARC option lr: 0 (must be > 0 with clip)");
+  expect_error([&] { LARC(p, LARCOptions(0.1).weight_decay(-1)); }, "weight_decay: -1");
+  expect_error([&] { LAMB(p, LAMBOptions().betas({1.0, 0.999})); }, "betas[0]: 1");
+  expect_error([&] { LAMB(p, LAMBOptions().betas({0.9, -0.1})); }, "betas[1]: -0.1");
+  expect_error([&] { LAMB(p, LAMBOptions().min_trust(2).max_trust(1)); }, "max_trust: 1");
+  expect_error([&] { LAMB(p, LAMBOptions().max_grad_norm(-1)); }, "max_grad_norm: -1");
+  expect_error([&] { LAMB(p, LAMBOptions().eps(NAN)); }, "eps: nan");
+  expect_error([&] { NovoGrad(p, NovoGradOptions().weight_decay(-0.1)); }, "weight_decay: -0.1");
+}
+
+TEST(BadInput, SparseGradientsAreRejected) {
+  auto w = torch::zeros({4}, torch::requires_grad());
+  LAMB opt({w}, LAMBOptions());
+  w.mutable_grad() = torch::zeros({4}).to_sparse();
+  expect_error([&] { opt.step(); }, "LAMB does not support sparse gradients (group 0, parameter 0)");
+}
+
+TEST(BadInput, IntegerParametersAreRejected) {
+  auto w = torch::zeros({4}, torch::kLong);
+  expect_error([&] { LARS({w}, LARSOptions(0.1)); }, "only floating point tensors");
+}
+
+TEST(BadInput, ParametersWithoutGradientAreSkipped) {
+  auto a = torch::ones({3}, torch::requires_grad());
+  auto b = torch::ones({3}, torch::requires_grad());
+  LARS opt({a, b}, LARSOptions(0.1));
+  a.mutable_grad() = torch::ones({3});
+  opt.step();
+  EXPECT_TRUE(torch::equal(b, torch::ones({3})));
+  EXPECT_EQ(opt.param_state(b), nullptr);
+  EXPECT_NE(opt.param_state(a), nullptr);
+}
+
+// ---------------------------------------------------------------- schedulers --
+
+TEST(Schedulers, StepLRDrivesEveryGroupThroughGetAndSetLr) {
+  auto a = torch::ones({3}, torch::requires_grad());
+  auto b = torch::ones({3}, torch::requires_grad());
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>{a}, std::make_unique<LARCOptions>(0.4));
+  groups.emplace_back(std::vector<at::Tensor>{b}, std::make_unique<LARCOptions>(0.04));
+  LARC opt(groups, LARCOptions(0.4));
+  torch::optim::StepLR schedule(opt, /*step_size=*/2, /*gamma=*/0.5);
+  // LibTorch's StepLR tests its counter before counting: calls 3 and 5 decay.
+  for (int s = 0; s < 5; ++s) schedule.step();
+  EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.1);
+  EXPECT_DOUBLE_EQ(opt.param_groups()[1].options().get_lr(), 0.01);  // ratio kept
+  // The step uses the scheduled rate: with adapt off LARC is SGD, w -= lr * g.
+  static_cast<LARCOptions&>(opt.param_groups()[0].options()).adapt(false);
+  a.mutable_grad() = torch::ones({3});
+  opt.step();
+  EXPECT_NEAR(a[0].item<double>(), 1 - 0.1, 1e-7);
+}
+
+// ------------------------------------------------------ fused vs reference --
+
+template <typename Opt, typename Options>
+void expect_paths_agree(Options options) {
+  auto fused_net = small_net();
+  auto ref_net = small_net();
+  Opt fused(layerwise_param_groups(*fused_net, options.fused(true)), options.fused(true));
+  Opt ref(layerwise_param_groups(*ref_net, options.fused(false)), options.fused(false));
+  for (int s = 0; s < 100; ++s) {
+    train_step(fused_net, fused, s);
+    train_step(ref_net, ref, s);
+  }
+  const auto a = snapshot(*fused_net);
+  const auto b = snapshot(*ref_net);
+  const auto start = snapshot(*small_net());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double rel = ((a[i] - b[i]).norm() / b[i].norm()).item<double>();
+    EXPECT_LT(rel, 1e-6) << "parameter " << i;
+    EXPECT_GT((b[i] - start[i]).norm().item<double>(), 1e-3) << "parameter " << i << " never moved";
+  }
+}
+
+TEST(FusedVsReference, LARSAgreesAfter100Steps) {
+  expect_paths_agree<LARS>(LARSOptions(2.0).weight_decay(1e-4));
+}
+TEST(FusedVsReference, LARCAgreesAfter100Steps) {
+  expect_paths_agree<LARC>(LARCOptions(0.1).weight_decay(1e-4).nesterov(true));
+}
+TEST(FusedVsReference, LAMBAgreesAfter100Steps) {
+  expect_paths_agree<LAMB>(LAMBOptions(5e-3).max_grad_norm(1.0));
+}
+TEST(FusedVsReference, NovoGradAgreesAfter100Steps) {
+  expect_paths_agree<NovoGrad>(NovoGradOptions(5e-3).weight_decay(1e-3));
+}
+
+}  // namespace
