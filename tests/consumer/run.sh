@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds and runs tests/consumer in one mode: package (install this build to a
+# temporary prefix, then find_package) or subdirectory (add_subdirectory).
+# Usage: run.sh MODE SOURCE_DIR BUILD_DIR
+set -euo pipefail
+mode=$1 src=$2 build=$3
+work="$build/consumer-$mode"
+rm -rf "$work"
+args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBIGBATCH_SOURCE_DIR="$src" -DBIGBATCH_CONSUMER_MODE="$mode")
+if command -v ccache >/dev/null; then args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+if [ "$mode" = package ]; then
+  cmake --install "$build" --prefix "$work/prefix" >/dev/null
+  args+=(-DCMAKE_PREFIX_PATH="$work/prefix")
+fi
+cmake -S "$src/tests/consumer" -B "$work/build" "${args[@]}" >/dev/null
+cmake --build "$work/build" --parallel 2 --target readme_example
+"$work/build/readme_example"
