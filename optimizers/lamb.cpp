@@ -34,8 +34,8 @@ void LAMBOptions::validate() const {
 
 LAMBParamState LAMBParamState::fresh(const at::Tensor& param) {
   LAMBParamState s;
-  s.exp_avg(at::zeros_like(param, param.options().dtype(at::kFloat)));
-  s.exp_avg_sq(at::zeros_like(param, param.options().dtype(at::kFloat)));
+  s.exp_avg(fp32_zeros_like(param));
+  s.exp_avg_sq(fp32_zeros_like(param));
   return s;
 }
 
@@ -80,11 +80,7 @@ LAMB::LAMB(std::vector<torch::Tensor> params, LAMBOptions defaults)
 
 torch::Tensor LAMB::step(LossClosure closure) {
   at::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  const torch::Tensor loss = run_closure(closure);
   const auto groups = gather();
   std::vector<bool> finite(groups.size(), true);
 

@@ -32,7 +32,7 @@ void LARCOptions::validate() const {
 
 LARCParamState LARCParamState::fresh(const at::Tensor& param) {
   LARCParamState s;
-  s.momentum_buffer(at::zeros_like(param, param.options().dtype(at::kFloat)));
+  s.momentum_buffer(fp32_zeros_like(param));
   return s;
 }
 
@@ -55,14 +55,9 @@ torch::Tensor LARC::step(LossClosure closure) {
     }
     auto& v = state_of(pg.param).momentum_buffer();
     if (fused) {
-      kernels::MomentumStep s;
-      s.scale = static_cast<float>(scale);
-      s.step_size = static_cast<float>(o.lr());
-      s.momentum = static_cast<float>(o.momentum());
-      s.weight_decay = static_cast<float>(wd);
-      s.nesterov = o.nesterov();
-      kernels::momentum_update_cpu(pg.param.data_ptr(), pg.grad.data_ptr(), v.data_ptr<float>(),
-                                   kernel_dtype(pg.param), pg.param.numel(), s);
+      // scale = the clipped local rate, step_size = lr: the rate outside the buffer.
+      momentum_update_fused(pg, v, {static_cast<float>(scale), static_cast<float>(o.lr()),
+                                    static_cast<float>(o.momentum()), static_cast<float>(wd), o.nesterov()});
       return;
     }
     // Reference: the formulas of larc.h in ATen ops.

@@ -28,7 +28,7 @@ void LARSOptions::validate() const {
 
 LARSParamState LARSParamState::fresh(const at::Tensor& param) {
   LARSParamState s;
-  s.momentum_buffer(at::zeros_like(param, param.options().dtype(at::kFloat)));
+  s.momentum_buffer(fp32_zeros_like(param));
   return s;
 }
 
@@ -50,14 +50,9 @@ torch::Tensor LARS::step(LossClosure closure) {
         (o.adapt() && !guard) ? tc * n.w_norm / (n.g_norm + wd * n.w_norm + o.eps()) : 1.0;
     auto& v = state_of(pg.param).momentum_buffer();
     if (fused) {
-      kernels::MomentumStep s;
-      s.scale = static_cast<float>(o.lr() * ratio);
-      s.step_size = 1;
-      s.momentum = static_cast<float>(o.momentum());
-      s.weight_decay = static_cast<float>(wd);
-      s.nesterov = o.nesterov();
-      kernels::momentum_update_cpu(pg.param.data_ptr(), pg.grad.data_ptr(), v.data_ptr<float>(),
-                                   kernel_dtype(pg.param), pg.param.numel(), s);
+      // scale = lr*ratio, step_size = 1: the rate sits inside the buffer.
+      momentum_update_fused(pg, v, {static_cast<float>(o.lr() * ratio), 1.0f,
+                                    static_cast<float>(o.momentum()), static_cast<float>(wd), o.nesterov()});
       return;
     }
     // Reference: the formulas of lars.h in ATen ops.

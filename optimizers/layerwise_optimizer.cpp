@@ -25,6 +25,21 @@ kernels::DType kernel_dtype(const at::Tensor& t) {
               t.scalar_type());
 }
 
+at::Tensor run_closure(const std::function<at::Tensor()>& closure) {
+  if (!closure) return {};
+  at::AutoGradMode enable_grad(true);
+  return closure();
+}
+
+at::Tensor fp32_zeros_like(const at::Tensor& param) {
+  return at::zeros_like(param, param.options().dtype(at::kFloat));
+}
+
+void momentum_update_fused(const ParamGrad& pg, at::Tensor& v, const kernels::MomentumStep& step) {
+  kernels::momentum_update_cpu(pg.param.data_ptr(), pg.grad.data_ptr(), v.data_ptr<float>(),
+                               kernel_dtype(pg.param), pg.param.numel(), step);
+}
+
 TensorNorms tensor_norms(const ParamGrad& pg, bool fused, bool with_weight) {
   TensorNorms n;
   if (fused) {

@@ -5,12 +5,14 @@
 
 #include <bigbatch/compat/torch_compat.h>
 #include <bigbatch/kernels/common.h>
+#include <bigbatch/kernels/momentum.h>
 
 #include <ATen/core/grad_mode.h>
 
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -31,6 +33,17 @@ struct TensorNorms {
   double g_norm = 0;    ///< ||g||
   bool finite = true;   ///< every element of g is finite
 };
+
+/// Runs a step's loss closure, if any, with gradients enabled (steps run
+/// under NoGradGuard), and returns its loss or an undefined tensor.
+at::Tensor run_closure(const std::function<at::Tensor()>& closure);
+
+/// Zeroed fp32 state shaped like `param`, on its device.
+at::Tensor fp32_zeros_like(const at::Tensor& param);
+
+/// The fused LARS/LARC update of one tensor (kernels/momentum.h) on its fp32
+/// momentum buffer `v`.
+void momentum_update_fused(const ParamGrad& pg, at::Tensor& v, const kernels::MomentumStep& step);
 
 /// Norm pass of one tensor, by the fused kernel (reading w and g once; in
 /// double) or by ATen (the reference path, in fp32).
@@ -90,11 +103,7 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   torch::Tensor norm_pass_then_update(const LossClosure& closure, bool with_weight,
                                       const Update& update) {
     at::NoGradGuard no_grad;
-    torch::Tensor loss;
-    if (closure) {
-      at::AutoGradMode enable_grad(true);
-      loss = closure();
-    }
+    const torch::Tensor loss = run_closure(closure);
     const auto groups = gather();
     std::vector<bool> finite(groups.size(), true);
     std::vector<std::vector<TensorNorms>> norms(groups.size());

@@ -28,7 +28,7 @@ void NovoGradOptions::validate() const {
 
 NovoGradParamState NovoGradParamState::fresh(const at::Tensor& param) {
   NovoGradParamState s;
-  s.exp_avg(at::zeros_like(param, param.options().dtype(at::kFloat)));
+  s.exp_avg(fp32_zeros_like(param));
   s.exp_avg_sq(at::zeros({}, param.options().dtype(at::kFloat)));
   return s;
 }
