@@ -91,8 +91,9 @@ torch::Tensor LAMB::step(LossClosure closure) {
   if (clipping) {
     double sum = 0;
     for (std::size_t i = 0; i < groups.size(); ++i) {
+      const bool fused = runs_fused(groups[i]);
       for (const auto& pg : groups[i].params) {
-        const double sq = runs_fused(groups[i])
+        const double sq = fused
             ? kernels::sum_squares_cpu(pg.grad.data_ptr(), nullptr, kernel_dtype(pg.grad),
                                        pg.grad.numel()).x
             : std::pow(internal::norm_of(pg.grad), 2);
@@ -107,8 +108,9 @@ torch::Tensor LAMB::step(LossClosure closure) {
   std::vector<std::vector<kernels::LambNorms>> norms(groups.size());
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const LAMBOptions& o = *groups[i].options;
+    const bool fused = runs_fused(groups[i]);
     for (const auto& pg : groups[i].params) {
-      if (!runs_fused(groups[i])) {
+      if (!fused) {
         finite[i] = finite[i] && internal::all_finite(pg.grad);
         continue;
       }
