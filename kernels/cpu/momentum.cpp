@@ -6,13 +6,16 @@
 namespace bigbatch::kernels {
 
 void momentum_update_cpu(void* w_, const void* g_, float* v, DType dtype, std::int64_t n,
-                         const MomentumStep& s) {
+                         const MomentumStep& step) {
   cpu::dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
     T* w = static_cast<T*>(w_);
     const T* g = static_cast<const T*>(g_);
-    const float nesterov = s.nesterov ? 1.0f : 0.0f;
     cpu::parallel_elements(n, [&](std::int64_t begin, std::int64_t end) {
+      // A local copy: through the closure's reference the compiler cannot prove
+      // that the stores to v leave the step's floats alone (no vectorizing).
+      const MomentumStep s = step;
+      const float nesterov = s.nesterov ? 1.0f : 0.0f;
 #pragma omp simd
       for (std::int64_t i = begin; i < end; ++i) {
         const float wi = cpu::load(w, i);
