@@ -1,5 +1,6 @@
 // bigbatch: the whole public API in one header.
-// Layer-wise adaptive optimizers (LARS, LARC, LAMB, NovoGrad) for LibTorch.
+// Layer-wise adaptive optimizers (LARS, LARC, LAMB, NovoGrad) for LibTorch, with
+// the schedules, ghost batch norm, gradient noise and noise-scale tools around them.
 #pragma once
 
 #include <bigbatch/optimizers/lamb.h>
@@ -7,3 +8,9 @@
 #include <bigbatch/optimizers/lars.h>
 #include <bigbatch/optimizers/novograd.h>
 #include <bigbatch/optimizers/param_groups.h>
+#include <bigbatch/schedules/lr_adapter.h>
+#include <bigbatch/schedules/schedule.h>
+#include <bigbatch/normalization/ghost_batch_norm.h>
+#include <bigbatch/noise/critical_batch.h>
+#include <bigbatch/noise/gradient_noise.h>
+#include <bigbatch/noise/noise_scale.h>

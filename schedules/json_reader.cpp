@@ -1,0 +1,164 @@
+// Strict JSON object reading (json_reader.h).
+#include <bigbatch/schedules/json_reader.h>
+
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
+
+namespace bigbatch::schedules {
+namespace {
+
+const nlohmann::json& empty_object() {
+  static const nlohmann::json empty = nlohmann::json::object();
+  return empty;
+}
+
+std::string type_name(const nlohmann::json& j) { return j.type_name(); }
+
+}  // namespace
+
+void config_error(const std::string& path, const std::string& problem) {
+  TORCH_CHECK(false, path, ": ", problem);
+  __builtin_unreachable();
+}
+
+JsonReader::JsonReader(const nlohmann::json& object, std::string path)
+    : object_(&object), path_(std::move(path)) {
+  if (!object.is_object()) {
+    config_error(path_.empty() ? "config" : path_,
+                 "expected an object, got " + type_name(object));
+  }
+}
+
+std::string JsonReader::path_of(const std::string& key) const {
+  return path_.empty() ? key : path_ + "." + key;
+}
+
+bool JsonReader::has(const std::string& key) const { return object_->contains(key); }
+
+const nlohmann::json& JsonReader::value(const std::string& key) {
+  known_.insert(key);
+  return object_->at(key);
+}
+
+const nlohmann::json* JsonReader::raw(const std::string& key) {
+  known_.insert(key);
+  return has(key) ? &object_->at(key) : nullptr;
+}
+
+double JsonReader::number(const std::string& key) {
+  if (!has(key)) config_error(path_of(key), "missing (a number is required)");
+  const auto& v = value(key);
+  if (!v.is_number()) config_error(path_of(key), "expected a number, got " + type_name(v));
+  const double x = v.get<double>();
+  if (!std::isfinite(x)) config_error(path_of(key), "must be finite");
+  return x;
+}
+
+double JsonReader::number(const std::string& key, double fallback) {
+  known_.insert(key);
+  return has(key) ? number(key) : fallback;
+}
+
+std::optional<double> JsonReader::optional_number(const std::string& key) {
+  known_.insert(key);
+  if (!has(key) || object_->at(key).is_null()) return std::nullopt;
+  return number(key);
+}
+
+std::int64_t JsonReader::integer(const std::string& key) {
+  if (!has(key)) config_error(path_of(key), "missing (an integer is required)");
+  const auto& v = value(key);
+  if (v.is_number_integer()) return v.get<std::int64_t>();
+  if (v.is_number_float()) {
+    const double x = v.get<double>();
+    if (std::floor(x) == x && std::abs(x) < 9e15) return static_cast<std::int64_t>(x);
+  }
+  config_error(path_of(key), "expected an integer, got " + (v.is_number() ? v.dump() : type_name(v)));
+}
+
+std::int64_t JsonReader::integer(const std::string& key, std::int64_t fallback) {
+  known_.insert(key);
+  return has(key) ? integer(key) : fallback;
+}
+
+bool JsonReader::boolean(const std::string& key, bool fallback) {
+  known_.insert(key);
+  if (!has(key)) return fallback;
+  const auto& v = value(key);
+  if (!v.is_boolean()) config_error(path_of(key), "expected true or false, got " + type_name(v));
+  return v.get<bool>();
+}
+
+std::string JsonReader::string(const std::string& key) {
+  if (!has(key)) config_error(path_of(key), "missing (a string is required)");
+  const auto& v = value(key);
+  if (!v.is_string()) config_error(path_of(key), "expected a string, got " + type_name(v));
+  return v.get<std::string>();
+}
+
+std::string JsonReader::string(const std::string& key, const std::string& fallback) {
+  known_.insert(key);
+  return has(key) ? string(key) : fallback;
+}
+
+std::vector<double> JsonReader::numbers(const std::string& key, std::vector<double> fallback) {
+  known_.insert(key);
+  if (!has(key)) return fallback;
+  const auto& v = value(key);
+  if (!v.is_array()) config_error(path_of(key), "expected an array of numbers, got " + type_name(v));
+  std::vector<double> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_number() || !std::isfinite(v[i].get<double>())) {
+      config_error(path_of(key) + "[" + std::to_string(i) + "]", "expected a finite number, got " + v[i].dump());
+    }
+    out.push_back(v[i].get<double>());
+  }
+  return out;
+}
+
+std::vector<std::int64_t> JsonReader::integers(const std::string& key,
+                                               std::vector<std::int64_t> fallback) {
+  known_.insert(key);
+  if (!has(key)) return fallback;
+  const auto& v = value(key);
+  if (!v.is_array()) config_error(path_of(key), "expected an array of integers, got " + type_name(v));
+  std::vector<std::int64_t> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_number_integer()) {
+      config_error(path_of(key) + "[" + std::to_string(i) + "]", "expected an integer, got " + v[i].dump());
+    }
+    out.push_back(v[i].get<std::int64_t>());
+  }
+  return out;
+}
+
+std::vector<std::string> JsonReader::strings(const std::string& key,
+                                             std::vector<std::string> fallback) {
+  known_.insert(key);
+  if (!has(key)) return fallback;
+  const auto& v = value(key);
+  if (!v.is_array()) config_error(path_of(key), "expected an array of strings, got " + type_name(v));
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_string()) {
+      config_error(path_of(key) + "[" + std::to_string(i) + "]", "expected a string, got " + v[i].dump());
+    }
+    out.push_back(v[i].get<std::string>());
+  }
+  return out;
+}
+
+JsonReader JsonReader::object(const std::string& key) {
+  known_.insert(key);
+  return JsonReader(has(key) ? object_->at(key) : empty_object(), path_of(key));
+}
+
+void JsonReader::finish() const {
+  for (const auto& item : object_->items()) {
+    if (!known_.count(item.key())) config_error(path_of(item.key()), "unknown key");
+  }
+}
+
+}  // namespace bigbatch::schedules

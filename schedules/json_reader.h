@@ -1,0 +1,57 @@
+// Strict reading of JSON config objects: every key known, every type right,
+// every error naming the key by its full path (e.g. "schedule.decay.gamma").
+// Shared by the schedule (de)serialization and the experiment configs.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace bigbatch::schedules {
+
+/// Reads one JSON object. Each getter marks its key as known; finish() then
+/// rejects any key nobody asked for. Errors are c10::Error with the message
+/// "<path>: <problem>".
+class JsonReader {
+ public:
+  /// `path` names the object in messages ("" for the top level).
+  JsonReader(const nlohmann::json& object, std::string path);
+
+  bool has(const std::string& key) const;
+  std::string path_of(const std::string& key) const;
+
+  double number(const std::string& key, double fallback);
+  double number(const std::string& key);  // required
+  std::optional<double> optional_number(const std::string& key);
+  std::int64_t integer(const std::string& key, std::int64_t fallback);
+  std::int64_t integer(const std::string& key);  // required
+  bool boolean(const std::string& key, bool fallback);
+  std::string string(const std::string& key, const std::string& fallback);
+  std::string string(const std::string& key);  // required
+  std::vector<double> numbers(const std::string& key, std::vector<double> fallback);
+  std::vector<std::int64_t> integers(const std::string& key, std::vector<std::int64_t> fallback);
+  std::vector<std::string> strings(const std::string& key, std::vector<std::string> fallback);
+  /// The raw value (any type), marking the key known; nullptr when absent.
+  const nlohmann::json* raw(const std::string& key);
+  /// A nested object; absent -> an empty object.
+  JsonReader object(const std::string& key);
+
+  /// Throws naming the first key that no getter asked for.
+  void finish() const;
+
+ private:
+  const nlohmann::json& value(const std::string& key);
+
+  const nlohmann::json* object_;
+  std::string path_;
+  std::set<std::string> known_;
+};
+
+/// "<path>: <problem>" as a c10::Error, for checks after reading.
+[[noreturn]] void config_error(const std::string& path, const std::string& problem);
+
+}  // namespace bigbatch::schedules

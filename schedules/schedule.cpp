@@ -1,0 +1,299 @@
+// Schedules (schedule.h): FORMULAS.md "Learning-rate scaling", "Gradual warmup",
+// "Decays" and "Batch-size increase instead of decay", resolved to steps once.
+#include <bigbatch/schedules/schedule.h>
+
+#include <bigbatch/schedules/json_reader.h>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace bigbatch::schedules {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+template <typename E>
+struct Names {
+  E value;
+  const char* name;
+};
+constexpr Names<Scaling> kScalings[] = {
+    {Scaling::kNone, "none"}, {Scaling::kLinear, "linear"}, {Scaling::kSqrt, "sqrt"}};
+constexpr Names<Unit> kUnits[] = {{Unit::kSteps, "steps"}, {Unit::kEpochs, "epochs"}};
+constexpr Names<DecayType> kDecays[] = {
+    {DecayType::kConstant, "constant"}, {DecayType::kStep, "step"},
+    {DecayType::kExponential, "exponential"}, {DecayType::kPolynomial, "polynomial"},
+    {DecayType::kCosine, "cosine"}, {DecayType::kLinear, "linear"}};
+
+template <typename E, std::size_t N>
+std::string name_of(const Names<E> (&table)[N], E value) {
+  for (const auto& n : table) {
+    if (n.value == value) return n.name;
+  }
+  TORCH_INTERNAL_ASSERT(false, "unnamed enum value ", static_cast<int>(value));
+}
+
+template <typename E, std::size_t N>
+E parse(const Names<E> (&table)[N], const std::string& text, const std::string& path) {
+  std::string choices;
+  for (const auto& n : table) {
+    if (text == n.name) return n.value;
+    choices += (choices.empty() ? "" : ", ") + std::string(n.name);
+  }
+  config_error(path, "unknown value \"" + text + "\" (one of: " + choices + ")");
+}
+
+bool uses_length(DecayType d) {
+  return d == DecayType::kPolynomial || d == DecayType::kCosine || d == DecayType::kLinear;
+}
+
+}  // namespace
+
+std::string to_string(Scaling s) { return name_of(kScalings, s); }
+std::string to_string(Unit u) { return name_of(kUnits, u); }
+std::string to_string(DecayType d) { return name_of(kDecays, d); }
+
+double scale_lr(double lr0, Scaling rule, std::int64_t batch, std::int64_t base_batch) {
+  TORCH_CHECK(batch > 0, "scale_lr: batch must be > 0, got ", batch);
+  TORCH_CHECK(base_batch > 0, "scale_lr: base_batch must be > 0, got ", base_batch);
+  const double k = static_cast<double>(batch) / static_cast<double>(base_batch);
+  switch (rule) {
+    case Scaling::kNone: return lr0;
+    case Scaling::kLinear: return lr0 * k;
+    case Scaling::kSqrt: return lr0 * std::sqrt(k);
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown scaling rule");
+}
+
+void ScheduleSpec::validate() const {
+  TORCH_CHECK(std::isfinite(base_lr) && base_lr >= 0, "schedule.base_lr: must be >= 0, got ", base_lr);
+  TORCH_CHECK(base_batch > 0, "schedule.base_batch: must be > 0, got ", base_batch);
+  TORCH_CHECK(warmup.length >= 0, "schedule.warmup.length: must be >= 0, got ", warmup.length);
+  if (warmup.start_lr) {
+    TORCH_CHECK(*warmup.start_lr >= 0, "schedule.warmup.start_lr: must be >= 0, got ",
+                *warmup.start_lr);
+    TORCH_CHECK(warmup.length > 0, "schedule.warmup.start_lr: given (", *warmup.start_lr,
+                ") but schedule.warmup.length is 0, so there is no warmup to start");
+  }
+  const auto& d = decay;
+  if (d.type == DecayType::kStep || d.type == DecayType::kExponential) {
+    TORCH_CHECK(d.gamma > 0 && d.gamma <= 1, "schedule.decay.gamma: must be in (0, 1], got ", d.gamma);
+  }
+  if (d.type == DecayType::kStep) {
+    for (std::size_t i = 0; i < d.milestones.size(); ++i) {
+      TORCH_CHECK(d.milestones[i] > 0, "schedule.decay.milestones[", i, "]: must be > 0, got ",
+                  d.milestones[i]);
+      TORCH_CHECK(i == 0 || d.milestones[i] > d.milestones[i - 1],
+                  "schedule.decay.milestones: must be strictly increasing, got ", d.milestones[i - 1],
+                  " then ", d.milestones[i]);
+    }
+  } else {
+    TORCH_CHECK(d.milestones.empty(), "schedule.decay.milestones: only a step decay has milestones (",
+                "decay type is ", to_string(d.type), ")");
+  }
+  if (uses_length(d.type)) {
+    TORCH_CHECK(d.length > 0, "schedule.decay.length: must be > 0 for a ", to_string(d.type),
+                " decay, got ", d.length);
+    TORCH_CHECK(d.end_lr >= 0, "schedule.decay.end_lr: must be >= 0, got ", d.end_lr);
+  }
+  if (d.type == DecayType::kPolynomial) {
+    TORCH_CHECK(d.power > 0, "schedule.decay.power: must be > 0, got ", d.power);
+  }
+  if (batch_increase) {
+    TORCH_CHECK(d.type == DecayType::kStep,
+                "schedule.batch_increase: replaces the milestones of a step decay; decay type is ",
+                to_string(d.type));
+    TORCH_CHECK(batch_increase->max_batch > 0, "schedule.batch_increase.max_batch: must be > 0, got ",
+                batch_increase->max_batch);
+    const double factor = batch_increase->factor.value_or(1 / d.gamma);
+    TORCH_CHECK(factor > 1, "schedule.batch_increase.factor: must be > 1, got ", factor,
+                batch_increase->factor ? "" : " (1 / schedule.decay.gamma)");
+  }
+}
+
+// ------------------------------------------------------------- resolution ----
+
+Schedule::Schedule(ScheduleSpec spec, std::int64_t batch_size, std::int64_t examples_per_epoch)
+    : spec_(std::move(spec)), batch_(batch_size), examples_per_epoch_(examples_per_epoch) {
+  spec_.validate();
+  TORCH_CHECK(batch_size > 0, "Schedule: batch_size must be > 0, got ", batch_size);
+  TORCH_CHECK(spec_.unit == Unit::kSteps || examples_per_epoch > 0,
+              "Schedule: the schedule counts in epochs, so examples_per_epoch must be > 0, got ",
+              examples_per_epoch);
+  if (spec_.regime_adaptation) {
+    regime_factor_ = (batch_ + spec_.base_batch - 1) / spec_.base_batch;
+  }
+  peak_lr_ = scale_lr(spec_.base_lr, spec_.scaling, batch_, spec_.base_batch);
+  start_lr_ = spec_.warmup.start_lr.value_or(spec_.base_lr);
+  warmup_steps_ = steps_for_examples(spec_.warmup.length, batch_);
+  const double r = static_cast<double>(regime_factor_);
+  decay_length_ = steps_for_examples(spec_.decay.length * r, batch_);
+  steps_per_unit_ = r * (spec_.unit == Unit::kSteps
+                             ? 1.0
+                             : static_cast<double>(examples_per_epoch_) / static_cast<double>(batch_));
+
+  // Step-decay milestones, counted from the end of warmup, become events; with
+  // batch increase each is a batch event while the batch stays <= max_batch.
+  if (spec_.decay.type != DecayType::kStep) return;
+  if (spec_.batch_increase) {
+    batch_factor_ = spec_.batch_increase->factor.value_or(1 / spec_.decay.gamma);
+  }
+  std::int64_t step = 0;     // decay time
+  double position = 0;       // in units, decay time
+  std::int64_t batch = batch_;
+  for (const double milestone : spec_.decay.milestones) {
+    step += steps_for_examples(milestone * r - position, batch);
+    position = milestone * r;
+    const auto grown = static_cast<std::int64_t>(std::llround(static_cast<double>(batch) * batch_factor_));
+    const bool grow = spec_.batch_increase && grown <= spec_.batch_increase->max_batch;
+    if (grow) batch = grown;
+    events_.push_back({warmup_steps_ + step, grow, batch});
+  }
+}
+
+std::int64_t Schedule::steps_for_examples(double length, std::int64_t batch) const {
+  if (length <= 0) return 0;
+  // A small tolerance so that 3 epochs of 60000 at batch 100 is 1800, not 1801.
+  const double steps = spec_.unit == Unit::kSteps
+                           ? length
+                           : length * static_cast<double>(examples_per_epoch_) / static_cast<double>(batch);
+  return static_cast<std::int64_t>(std::ceil(steps - 1e-9));
+}
+
+double Schedule::lr(std::int64_t step) const {
+  TORCH_CHECK(step >= 0, "Schedule::lr: step must be >= 0, got ", step);
+  if (step < warmup_steps_) {
+    return start_lr_ + (peak_lr_ - start_lr_) * static_cast<double>(step) / static_cast<double>(warmup_steps_);
+  }
+  const auto s = static_cast<double>(step - warmup_steps_);
+  const DecaySpec& d = spec_.decay;
+  switch (d.type) {
+    case DecayType::kConstant: return peak_lr_;
+    case DecayType::kStep: {
+      int decays = 0;
+      for (const auto& e : events_) decays += (e.step <= step && !e.batch) ? 1 : 0;
+      return peak_lr_ * std::pow(d.gamma, decays);
+    }
+    case DecayType::kExponential: return peak_lr_ * std::pow(d.gamma, s / steps_per_unit_);
+    case DecayType::kPolynomial:
+    case DecayType::kLinear:
+    case DecayType::kCosine: {
+      const double frac = std::min(s, static_cast<double>(decay_length_)) / static_cast<double>(decay_length_);
+      if (d.type == DecayType::kCosine) {
+        return d.end_lr + (peak_lr_ - d.end_lr) * 0.5 * (1 + std::cos(kPi * frac));
+      }
+      const double power = d.type == DecayType::kLinear ? 1.0 : d.power;
+      return d.end_lr + (peak_lr_ - d.end_lr) * std::pow(1 - frac, power);
+    }
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown decay type");
+}
+
+std::int64_t Schedule::batch_size(std::int64_t step) const {
+  TORCH_CHECK(step >= 0, "Schedule::batch_size: step must be >= 0, got ", step);
+  std::int64_t batch = batch_;
+  for (const auto& e : events_) {
+    if (e.step <= step) batch = e.batch_after;
+  }
+  return batch;
+}
+
+std::int64_t Schedule::examples_seen(std::int64_t step) const {
+  TORCH_CHECK(step >= 0, "Schedule::examples_seen: step must be >= 0, got ", step);
+  std::int64_t seen = 0;
+  std::int64_t from = 0;
+  std::int64_t batch = batch_;
+  for (const auto& e : events_) {
+    if (e.step >= step) break;
+    seen += (e.step - from) * batch;
+    from = e.step;
+    batch = e.batch_after;
+  }
+  return seen + (step - from) * batch;
+}
+
+std::int64_t Schedule::steps(double length) const {
+  TORCH_CHECK(length >= 0, "Schedule::steps: length must be >= 0, got ", length);
+  const double scaled = length * static_cast<double>(regime_factor_);
+  if (spec_.unit == Unit::kSteps) return static_cast<std::int64_t>(std::ceil(scaled - 1e-9));
+  // Walk the batch segments until scaled * N examples are seen.
+  const double target = scaled * static_cast<double>(examples_per_epoch_);
+  std::int64_t from = 0;
+  double seen = 0;
+  std::int64_t batch = batch_;
+  for (const auto& e : events_) {
+    const double segment = static_cast<double>((e.step - from) * batch);
+    if (seen + segment >= target) break;
+    seen += segment;
+    from = e.step;
+    batch = e.batch_after;
+  }
+  return from + static_cast<std::int64_t>(std::ceil((target - seen) / static_cast<double>(batch) - 1e-9));
+}
+
+// ------------------------------------------------------------------- JSON ----
+
+nlohmann::json to_json(const ScheduleSpec& spec) {
+  nlohmann::json j;
+  j["base_lr"] = spec.base_lr;
+  j["base_batch"] = spec.base_batch;
+  j["scaling"] = to_string(spec.scaling);
+  j["unit"] = to_string(spec.unit);
+  j["warmup"] = {{"length", spec.warmup.length}};
+  if (spec.warmup.start_lr) j["warmup"]["start_lr"] = *spec.warmup.start_lr;
+  nlohmann::json d = {{"type", to_string(spec.decay.type)}};
+  switch (spec.decay.type) {
+    case DecayType::kConstant: break;
+    case DecayType::kStep: d["milestones"] = spec.decay.milestones; d["gamma"] = spec.decay.gamma; break;
+    case DecayType::kExponential: d["gamma"] = spec.decay.gamma; break;
+    case DecayType::kPolynomial: d["power"] = spec.decay.power; [[fallthrough]];
+    case DecayType::kCosine:
+    case DecayType::kLinear: d["length"] = spec.decay.length; d["end_lr"] = spec.decay.end_lr; break;
+  }
+  j["decay"] = d;
+  if (spec.batch_increase) {
+    j["batch_increase"] = {{"max_batch", spec.batch_increase->max_batch}};
+    if (spec.batch_increase->factor) j["batch_increase"]["factor"] = *spec.batch_increase->factor;
+  }
+  j["regime_adaptation"] = spec.regime_adaptation;
+  return j;
+}
+
+ScheduleSpec schedule_from_json(const nlohmann::json& j) {
+  JsonReader r(j, "schedule");
+  ScheduleSpec s;
+  s.base_lr = r.number("base_lr");
+  s.base_batch = r.integer("base_batch", s.base_batch);
+  s.scaling = parse(kScalings, r.string("scaling", "none"), r.path_of("scaling"));
+  s.unit = parse(kUnits, r.string("unit", "steps"), r.path_of("unit"));
+  JsonReader w = r.object("warmup");
+  s.warmup.length = w.number("length", 0);
+  s.warmup.start_lr = w.optional_number("start_lr");
+  w.finish();
+  JsonReader d = r.object("decay");
+  s.decay.type = parse(kDecays, d.string("type", "constant"), d.path_of("type"));
+  s.decay.milestones = d.numbers("milestones", {});
+  s.decay.gamma = d.number("gamma", s.decay.gamma);
+  s.decay.power = d.number("power", s.decay.power);
+  s.decay.end_lr = d.number("end_lr", s.decay.end_lr);
+  s.decay.length = d.number("length", s.decay.length);
+  d.finish();
+  if (r.has("batch_increase") && !j.at("batch_increase").is_null()) {
+    JsonReader b = r.object("batch_increase");
+    BatchIncreaseSpec bi;
+    bi.max_batch = b.integer("max_batch");
+    bi.factor = b.optional_number("factor");
+    b.finish();
+    s.batch_increase = bi;
+  } else {
+    r.raw("batch_increase");
+  }
+  s.regime_adaptation = r.boolean("regime_adaptation", false);
+  r.finish();
+  s.validate();
+  return s;
+}
+
+}  // namespace bigbatch::schedules

@@ -1,0 +1,234 @@
+// Schedules against hand-computed rates and batch sizes (FORMULAS.md: scaling,
+// warmup, decays, batch-size increase, regime adaptation) and their JSON form.
+#include <bigbatch/schedules/schedule.h>
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+namespace {
+
+using namespace bigbatch::schedules;
+
+// The message of the c10::Error that f throws, without LibTorch's backtrace.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "(no error)";
+}
+
+ScheduleSpec goyal_like() {
+  ScheduleSpec s;
+  s.base_lr = 0.1;
+  s.base_batch = 50;
+  s.scaling = Scaling::kLinear;
+  s.unit = Unit::kEpochs;
+  s.warmup.length = 2;  // epochs
+  s.decay.type = DecayType::kStep;
+  s.decay.milestones = {3, 5};  // epochs after warmup
+  s.decay.gamma = 0.1;
+  return s;
+}
+
+TEST(Scaling, LinearSqrtNone) {
+  EXPECT_DOUBLE_EQ(scale_lr(0.1, Scaling::kLinear, 1024, 256), 0.4);
+  EXPECT_DOUBLE_EQ(scale_lr(0.1, Scaling::kSqrt, 1024, 256), 0.2);
+  EXPECT_DOUBLE_EQ(scale_lr(0.1, Scaling::kNone, 1024, 256), 0.1);
+  EXPECT_DOUBLE_EQ(scale_lr(0.1, Scaling::kLinear, 64, 256), 0.025);
+}
+
+TEST(Schedule, WarmupFromUnscaledRateThenStepDecayInEpochs) {
+  // B = 100 of N = 1000: 10 steps an epoch; peak 0.1 * 100/50 = 0.2.
+  const Schedule s(goyal_like(), 100, 1000);
+  EXPECT_EQ(s.warmup_steps(), 20);
+  EXPECT_DOUBLE_EQ(s.peak_lr(), 0.2);
+  EXPECT_DOUBLE_EQ(s.lr(0), 0.1);    // lr_start defaults to lr0
+  EXPECT_DOUBLE_EQ(s.lr(10), 0.15);  // halfway
+  EXPECT_DOUBLE_EQ(s.lr(20), 0.2);   // decay's step 0
+  EXPECT_DOUBLE_EQ(s.lr(49), 0.2);   // milestone 3 epochs after warmup = step 50
+  EXPECT_NEAR(s.lr(50), 0.02, 1e-15);
+  EXPECT_NEAR(s.lr(69), 0.02, 1e-15);
+  EXPECT_NEAR(s.lr(70), 0.002, 1e-15);
+  EXPECT_EQ(s.batch_size(1000), 100);
+  EXPECT_EQ(s.steps(9), 90);
+}
+
+TEST(Schedule, WarmupFromZero) {
+  ScheduleSpec spec = goyal_like();
+  spec.warmup.start_lr = 0.0;
+  const Schedule s(spec, 100, 1000);
+  EXPECT_DOUBLE_EQ(s.lr(0), 0.0);
+  EXPECT_DOUBLE_EQ(s.lr(5), 0.05);
+  EXPECT_DOUBLE_EQ(s.lr(20), 0.2);
+}
+
+TEST(Schedule, PolynomialCosineLinearExponential) {
+  ScheduleSpec spec;
+  spec.base_lr = 0.2;
+  spec.decay.end_lr = 0.001;
+  spec.decay.length = 100;
+  spec.decay.type = DecayType::kPolynomial;
+  spec.decay.power = 2;
+  const Schedule poly(spec, 256);
+  EXPECT_DOUBLE_EQ(poly.lr(0), 0.2);
+  EXPECT_DOUBLE_EQ(poly.lr(50), 0.001 + 0.199 * 0.25);
+  EXPECT_DOUBLE_EQ(poly.lr(100), 0.001);
+  EXPECT_DOUBLE_EQ(poly.lr(150), 0.001);
+  spec.decay.type = DecayType::kCosine;
+  const Schedule cosine(spec, 256);
+  EXPECT_DOUBLE_EQ(cosine.lr(50), (0.2 + 0.001) / 2);
+  EXPECT_NEAR(cosine.lr(25), 0.001 + 0.199 * (1 + std::sqrt(0.5)) / 2, 1e-15);
+  EXPECT_DOUBLE_EQ(cosine.lr(100), 0.001);
+  spec.decay.type = DecayType::kLinear;
+  const Schedule linear(spec, 256);
+  EXPECT_DOUBLE_EQ(linear.lr(75), 0.001 + 0.199 * 0.25);
+
+  ScheduleSpec ex;
+  ex.base_lr = 0.4;
+  ex.unit = Unit::kEpochs;
+  ex.decay.type = DecayType::kExponential;
+  ex.decay.gamma = 0.5;  // per epoch; 10 steps an epoch below
+  const Schedule expo(ex, 100, 1000);
+  EXPECT_DOUBLE_EQ(expo.lr(10), 0.2);
+  EXPECT_DOUBLE_EQ(expo.lr(20), 0.1);
+  EXPECT_NEAR(expo.lr(5), 0.4 * std::sqrt(0.5), 1e-15);
+}
+
+TEST(Schedule, ConstantIsThePeak) {
+  ScheduleSpec spec;
+  spec.base_lr = 0.1;
+  spec.scaling = Scaling::kSqrt;
+  spec.base_batch = 100;
+  const Schedule s(spec, 400);
+  EXPECT_DOUBLE_EQ(s.lr(0), 0.2);
+  EXPECT_DOUBLE_EQ(s.lr(123456), 0.2);
+}
+
+TEST(Schedule, BatchIncreaseReplacesDecaysUntilMaxBatch) {
+  ScheduleSpec spec;
+  spec.base_lr = 0.1;
+  spec.decay.type = DecayType::kStep;
+  spec.decay.milestones = {2, 4, 6};
+  spec.decay.gamma = 0.2;                  // factor 1/0.2 = 5
+  spec.batch_increase = BatchIncreaseSpec{250, std::nullopt};
+  const Schedule s(spec, 10);
+  EXPECT_EQ(s.batch_size(1), 10);
+  EXPECT_EQ(s.batch_size(2), 50);
+  EXPECT_EQ(s.batch_size(4), 250);
+  EXPECT_EQ(s.batch_size(6), 250);  // 1250 > 250: the rate decays instead
+  EXPECT_DOUBLE_EQ(s.lr(5), 0.1);
+  EXPECT_NEAR(s.lr(6), 0.02, 1e-15);
+  // The noise scale lr * N / B falls by the decay factor at each milestone,
+  // as it would under the plain step decay.
+  ScheduleSpec decay = spec;
+  decay.batch_increase.reset();
+  const Schedule d(decay, 10);
+  for (const std::int64_t t : {0, 2, 4, 6}) {
+    EXPECT_NEAR(s.lr(t) / static_cast<double>(s.batch_size(t)),
+                d.lr(t) / static_cast<double>(d.batch_size(t)), 1e-15)
+        << "step " << t;
+  }
+}
+
+TEST(Schedule, BatchIncreaseInEpochsCountsExamplesAtEachBatch) {
+  ScheduleSpec spec;
+  spec.base_lr = 0.1;
+  spec.unit = Unit::kEpochs;
+  spec.decay.type = DecayType::kStep;
+  spec.decay.milestones = {1, 2};
+  spec.batch_increase = BatchIncreaseSpec{400, 2.0};
+  const Schedule s(spec, 100, 1000);
+  EXPECT_EQ(s.batch_size(9), 100);
+  EXPECT_EQ(s.batch_size(10), 200);  // epoch 1: 10 steps of 100
+  EXPECT_EQ(s.batch_size(14), 200);
+  EXPECT_EQ(s.batch_size(15), 400);  // epoch 2: 5 more steps of 200
+  EXPECT_EQ(s.examples_seen(15), 2000);
+  EXPECT_EQ(s.examples_seen(17), 2800);
+  EXPECT_EQ(s.steps(3), 18);  // 1000 more examples at 400: 2.5 -> 3 steps
+  EXPECT_DOUBLE_EQ(s.lr(100), 0.1);  // both milestones grew the batch
+}
+
+TEST(Schedule, RegimeAdaptationStretchesMilestonesAndBudget) {
+  ScheduleSpec spec;
+  spec.base_lr = 0.1;
+  spec.base_batch = 128;
+  spec.decay.type = DecayType::kStep;
+  spec.decay.milestones = {10};
+  spec.regime_adaptation = true;
+  const Schedule s(spec, 512);  // ceil(512/128) = 4
+  EXPECT_EQ(s.regime_factor(), 4);
+  EXPECT_DOUBLE_EQ(s.lr(39), 0.1);
+  EXPECT_NEAR(s.lr(40), 0.01, 1e-15);
+  EXPECT_EQ(s.steps(100), 400);
+  EXPECT_EQ(Schedule(spec, 300).regime_factor(), 3);  // ceil(300/128)
+  spec.regime_adaptation = false;
+  EXPECT_EQ(Schedule(spec, 512).steps(100), 100);
+}
+
+TEST(Schedule, JsonRoundTrip) {
+  const nlohmann::json j = nlohmann::json::parse(R"({
+    "base_lr": 0.1, "base_batch": 256, "scaling": "sqrt", "unit": "epochs",
+    "warmup": {"length": 5, "start_lr": 0.0},
+    "decay": {"type": "step", "milestones": [30, 60, 80], "gamma": 0.1},
+    "batch_increase": {"max_batch": 4096, "factor": 5},
+    "regime_adaptation": true})");
+  const ScheduleSpec spec = schedule_from_json(j);
+  EXPECT_EQ(spec.scaling, Scaling::kSqrt);
+  EXPECT_EQ(spec.unit, Unit::kEpochs);
+  ASSERT_TRUE(spec.warmup.start_lr.has_value());
+  EXPECT_EQ(*spec.warmup.start_lr, 0.0);
+  EXPECT_EQ(spec.decay.milestones, (std::vector<double>{30, 60, 80}));
+  ASSERT_TRUE(spec.batch_increase.has_value());
+  EXPECT_EQ(spec.batch_increase->max_batch, 4096);
+  EXPECT_TRUE(spec.regime_adaptation);
+  EXPECT_EQ(to_json(spec), j);
+  EXPECT_EQ(to_json(schedule_from_json(to_json(spec))), j);
+  for (const char* type : {"constant", "exponential", "polynomial", "cosine", "linear"}) {
+    nlohmann::json k = {{"base_lr", 0.5}, {"decay", {{"type", type}, {"length", 10}}}};
+    if (std::string(type) == "constant" || std::string(type) == "exponential") k["decay"].erase("length");
+    const ScheduleSpec s = schedule_from_json(k);
+    EXPECT_EQ(to_string(s.decay.type), type);
+    EXPECT_EQ(to_json(schedule_from_json(to_json(s))), to_json(s)) << type;
+  }
+}
+
+TEST(Schedule, BadParametersNameTheParameter) {
+  const auto parse = [](const char* text) {
+    return error_of([&] { schedule_from_json(nlohmann::json::parse(text)); });
+  };
+  EXPECT_EQ(parse(R"({"base_lr": -0.1})"), "schedule.base_lr: must be >= 0, got -0.1");
+  EXPECT_EQ(parse(R"({"base_lr": "fast"})"), "schedule.base_lr: expected a number, got string");
+  EXPECT_EQ(parse(R"({"lr": 0.1})"), "schedule.base_lr: missing (a number is required)");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "step", "gama": 0.5}})"),
+            "schedule.decay.gama: unknown key");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "scaling": "quadratic"})"),
+            "schedule.scaling: unknown value \"quadratic\" (one of: none, linear, sqrt)");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "step", "milestones": [30, 20]}})"),
+            "schedule.decay.milestones: must be strictly increasing, got 30 then 20");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "warmup": {"start_lr": 0.01}})"),
+            "schedule.warmup.start_lr: given (0.01) but schedule.warmup.length is 0, so there is "
+            "no warmup to start");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "step", "milestones": [1]},
+                      "batch_increase": {"max_batch": 1024, "factor": 0.5}})"),
+            "schedule.batch_increase.factor: must be > 1, got 0.5");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "cosine"}})"),
+            "schedule.decay.length: must be > 0 for a cosine decay, got 0");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "exponential", "gamma": 1.5}})"),
+            "schedule.decay.gamma: must be in (0, 1], got 1.5");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "base_batch": 0})"), "schedule.base_batch: must be > 0, got 0");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "cosine", "length": 5},
+                      "batch_increase": {"max_batch": 64}})"),
+            "schedule.batch_increase: replaces the milestones of a step decay; decay type is cosine");
+  ScheduleSpec epochs;
+  epochs.unit = Unit::kEpochs;
+  EXPECT_EQ(error_of([&] { Schedule(epochs, 32); }),
+            "Schedule: the schedule counts in epochs, so examples_per_epoch must be > 0, got 0");
+}
+
+}  // namespace
