@@ -214,10 +214,12 @@ std::int64_t Schedule::examples_seen(std::int64_t step) const {
   return seen + (step - from) * batch;
 }
 
-std::int64_t Schedule::steps(double length) const {
+std::int64_t Schedule::steps(double length, Unit unit) const {
   TORCH_CHECK(length >= 0, "Schedule::steps: length must be >= 0, got ", length);
+  TORCH_CHECK(unit == Unit::kSteps || examples_per_epoch_ > 0,
+              "Schedule::steps: a length in epochs needs examples_per_epoch > 0");
   const double scaled = length * static_cast<double>(regime_factor_);
-  if (spec_.unit == Unit::kSteps) return static_cast<std::int64_t>(std::ceil(scaled - 1e-9));
+  if (unit == Unit::kSteps) return static_cast<std::int64_t>(std::ceil(scaled - 1e-9));
   // Walk the batch segments until scaled * N examples are seen.
   const double target = scaled * static_cast<double>(examples_per_epoch_);
   std::int64_t from = 0;

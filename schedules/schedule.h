@@ -87,7 +87,9 @@ class Schedule {
   std::int64_t examples_seen(std::int64_t step) const;
   /// A length in the spec's unit (e.g. a budget) in steps, after regime
   /// adaptation, counting epochs at the batch sizes the schedule uses.
-  std::int64_t steps(double length) const;
+  std::int64_t steps(double length) const { return steps(length, spec_.unit); }
+  /// The same for a length in `unit` (epochs need examples_per_epoch > 0).
+  std::int64_t steps(double length, Unit unit) const;
 
   double peak_lr() const { return peak_lr_; }
   std::int64_t warmup_steps() const { return warmup_steps_; }

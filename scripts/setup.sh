@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build ccache git
-          libtorch-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+          libtorch-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
+          python3-matplotlib
           zlib1g-dev dataset-fashion-mnist)
 missing=()
 for p in "${packages[@]}"; do

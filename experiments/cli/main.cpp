@@ -1,0 +1,145 @@
+// bigbatch: the command line of the experiment runner.
+//   bigbatch sweep CONFIG [--out DIR] [--jobs N]   run or resume a sweep
+//   bigbatch train CONFIG [--out DIR] [...]        one trial of a sweep config
+//   bigbatch plot DIR                              the plots of a sweep folder
+//   bigbatch report DIR                            its steps-to-target table
+// Exit 0 on success, 2 on a bad config or arguments (one line), 1 on failures.
+#include <bigbatch/experiments/config.h>
+#include <bigbatch/experiments/sweep.h>
+
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#ifndef BIGBATCH_PLOT_SCRIPT
+#define BIGBATCH_PLOT_SCRIPT "plots/plot_sweep.py"
+#endif
+
+namespace {
+
+namespace bx = bigbatch::experiments;
+namespace fs = std::filesystem;
+
+int plot(const std::string& dir) {
+  if (!fs::exists(fs::path(dir) / "steps_to_target.csv")) {
+    throw bx::ConfigError(dir + ": no steps_to_target.csv (not a finished sweep folder)");
+  }
+  const char* env = std::getenv("BIGBATCH_PLOT_SCRIPT");
+  const std::string script = env ? env : BIGBATCH_PLOT_SCRIPT;
+  const std::string python = std::getenv("BIGBATCH_PYTHON") ? std::getenv("BIGBATCH_PYTHON") : "/usr/bin/python3";
+  // Arguments are quoted for the shell; names were checked, paths may have spaces.
+  const auto quote = [](const std::string& s) {
+    std::string q = "'";
+    for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  const int rc = std::system((quote(python) + " " + quote(script) + " " + quote(dir)).c_str());
+  if (rc != 0) throw std::runtime_error("plotting failed (" + python + " " + script + "); see above");
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"bigbatch: batch size against steps to target, on LibTorch"};
+  app.require_subcommand(1);
+  std::string config, out = "runs", dir;
+  int jobs = 1;
+  auto* sweep = app.add_subcommand("sweep", "run (or resume) every trial of a sweep config, then its tables");
+  sweep->add_option("CONFIG", config, "sweep config (JSON)")->required();
+  sweep->add_option("--out", out, "output folder; the sweep goes to OUT/<name>/")->capture_default_str();
+  sweep->add_option("--jobs", jobs, "trials in parallel (intra-op threads: cores / jobs)")->capture_default_str();
+
+  auto* train = app.add_subcommand("train", "run one trial of a sweep config into OUT/<name>.train/<trial>/");
+  std::optional<std::int64_t> batch, steps;
+  std::optional<double> lr;
+  std::optional<std::uint64_t> seed;
+  train->add_option("CONFIG", config, "sweep config (JSON)")->required();
+  train->add_option("--out", out, "output folder")->capture_default_str();
+  train->add_option("--batch-size", batch, "batch size (default: the config's first)");
+  train->add_option("--lr", lr, "base learning rate (default: the search's first point)");
+  train->add_option("--seed", seed, "seed (default: the config's first)");
+  train->add_option("--steps", steps, "cap the budget at this many steps");
+
+  auto* plot_cmd = app.add_subcommand("plot", "write the plots of a sweep folder (PNG, SVG, JSON points)");
+  plot_cmd->add_option("DIR", dir, "sweep folder, e.g. runs/quickstart")->required();
+  auto* report_cmd = app.add_subcommand("report", "print the steps-to-target table of a sweep folder");
+  report_cmd->add_option("DIR", dir, "sweep folder")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::cerr << "bigbatch: " << e.what() << " (see bigbatch --help)\n";
+    return 2;
+  }
+
+  if (*sweep) {
+    const bx::SweepConfig cfg = bx::load_sweep(config);
+    const bx::SweepSummary s = bx::run_sweep(cfg, {out, jobs});
+    std::cout << bx::report(s.dir);
+    std::cout << "sweep " << cfg.base.sweep << ": " << s.trials << " trials (" << s.skipped << " resumed), "
+              << s.reached << " reached the target, " << s.wall_time << " s; results in " << s.dir
+              << " (plots: bigbatch plot " << s.dir << ")\n";
+    return 0;
+  }
+  if (*train) {
+    bx::SweepConfig cfg = bx::load_sweep(config);
+    if (batch) cfg.batch_sizes = {*batch};
+    if (seed) cfg.seeds = {*seed};
+    if (lr) {
+      if (!(*lr > 0)) throw bx::ConfigError("--lr: must be > 0, got " + std::to_string(*lr));
+      cfg.search = bx::SearchSpec{};
+      cfg.search.lr = {*lr};
+    }
+    if (steps) {
+      if (*steps < 1) throw bx::ConfigError("--steps: must be >= 1, got " + std::to_string(*steps));
+      cfg.base.budget = {static_cast<double>(*steps), bigbatch::schedules::Unit::kSteps};
+    }
+    bx::TrialConfig trial = bx::expand(cfg).front();
+    if (cfg.base.gns.micro_batches > 0 && trial.batch_size % cfg.base.gns.micro_batches != 0) {
+      throw bx::ConfigError("--batch-size: " + std::to_string(trial.batch_size) +
+                            " is not divisible by gns.micro_batches");
+    }
+    bx::Dataset data;
+    try {
+      data = bx::load_dataset(trial.data);
+    } catch (const std::exception& e) {
+      throw bx::ConfigError(std::string("dataset: ") + e.what());
+    }
+    if (trial.batch_size > data.train_size()) {
+      throw bx::ConfigError("--batch-size: " + std::to_string(trial.batch_size) +
+                            " is larger than the training set (" + std::to_string(data.train_size()) + ")");
+    }
+    const std::string tdir = (fs::path(out) / (cfg.base.sweep + ".train") / trial.name).string();
+    const bx::TrialResult r = bx::run_one(trial, data, tdir, [](const bx::TrialProgress& p) {
+      std::cerr << "step " << p.step << "/" << p.budget << " loss " << p.loss << "\n";
+    });
+    std::cout << trial.name << ": " << r.status << " after " << r.steps << " steps, best " << trial.target.metric
+              << " " << r.best_metric << "; results in " << tdir << "\n";
+    return 0;
+  }
+  if (*plot_cmd) return plot(dir);
+  std::cout << bx::report(dir);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const bx::ConfigError& e) {
+    std::cerr << "bigbatch: " << e.what() << "\n";
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "bigbatch: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "bigbatch: " << e.what() << "\n";
+    return 1;
+  }
+}

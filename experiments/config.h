@@ -1,0 +1,108 @@
+// Sweep and trial configs of the experiment runner: strict JSON parsing (every
+// key known, every type checked, errors naming the key), the expansion of a
+// sweep into trials, and the resolved JSON written beside the results.
+#pragma once
+
+#include <bigbatch/experiments/data.h>
+#include <bigbatch/experiments/models.h>
+#include <bigbatch/schedules/schedule.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace bigbatch::experiments {
+
+/// A bad config or argument: the CLI prints it as one line and exits 2.
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct OptimizerSpec {
+  std::string name = "lamb";  ///< sgd, adam, adamw, lars, larc, lamb, novograd
+  double momentum = 0.9;      ///< sgd, lars, larc (the search may set it)
+  std::optional<double> weight_decay;       ///< each optimizer's own default
+  bool nesterov = false;                    ///< sgd, lars, larc
+  std::optional<double> trust_coefficient;  ///< lars, larc
+  std::optional<double> eps;
+  std::optional<std::vector<double>> betas;  ///< adam, adamw, lamb, novograd
+  std::optional<double> max_grad_norm;       ///< lamb
+  bool momentum_correction = false;          ///< lars: rescale the buffer when lr changes
+};
+
+struct NoiseSpec {
+  std::string type = "none";  ///< none, annealed, multiplicative
+  double eta = 0.01;          ///< annealed: a variance
+  double gamma = 0.55;        ///< annealed
+  std::int64_t base_batch = 0;  ///< multiplicative: M0
+};
+
+struct TargetSpec {
+  std::string metric = "val_error";  ///< val_error (classification), val_loss
+  double threshold = 0;              ///< reached when metric <= threshold
+  std::int64_t eval_every = 50;      ///< steps between evaluations
+};
+
+struct BudgetSpec {
+  double length = 1000;
+  schedules::Unit unit = schedules::Unit::kSteps;
+};
+
+struct GnsSpec {
+  std::int64_t micro_batches = 0;  ///< >= 2 measures the noise scale; 0 off
+  double beta = 0.99;
+};
+
+/// One training run: everything fixed.
+struct TrialConfig {
+  std::string sweep;  ///< the sweep's name
+  std::string name;   ///< the trial's folder name
+  DataSpec data;
+  ModelSpec model;
+  OptimizerSpec optimizer;
+  schedules::ScheduleSpec schedule;  ///< base_lr is the trial's rate
+  NoiseSpec noise;
+  TargetSpec target;
+  BudgetSpec budget;
+  GnsSpec gns;
+  std::int64_t batch_size = 0;
+  std::uint64_t seed = 0;
+};
+
+/// The nuisance-parameter search run at every batch size.
+struct SearchSpec {
+  std::vector<double> lr;              ///< a list of base rates, or:
+  double lr_min = 0, lr_max = 0;       ///< a log-uniform quasi-random search
+  std::int64_t trials = 0;             ///< over [lr_min, lr_max] with this many points
+  std::vector<double> momentum;        ///< optional list (crossed with lr)
+  double momentum_min = 0, momentum_max = 0;  ///< optional: 1 - momentum log-uniform, drawn with lr
+};
+
+struct SweepConfig {
+  TrialConfig base;  ///< everything but batch size, rate, momentum, seed, name
+  std::vector<std::int64_t> batch_sizes;
+  SearchSpec search;
+  std::vector<std::uint64_t> seeds{0};
+};
+
+/// Parses a sweep config. Throws ConfigError "<key>: <problem>".
+SweepConfig parse_sweep(const nlohmann::json& j);
+/// Reads and parses a file; errors are "<file>: <key>: <problem>".
+SweepConfig load_sweep(const std::string& path);
+
+/// Every trial of the sweep: batch sizes x search points x seeds, in that order.
+std::vector<TrialConfig> expand(const SweepConfig& sweep);
+
+/// The resolved configs, every default written out (sweep.json, config.json).
+nlohmann::json to_json(const SweepConfig& sweep);
+nlohmann::json to_json(const TrialConfig& trial);
+
+/// A name that can be a folder: [A-Za-z0-9._-]+, not "." or "..". Throws
+/// ConfigError naming `what` otherwise.
+void check_name(const std::string& name, const std::string& what);
+
+}  // namespace bigbatch::experiments

@@ -1,0 +1,109 @@
+// Datasets (data.h): Fashion-MNIST through the IDX reader, and the synthetic
+// tasks drawn from their own generator so a seed fixes them.
+#include <bigbatch/experiments/data.h>
+
+#include <bigbatch/experiments/idx.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+
+#include <stdexcept>
+
+namespace bigbatch::experiments {
+namespace {
+
+at::Tensor images(const IdxArray& a, std::int64_t begin, std::int64_t end) {
+  const auto n = static_cast<std::int64_t>(a.dims.at(0));
+  const at::Tensor all = at::from_blob(const_cast<std::uint8_t*>(a.data.data()), {n, 1, 28, 28}, at::kByte);
+  // Scaled to [0, 1], then standardized with Fashion-MNIST's pixel mean/std.
+  return (all.slice(0, begin, end).to(at::kFloat).div(255) - 0.2860) / 0.3530;
+}
+
+at::Tensor labels(const IdxArray& a, std::int64_t begin, std::int64_t end) {
+  const auto n = static_cast<std::int64_t>(a.dims.at(0));
+  return at::from_blob(const_cast<std::uint8_t*>(a.data.data()), {n}, at::kByte)
+      .slice(0, begin, end)
+      .to(at::kLong);
+}
+
+Dataset fashion_mnist() {
+  const FashionMnist f = load_fashion_mnist();
+  Dataset d;
+  d.classes = 10;
+  d.x_train = images(f.train_images, 0, 55000);
+  d.y_train = labels(f.train_labels, 0, 55000);
+  d.x_val = images(f.train_images, 55000, 60000);
+  d.y_val = labels(f.train_labels, 55000, 60000);
+  d.x_test = images(f.test_images, 0, 10000);
+  d.y_test = labels(f.test_labels, 0, 10000);
+  return d;
+}
+
+// y = 10 (x + e) + 2 with x, e ~ N(0, 1): the noise enters through the input,
+// as in the classic GD-vs-SGD lab; the best fit is w = 10, b = 2.
+Dataset linear_regression(const DataSpec& s) {
+  auto gen = at::detail::createCPUGenerator(s.seed);
+  const auto draw = [&](std::int64_t n, at::Tensor& x, at::Tensor& y) {
+    x = at::randn({n, 1}, gen, at::kFloat);
+    y = 10 * (x + at::randn({n, 1}, gen, at::kFloat)) + 2;
+  };
+  Dataset d;
+  d.classes = 0;
+  draw(s.train_size > 0 ? s.train_size : 8192, d.x_train, d.y_train);
+  draw(s.val_size > 0 ? s.val_size : 2048, d.x_val, d.y_val);
+  draw(s.val_size > 0 ? s.val_size : 2048, d.x_test, d.y_test);
+  return d;
+}
+
+// Class k's examples ~ N(mu_k, I) with mu_k ~ N(0, separation^2 I / dim) * sqrt(dim):
+// overlapping classes, so the error floor is above zero and batch size matters.
+Dataset gaussian_mixture(const DataSpec& s) {
+  TORCH_CHECK(s.classes >= 2, "dataset.classes: must be >= 2, got ", s.classes);
+  TORCH_CHECK(s.dim >= 1, "dataset.dim: must be >= 1, got ", s.dim);
+  auto gen = at::detail::createCPUGenerator(s.seed);
+  const at::Tensor means = at::randn({s.classes, s.dim}, gen, at::kFloat) * s.separation;
+  const auto draw = [&](std::int64_t n, at::Tensor& x, at::Tensor& y) {
+    y = at::randint(s.classes, {n}, gen, at::kLong);
+    x = means.index_select(0, y) + at::randn({n, s.dim}, gen, at::kFloat);
+  };
+  Dataset d;
+  d.classes = s.classes;
+  draw(s.train_size > 0 ? s.train_size : 8192, d.x_train, d.y_train);
+  draw(s.val_size > 0 ? s.val_size : 2048, d.x_val, d.y_val);
+  draw(s.val_size > 0 ? s.val_size : 2048, d.x_test, d.y_test);
+  return d;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> Dataset::example_shape() const {
+  const auto sizes = x_train.sizes();
+  return {sizes.begin() + 1, sizes.end()};
+}
+
+Dataset load_dataset(const DataSpec& spec) {
+  if (spec.name == "fashion_mnist") return fashion_mnist();
+  if (spec.name == "linear_regression") return linear_regression(spec);
+  if (spec.name == "gaussian_mixture") return gaussian_mixture(spec);
+  TORCH_CHECK(false, "dataset.name: unknown dataset \"", spec.name,
+              "\" (one of: fashion_mnist, linear_regression, gaussian_mixture)");
+}
+
+BatchSampler::BatchSampler(std::int64_t size, std::uint64_t seed)
+    : size_(size), generator_(at::detail::createCPUGenerator(seed)) {
+  TORCH_CHECK(size > 0, "BatchSampler: empty dataset");
+}
+
+at::Tensor BatchSampler::next(std::int64_t batch) {
+  TORCH_CHECK(batch > 0 && batch <= size_, "batch size ", batch, " is not in [1, ", size_,
+              "] (the training set)");
+  if (!order_.defined() || position_ + batch > size_) {
+    order_ = at::randperm(size_, generator_, at::kLong);
+    position_ = 0;
+  }
+  const at::Tensor out = order_.slice(0, position_, position_ + batch);
+  position_ += batch;
+  return out;
+}
+
+}  // namespace bigbatch::experiments

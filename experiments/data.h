@@ -1,0 +1,53 @@
+// Datasets of the experiment runner, held in memory as tensors: Fashion-MNIST
+// (55k/5k/10k from Debian's dataset-fashion-mnist), the linear regression
+// y = 10(x + N(0,1)) + 2, and a Gaussian-mixture classification task.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+
+namespace bigbatch::experiments {
+
+/// What a config says about the data ("dataset" in a sweep config).
+struct DataSpec {
+  std::string name = "fashion_mnist";  ///< fashion_mnist, linear_regression, gaussian_mixture
+  std::int64_t train_size = 0;          ///< synthetic: examples (default 55000 / 8192)
+  std::int64_t val_size = 0;            ///< synthetic: validation examples (default 5000 / 2048)
+  std::int64_t classes = 10;            ///< gaussian_mixture
+  std::int64_t dim = 20;                ///< gaussian_mixture: input dimension
+  double separation = 2.0;              ///< gaussian_mixture: distance scale of the means
+  std::uint64_t seed = 0;               ///< synthetic data
+};
+
+struct Dataset {
+  at::Tensor x_train, y_train, x_val, y_val, x_test, y_test;
+  /// 0 for regression (y float, loss MSE), else the number of classes.
+  std::int64_t classes = 0;
+  std::int64_t train_size() const { return x_train.size(0); }
+  /// Shape of one example, e.g. {1, 28, 28} or {1}.
+  std::vector<std::int64_t> example_shape() const;
+};
+
+/// Loads or generates the data. A missing Fashion-MNIST is a std::runtime_error
+/// naming the file and the Debian package.
+Dataset load_dataset(const DataSpec& spec);
+
+/// Draws batches without replacement within an epoch: a fresh permutation per
+/// epoch from the sampler's own generator; a batch never spans two epochs
+/// (the tail that does not fill a batch is dropped).
+class BatchSampler {
+ public:
+  BatchSampler(std::int64_t size, std::uint64_t seed);
+  /// Indices of the next batch (int64, size `batch`). batch <= size.
+  at::Tensor next(std::int64_t batch);
+
+ private:
+  std::int64_t size_;
+  at::Generator generator_;
+  at::Tensor order_;
+  std::int64_t position_ = 0;
+};
+
+}  // namespace bigbatch::experiments

@@ -1,0 +1,161 @@
+// Models (models.h). The simple CNN is conv5x5(32)-maxpool2-conv5x5(64)-
+// maxpool2-fc(1024)-fc(10), ReLU, same padding (narrow 16/32/512, wide
+// 64/128/2048), as FORMULAS.md "Steps to result" fixes it.
+#include <bigbatch/experiments/models.h>
+
+#include <bigbatch/normalization/ghost_batch_norm.h>
+
+#include <c10/util/Exception.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/pooling.h>
+
+#include <numeric>
+
+namespace bigbatch::experiments {
+namespace {
+
+using torch::nn::Sequential;
+
+std::int64_t product(const std::vector<std::int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), std::int64_t{1}, std::multiplies<>());
+}
+
+void check_norm(const ModelSpec& s) {
+  TORCH_CHECK(s.norm == "none" || s.norm == "batch" || s.norm == "ghost", "model.norm: unknown value \"",
+              s.norm, "\" (one of: none, batch, ghost)");
+  TORCH_CHECK(s.ghost_batch_size > 0, "model.ghost_batch_size: must be > 0, got ", s.ghost_batch_size);
+}
+
+void add_norm1d(Sequential& net, const ModelSpec& s, std::int64_t features) {
+  if (s.norm == "batch") net->push_back(torch::nn::BatchNorm1d(features));
+  if (s.norm == "ghost") net->push_back(nn::GhostBatchNorm1d(nn::GhostBatchNormOptions(features, s.ghost_batch_size)));
+}
+
+void add_norm2d(Sequential& net, const ModelSpec& s, std::int64_t channels) {
+  if (s.norm == "batch") net->push_back(torch::nn::BatchNorm2d(channels));
+  if (s.norm == "ghost") net->push_back(nn::GhostBatchNorm2d(nn::GhostBatchNormOptions(channels, s.ghost_batch_size)));
+}
+
+torch::nn::Conv2d conv(std::int64_t in, std::int64_t out, std::int64_t k, std::int64_t stride, bool bias) {
+  return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, k).stride(stride).padding(k / 2).bias(bias));
+}
+
+// relu(x + F(x)), F = conv-norm-relu-conv-norm; a strided 1x1 projection
+// when the shape changes.
+class ResidualBlockImpl : public torch::nn::Cloneable<ResidualBlockImpl> {
+ public:
+  ResidualBlockImpl(const ModelSpec& spec, std::int64_t in, std::int64_t out, std::int64_t stride)
+      : spec_(spec), in_(in), out_(out), stride_(stride) {
+    reset();
+  }
+  void reset() override {
+    const bool norm = spec_.norm != "none";
+    body_ = Sequential();
+    body_->push_back(conv(in_, out_, 3, stride_, !norm));
+    add_norm2d(body_, spec_, out_);
+    body_->push_back(torch::nn::ReLU());
+    body_->push_back(conv(out_, out_, 3, 1, !norm));
+    add_norm2d(body_, spec_, out_);
+    register_module("body", body_);
+    if (in_ != out_ || stride_ != 1) {
+      shortcut_ = Sequential();
+      shortcut_->push_back(conv(in_, out_, 1, stride_, !norm));
+      add_norm2d(shortcut_, spec_, out_);
+      register_module("shortcut", shortcut_);
+    }
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const at::Tensor skip = shortcut_ ? shortcut_->forward(x) : x;
+    return at::relu(body_->forward(x) + skip);
+  }
+
+ private:
+  ModelSpec spec_;
+  std::int64_t in_, out_, stride_;
+  Sequential body_{nullptr};
+  Sequential shortcut_{nullptr};
+};
+TORCH_MODULE(ResidualBlock);
+
+Sequential mlp(const ModelSpec& s, std::int64_t inputs, std::int64_t outputs) {
+  check_norm(s);
+  Sequential net;
+  net->push_back(torch::nn::Flatten());
+  std::int64_t in = inputs;
+  for (const std::int64_t w : s.widths) {
+    TORCH_CHECK(w > 0, "model.widths: every width must be > 0, got ", w);
+    net->push_back(torch::nn::Linear(in, w));
+    add_norm1d(net, s, w);
+    net->push_back(torch::nn::ReLU());
+    in = w;
+  }
+  net->push_back(torch::nn::Linear(in, outputs));
+  return net;
+}
+
+Sequential simple_cnn(const ModelSpec& s, const std::vector<std::int64_t>& shape, std::int64_t outputs) {
+  TORCH_CHECK(shape.size() == 3, "model.type: simple_cnn needs image inputs (C, H, W)");
+  std::int64_t c1 = 32, c2 = 64, fc = 1024;
+  if (s.variant == "narrow") {
+    c1 = 16, c2 = 32, fc = 512;
+  } else if (s.variant == "wide") {
+    c1 = 64, c2 = 128, fc = 2048;
+  } else {
+    TORCH_CHECK(s.variant == "base", "model.variant: unknown value \"", s.variant,
+                "\" (one of: base, narrow, wide)");
+  }
+  Sequential net;
+  net->push_back(conv(shape[0], c1, 5, 1, true));
+  net->push_back(torch::nn::ReLU());
+  net->push_back(torch::nn::MaxPool2d(2));
+  net->push_back(conv(c1, c2, 5, 1, true));
+  net->push_back(torch::nn::ReLU());
+  net->push_back(torch::nn::MaxPool2d(2));
+  net->push_back(torch::nn::Flatten());
+  net->push_back(torch::nn::Linear(c2 * (shape[1] / 4) * (shape[2] / 4), fc));
+  net->push_back(torch::nn::ReLU());
+  net->push_back(torch::nn::Linear(fc, outputs));
+  return net;
+}
+
+// conv3x3 stem, three stages of one residual block each (w, 2w, 4w; strides
+// 1, 2, 2), global average pooling, fc: 8 weight layers.
+Sequential resnet(const ModelSpec& s, const std::vector<std::int64_t>& shape, std::int64_t outputs) {
+  TORCH_CHECK(shape.size() == 3, "model.type: resnet needs image inputs (C, H, W)");
+  TORCH_CHECK(s.width > 0, "model.width: must be > 0, got ", s.width);
+  check_norm(s);
+  const std::int64_t w = s.width;
+  Sequential net;
+  net->push_back(conv(shape[0], w, 3, 1, s.norm == "none"));
+  add_norm2d(net, s, w);
+  net->push_back(torch::nn::ReLU());
+  net->push_back(ResidualBlock(s, w, w, 1));
+  net->push_back(ResidualBlock(s, w, 2 * w, 2));
+  net->push_back(ResidualBlock(s, 2 * w, 4 * w, 2));
+  net->push_back(torch::nn::AdaptiveAvgPool2d(1));
+  net->push_back(torch::nn::Flatten());
+  net->push_back(torch::nn::Linear(4 * w, outputs));
+  return net;
+}
+
+}  // namespace
+
+Sequential make_model(const ModelSpec& spec, const std::vector<std::int64_t>& example_shape,
+                      std::int64_t outputs) {
+  if (spec.type == "linear") {
+    Sequential net;
+    net->push_back(torch::nn::Flatten());
+    net->push_back(torch::nn::Linear(product(example_shape), outputs));
+    return net;
+  }
+  if (spec.type == "mlp") return mlp(spec, product(example_shape), outputs);
+  if (spec.type == "simple_cnn") return simple_cnn(spec, example_shape, outputs);
+  if (spec.type == "resnet") return resnet(spec, example_shape, outputs);
+  TORCH_CHECK(false, "model.type: unknown value \"", spec.type, "\" (one of: linear, mlp, simple_cnn, resnet)");
+}
+
+}  // namespace bigbatch::experiments

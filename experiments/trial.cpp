@@ -1,0 +1,237 @@
+// The training loop of one trial (trial.h), following FORMULAS.md "Steps to
+// result": steps-to-target is the first evaluation step at which the
+// validation metric reaches the target.
+#include <bigbatch/experiments/trial.h>
+
+#include <bigbatch/experiments/models.h>
+#include <bigbatch/optimizers/lamb.h>
+#include <bigbatch/optimizers/larc.h>
+#include <bigbatch/optimizers/lars.h>
+#include <bigbatch/optimizers/novograd.h>
+#include <bigbatch/optimizers/param_groups.h>
+
+#include <c10/util/Exception.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <limits>
+#include <mutex>
+
+namespace bigbatch::experiments {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Model initialization draws from LibTorch's global generator: one trial at a
+// time seeds and builds, so parallel trials stay reproducible.
+std::mutex& init_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+template <typename Options>
+std::unique_ptr<torch::optim::Optimizer> layerwise(torch::nn::Module& model, const Options& o) {
+  using Opt = std::conditional_t<std::is_same_v<Options, optim::LARSOptions>, optim::LARS,
+              std::conditional_t<std::is_same_v<Options, optim::LARCOptions>, optim::LARC,
+              std::conditional_t<std::is_same_v<Options, optim::LAMBOptions>, optim::LAMB, optim::NovoGrad>>>;
+  return std::make_unique<Opt>(optim::layerwise_param_groups(model, o), o);
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& s, double lr,
+                                                        torch::nn::Module& model) {
+  const auto betas = [&](std::tuple<double, double> fallback) {
+    return s.betas ? std::make_tuple((*s.betas)[0], (*s.betas)[1]) : fallback;
+  };
+  if (s.name == "sgd") {
+    auto o = torch::optim::SGDOptions(lr).momentum(s.momentum).nesterov(s.nesterov);
+    if (s.weight_decay) o.weight_decay(*s.weight_decay);
+    return std::make_unique<torch::optim::SGD>(model.parameters(), o);
+  }
+  if (s.name == "adam" || s.name == "adamw") {
+    if (s.name == "adam") {
+      auto o = torch::optim::AdamOptions(lr).betas(betas({0.9, 0.999}));
+      if (s.eps) o.eps(*s.eps);
+      if (s.weight_decay) o.weight_decay(*s.weight_decay);
+      return std::make_unique<torch::optim::Adam>(model.parameters(), o);
+    }
+    auto o = torch::optim::AdamWOptions(lr).betas(betas({0.9, 0.999}));
+    if (s.eps) o.eps(*s.eps);
+    if (s.weight_decay) o.weight_decay(*s.weight_decay);
+    return std::make_unique<torch::optim::AdamW>(model.parameters(), o);
+  }
+  if (s.name == "lars" || s.name == "larc") {
+    auto apply = [&](auto o) {
+      o.momentum(s.momentum).nesterov(s.nesterov);
+      if (s.weight_decay) o.weight_decay(*s.weight_decay);
+      if (s.trust_coefficient) o.trust_coefficient(*s.trust_coefficient);
+      if (s.eps) o.eps(*s.eps);
+      return layerwise(model, o);
+    };
+    return s.name == "lars" ? apply(optim::LARSOptions(lr)) : apply(optim::LARCOptions(lr));
+  }
+  if (s.name == "lamb") {
+    auto o = optim::LAMBOptions(lr).betas(betas({0.9, 0.999}));
+    if (s.eps) o.eps(*s.eps);
+    if (s.weight_decay) o.weight_decay(*s.weight_decay);
+    if (s.max_grad_norm) o.max_grad_norm(*s.max_grad_norm);
+    return layerwise(model, o);
+  }
+  TORCH_CHECK(s.name == "novograd", "optimizer.name: unknown optimizer \"", s.name, "\"");
+  auto o = optim::NovoGradOptions(lr).betas(betas({0.95, 0.98}));
+  if (s.eps) o.eps(*s.eps);
+  if (s.weight_decay) o.weight_decay(*s.weight_decay);
+  return layerwise(model, o);
+}
+
+Trainer::Trainer(const TrialConfig& config, const Dataset& data)
+    : config_(config), data_(data), sampler_(data.train_size(), config.seed * 7919 + 1), gns_(config.gns.beta) {
+  {
+    std::lock_guard<std::mutex> lock(init_mutex());
+    at::manual_seed(config.seed);
+    model_ = make_model(config.model, data.example_shape(), data.classes > 0 ? data.classes : 1);
+  }
+  params_ = model_->parameters();
+  optimizer_ = make_optimizer(config.optimizer, config.schedule.base_lr, *model_);
+  schedules::Schedule schedule(config.schedule, config.batch_size, data.train_size());
+  budget_ = schedule.steps(config.budget.length, config.budget.unit);
+  adapter_.emplace(*optimizer_, std::move(schedule), config.optimizer.momentum_correction);
+  if (config.noise.type == "annealed") {
+    annealed_.emplace(noise::AnnealedNoiseOptions(config.noise.eta).gamma(config.noise.gamma).seed(config.seed));
+  } else if (config.noise.type == "multiplicative") {
+    multiplicative_.emplace(config.noise.base_batch, config.seed);
+  }
+}
+
+at::Tensor Trainer::batch_loss(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weights) {
+  namespace F = torch::nn::functional;
+  const at::Tensor out = model_->forward(x);
+  at::Tensor per_sample = data_.classes > 0
+                              ? F::cross_entropy(out, y, F::CrossEntropyFuncOptions().reduction(torch::kNone))
+                              : (out - y).pow(2).sum(1);
+  return weights.defined() ? (per_sample * weights).mean() : per_sample.mean();
+}
+
+double Trainer::train_step() {
+  const std::int64_t batch = adapter_->schedule().batch_size(step_);
+  adapter_->apply(step_);
+  last_lr_ = optimizer_->param_groups().front().options().get_lr();
+  const at::Tensor index = sampler_.next(batch);
+  const at::Tensor x = data_.x_train.index_select(0, index);
+  const at::Tensor y = data_.y_train.index_select(0, index);
+  const at::Tensor weights = multiplicative_ ? multiplicative_->weights(batch, step_) : at::Tensor();
+  optimizer_->zero_grad();
+  double loss = 0;
+  if (config_.gns.micro_batches >= 2) {
+    const auto m = noise::micro_batch_step(params_, batch, config_.gns.micro_batches,
+                                           [&](std::int64_t begin, std::int64_t end) {
+                                             return batch_loss(x.slice(0, begin, end), y.slice(0, begin, end),
+                                                               weights.defined() ? weights.slice(0, begin, end)
+                                                                                 : at::Tensor());
+                                           });
+    loss = m.loss;
+    if (std::isfinite(m.small_sq_norm) && std::isfinite(m.big_sq_norm)) {
+      gns_.update(m.small_sq_norm, m.small_batch, m.big_sq_norm, m.big_batch);
+    }
+  } else {
+    const at::Tensor l = batch_loss(x, y, weights);
+    l.backward();
+    loss = l.item<double>();
+  }
+  if (annealed_) annealed_->apply(params_, step_);
+  optimizer_->step();
+  ++step_;
+  examples_ += batch;
+  return loss;
+}
+
+std::pair<double, double> Trainer::evaluate() {
+  at::NoGradGuard no_grad;
+  model_->eval();
+  const std::int64_t n = data_.x_val.size(0);
+  double loss = 0;
+  double wrong = 0;
+  for (std::int64_t begin = 0; begin < n; begin += 8192) {
+    const std::int64_t end = std::min(n, begin + 8192);
+    const at::Tensor x = data_.x_val.slice(0, begin, end);
+    const at::Tensor y = data_.y_val.slice(0, begin, end);
+    const at::Tensor out = model_->forward(x);
+    if (data_.classes > 0) {
+      loss += torch::nn::functional::cross_entropy(
+                  out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                  .item<double>();
+      wrong += out.argmax(1).ne(y).sum().item<double>();
+    } else {
+      loss += (out - y).pow(2).sum().item<double>();
+    }
+  }
+  model_->train();
+  const auto count = static_cast<double>(n);
+  return {loss / count, data_.classes > 0 ? wrong / count : kNaN};
+}
+
+TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progress) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  TrialResult r;
+  r.budget = budget_;
+  r.peak_lr = adapter_->schedule().peak_lr();
+  r.best_metric = std::numeric_limits<double>::infinity();
+  r.status = "not_reached";
+  const bool use_error = config_.target.metric == "val_error";
+  double loss_sum = 0;
+  std::int64_t loss_count = 0;
+  double last_report = 0;
+  while (step_ < budget_) {
+    const double loss = train_step();
+    if (!std::isfinite(loss)) {
+      r.status = "diverged";
+      break;
+    }
+    loss_sum += loss;
+    ++loss_count;
+    if (progress && (seconds() - last_report > 0.5 || step_ == budget_)) {
+      last_report = seconds();
+      progress({step_, budget_, loss, static_cast<double>(step_) / std::max(1e-9, last_report)});
+    }
+    if (step_ % config_.target.eval_every != 0 && step_ != budget_) continue;
+    const auto [val_loss, val_error] = evaluate();
+    EvalRow row;
+    row.step = step_;
+    row.examples = examples_;
+    row.epoch = static_cast<double>(examples_) / static_cast<double>(data_.train_size());
+    row.train_loss = loss_sum / static_cast<double>(loss_count);
+    row.val_loss = val_loss;
+    row.val_error = val_error;
+    row.lr = last_lr_;
+    row.batch_size = adapter_->schedule().batch_size(step_ - 1);
+    row.wall_time = seconds();
+    row.gns = gns_.updates() > 0 ? gns_.b_simple() : kNaN;
+    r.rows.push_back(row);
+    loss_sum = 0;
+    loss_count = 0;
+    const double metric = use_error ? val_error : val_loss;
+    if (!std::isfinite(val_loss)) {
+      r.status = "diverged";
+      break;
+    }
+    r.best_metric = std::min(r.best_metric, metric);
+    if (metric <= config_.target.threshold) {
+      r.status = "reached";
+      r.steps_to_target = step_;
+      r.examples_to_target = examples_;
+      break;
+    }
+  }
+  r.steps = step_;
+  r.wall_time = seconds();
+  return r;
+}
+
+}  // namespace bigbatch::experiments

@@ -1,0 +1,99 @@
+// One trial of a sweep: trains a model with an optimizer, schedule, noise and
+// batch size, evaluates every eval_every steps, and stops at the target
+// (reached), at the budget (not reached) or at a non-finite loss (diverged).
+#pragma once
+
+#include <bigbatch/experiments/config.h>
+#include <bigbatch/experiments/data.h>
+#include <bigbatch/noise/gradient_noise.h>
+#include <bigbatch/noise/noise_scale.h>
+#include <bigbatch/schedules/lr_adapter.h>
+
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/optim/optimizer.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace bigbatch::experiments {
+
+/// One evaluation: a row of metrics.csv.
+struct EvalRow {
+  std::int64_t step = 0;        ///< optimizer steps taken
+  double epoch = 0;             ///< examples / training-set size
+  std::int64_t examples = 0;
+  double train_loss = 0;        ///< mean training loss since the last evaluation
+  double val_loss = 0;
+  double val_error = 0;         ///< 1 - accuracy (NaN for regression)
+  double lr = 0;                ///< the rate of the last step (first group)
+  std::int64_t batch_size = 0;
+  double wall_time = 0;         ///< seconds since the trial started
+  double gns = 0;               ///< B_simple so far (NaN when not measured)
+};
+
+struct TrialResult {
+  std::string status;  ///< reached, not_reached, diverged
+  std::optional<std::int64_t> steps_to_target;
+  std::optional<std::int64_t> examples_to_target;
+  std::int64_t steps = 0;    ///< steps run
+  std::int64_t budget = 0;   ///< steps allowed
+  double best_metric = 0;    ///< lowest target metric seen
+  double peak_lr = 0;        ///< the scaled rate after warmup
+  double wall_time = 0;
+  std::vector<EvalRow> rows;
+};
+
+/// What a progress line shows.
+struct TrialProgress {
+  std::int64_t step, budget;
+  double loss, steps_per_second;
+};
+
+/// The training loop. The constructor builds the model (seeded by the
+/// trial's seed), the optimizer, the schedule adapter and the noise.
+class Trainer {
+ public:
+  Trainer(const TrialConfig& config, const Dataset& data);
+
+  /// One optimizer step at the schedule's batch size; returns the batch loss.
+  double train_step();
+  /// Validation loss and error with the model in eval mode.
+  std::pair<double, double> evaluate();
+  /// Runs to the target, the budget or divergence.
+  TrialResult run(const std::function<void(const TrialProgress&)>& progress = {});
+
+  torch::nn::Sequential& model() { return model_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  std::int64_t step() const { return step_; }
+  std::int64_t budget_steps() const { return budget_; }
+
+ private:
+  at::Tensor batch_loss(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weights) ;
+
+  TrialConfig config_;
+  const Dataset& data_;
+  torch::nn::Sequential model_{nullptr};
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::optional<schedules::LRAdapter> adapter_;
+  BatchSampler sampler_;
+  std::optional<noise::AnnealedGradientNoise> annealed_;
+  std::optional<noise::MultiplicativeNoise> multiplicative_;
+  noise::GradientNoiseScale gns_;
+  std::vector<at::Tensor> params_;
+  std::int64_t step_ = 0;
+  std::int64_t examples_ = 0;
+  std::int64_t budget_ = 0;
+  double last_lr_ = 0;
+};
+
+/// The optimizer a config names, over the model's parameters (bigbatch's with
+/// the usual two groups: no decay and no adaptation for 1-D parameters).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec, double lr,
+                                                        torch::nn::Module& model);
+
+}  // namespace bigbatch::experiments
