@@ -411,17 +411,62 @@ SweepConfig parse_sweep(const json& j) {
   }
 }
 
-SweepConfig load_sweep(const std::string& path) {
+namespace {
+
+json read_config(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot open the config file");
-  json j;
   try {
-    j = json::parse(in);
+    return json::parse(in);
   } catch (const json::parse_error& e) {
     throw ConfigError(path + ": not valid JSON: " + e.what());
   }
+}
+
+}  // namespace
+
+std::vector<NamedSweep> parse_sweeps(const json& j) {
+  if (!j.is_object() || !j.contains("variants")) {
+    SweepConfig s = parse_sweep(j);
+    return {{s.base.sweep, std::move(s)}};
+  }
+  const json& variants = j.at("variants");
+  if (!variants.is_object() || variants.empty()) {
+    throw ConfigError("variants: expected a non-empty object of name -> changes to the base config");
+  }
+  json base = j;
+  base.erase("variants");
+  const std::string name = base.value("name", std::string());
+  check_name(name, "name");
+  std::vector<NamedSweep> out;
+  for (const auto& [variant, patch] : variants.items()) {
+    check_name(variant, "variants");
+    if (!patch.is_object()) throw ConfigError("variants." + variant + ": expected an object");
+    json v = base;
+    v.merge_patch(patch);
+    v["name"] = variant;
+    try {
+      out.push_back({name + "/" + variant, parse_sweep(v)});
+    } catch (const ConfigError& e) {
+      throw ConfigError("variants." + variant + ": " + e.what());
+    }
+  }
+  return out;
+}
+
+SweepConfig load_sweep(const std::string& path) {
+  const json j = read_config(path);
   try {
     return parse_sweep(j);
+  } catch (const ConfigError& e) {
+    throw ConfigError(path + ": " + e.what());
+  }
+}
+
+std::vector<NamedSweep> load_sweeps(const std::string& path) {
+  const json j = read_config(path);
+  try {
+    return parse_sweeps(j);
   } catch (const ConfigError& e) {
     throw ConfigError(path + ": " + e.what());
   }

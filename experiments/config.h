@@ -94,6 +94,17 @@ SweepConfig parse_sweep(const nlohmann::json& j);
 /// Reads and parses a file; errors are "<file>: <key>: <problem>".
 SweepConfig load_sweep(const std::string& path);
 
+/// A config file may hold one sweep, or a base sweep and "variants": an
+/// object mapping variant names to JSON merge patches (RFC 7386) of the base.
+/// Each variant is a sweep of its own, named after the variant and written to
+/// <out>/<name>/<variant>/. `folder` is the part of the path below <out>.
+struct NamedSweep {
+  std::string folder;
+  SweepConfig sweep;
+};
+std::vector<NamedSweep> parse_sweeps(const nlohmann::json& j);
+std::vector<NamedSweep> load_sweeps(const std::string& path);
+
 /// Every trial of the sweep: batch sizes x search points x seeds, in that order.
 std::vector<TrialConfig> expand(const SweepConfig& sweep);
 

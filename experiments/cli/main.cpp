@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -25,10 +26,21 @@ namespace {
 namespace bx = bigbatch::experiments;
 namespace fs = std::filesystem;
 
-int plot(const std::string& dir) {
-  if (!fs::exists(fs::path(dir) / "steps_to_target.csv")) {
-    throw bx::ConfigError(dir + ": no steps_to_target.csv (not a finished sweep folder)");
+// The finished sweep folders at DIR: DIR itself, or its variants' folders.
+std::vector<std::string> sweep_folders(const std::string& dir) {
+  if (fs::exists(fs::path(dir) / "steps_to_target.csv")) return {dir};
+  std::vector<std::string> out;
+  if (fs::is_directory(dir)) {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      if (fs::exists(entry.path() / "steps_to_target.csv")) out.push_back(entry.path().string());
+    }
   }
+  std::sort(out.begin(), out.end());
+  if (out.empty()) throw bx::ConfigError(dir + ": no steps_to_target.csv here or in its variant folders (not a finished sweep)");
+  return out;
+}
+
+int plot_one(const std::string& dir) {
   const char* env = std::getenv("BIGBATCH_PLOT_SCRIPT");
   const std::string script = env ? env : BIGBATCH_PLOT_SCRIPT;
   const std::string python = std::getenv("BIGBATCH_PYTHON") ? std::getenv("BIGBATCH_PYTHON") : "/usr/bin/python3";
@@ -40,6 +52,20 @@ int plot(const std::string& dir) {
   };
   const int rc = std::system((quote(python) + " " + quote(script) + " " + quote(dir)).c_str());
   if (rc != 0) throw std::runtime_error("plotting failed (" + python + " " + script + "); see above");
+  return 0;
+}
+
+int plot(const std::string& dir) {
+  for (const auto& d : sweep_folders(dir)) plot_one(d);
+  return 0;
+}
+
+int report(const std::string& dir) {
+  const auto folders = sweep_folders(dir);
+  for (const auto& d : folders) {
+    if (folders.size() > 1) std::cout << "== " << d << "\n";
+    std::cout << bx::report(d);
+  }
   return 0;
 }
 
@@ -63,6 +89,8 @@ int run(int argc, char** argv) {
   train->add_option("--lr", lr, "base learning rate (default: the search's first point)");
   train->add_option("--seed", seed, "seed (default: the config's first)");
   train->add_option("--steps", steps, "cap the budget at this many steps");
+  std::optional<std::string> variant;
+  train->add_option("--variant", variant, "which variant of the config (default: the first)");
 
   auto* plot_cmd = app.add_subcommand("plot", "write the plots of a sweep folder (PNG, SVG, JSON points)");
   plot_cmd->add_option("DIR", dir, "sweep folder, e.g. runs/quickstart")->required();
@@ -78,16 +106,25 @@ int run(int argc, char** argv) {
   }
 
   if (*sweep) {
-    const bx::SweepConfig cfg = bx::load_sweep(config);
-    const bx::SweepSummary s = bx::run_sweep(cfg, {out, jobs});
-    std::cout << bx::report(s.dir);
-    std::cout << "sweep " << cfg.base.sweep << ": " << s.trials << " trials (" << s.skipped << " resumed), "
-              << s.reached << " reached the target, " << s.wall_time << " s; results in " << s.dir
-              << " (plots: bigbatch plot " << s.dir << ")\n";
+    const auto sweeps = bx::load_sweeps(config);  // every variant parsed before any runs
+    for (const auto& named : sweeps) {
+      const std::string parent = (fs::path(out) / named.folder).parent_path().string();
+      const bx::SweepSummary s = bx::run_sweep(named.sweep, {parent, jobs});
+      std::cout << bx::report(s.dir);
+      std::cout << "sweep " << named.folder << ": " << s.trials << " trials (" << s.skipped << " resumed), "
+                << s.reached << " reached the target, " << s.wall_time << " s; results in " << s.dir << "\n";
+    }
+    const std::string top = (fs::path(out) / fs::path(sweeps.front().folder).begin()->string()).string();
+    std::cout << "plots: bigbatch plot " << top << "\n";
     return 0;
   }
   if (*train) {
-    bx::SweepConfig cfg = bx::load_sweep(config);
+    const auto sweeps = bx::load_sweeps(config);
+    const auto chosen = std::find_if(sweeps.begin(), sweeps.end(), [&](const bx::NamedSweep& n) {
+      return !variant || n.sweep.base.sweep == *variant;
+    });
+    if (chosen == sweeps.end()) throw bx::ConfigError("--variant: no variant named " + *variant);
+    bx::SweepConfig cfg = chosen->sweep;
     if (batch) cfg.batch_sizes = {*batch};
     if (seed) cfg.seeds = {*seed};
     if (lr) {
@@ -114,7 +151,7 @@ int run(int argc, char** argv) {
       throw bx::ConfigError("--batch-size: " + std::to_string(trial.batch_size) +
                             " is larger than the training set (" + std::to_string(data.train_size()) + ")");
     }
-    const std::string tdir = (fs::path(out) / (cfg.base.sweep + ".train") / trial.name).string();
+    const std::string tdir = (fs::path(out) / (chosen->folder + ".train") / trial.name).string();
     const bx::TrialResult r = bx::run_one(trial, data, tdir, [](const bx::TrialProgress& p) {
       std::cerr << "step " << p.step << "/" << p.budget << " loss " << p.loss << "\n";
     });
@@ -123,8 +160,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (*plot_cmd) return plot(dir);
-  std::cout << bx::report(dir);
-  return 0;
+  return report(dir);
 }
 
 }  // namespace

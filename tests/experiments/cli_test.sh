@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# End-to-end tests of the `bigbatch` CLI, one scenario per call (ctest runs
+# each as its own test). Usage: cli_test.sh SCENARIO BIGBATCH SOURCE_DIR WORK_DIR
+set -euo pipefail
+scenario=$1 bigbatch=$2 src=$3 work=$4/$1
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+config=$src/tests/experiments/e2e_sweep.json
+py=/usr/bin/python3
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# expect_error EXIT_CODE MESSAGE_PART COMMAND...: the exit code and one line naming the problem.
+expect_error() {
+  local want=$1 part=$2 rc=0
+  shift 2
+  "$@" > out.txt 2> err.txt || rc=$?
+  [ "$rc" -eq "$want" ] || fail "$* exited $rc, want $want: $(cat err.txt)"
+  grep -qF -- "$part" err.txt || fail "$* said '$(cat err.txt)', want it to contain '$part'"
+  [ "$(wc -l < err.txt)" -eq 1 ] || fail "$* printed more than one line: $(cat err.txt)"
+  echo "ok: exit $rc: $(cat err.txt)"
+}
+
+# A config derived from the e2e one: mutate 'python expression on c'.
+derive() {
+  $py - "$config" "$1" "$2" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+exec(sys.argv[3])
+json.dump(c, open(sys.argv[2], "w"))
+PY
+}
+
+case $scenario in
+sweep)
+  "$bigbatch" sweep "$config" --out runs --jobs 2 > sweep.txt
+  cat sweep.txt
+  # The known outcome: every batch size reaches the target, the steps to reach
+  # it never grow with the batch (perfect scaling, then the plateau), the
+  # examples never shrink, and each row is the fastest of its batch's trials.
+  $py - runs/e2e <<'PY'
+import csv, json, os, sys
+d = sys.argv[1]
+rows = list(csv.DictReader(open(os.path.join(d, "steps_to_target.csv"))))
+assert [int(r["batch_size"]) for r in rows] == [8, 32, 128, 512, 2048], rows
+assert all(r["reached"] == "1" for r in rows), rows
+steps = [int(r["steps"]) for r in rows]
+examples = [int(r["examples"]) for r in rows]
+assert all(a >= b for a, b in zip(steps, steps[1:])), steps
+assert all(a <= b for a, b in zip(examples, examples[1:])), examples
+assert steps[0] > steps[-1], steps
+for r in rows:
+    b = int(r["batch_size"])
+    reached = []
+    for t in os.listdir(d):
+        s = os.path.join(d, t, "summary.json")
+        if os.path.exists(s):
+            j = json.load(open(s))
+            if j["batch_size"] == b and j["status"] == "reached":
+                reached.append(j["steps_to_target"])
+                assert j["examples_to_target"] == j["steps_to_target"] * b
+                assert j["code_version"] and j["libtorch_version"]
+    assert int(r["steps"]) == min(reached), (r, reached)
+fit = json.load(open(os.path.join(d, "fit.json")))
+assert fit["s_min"] > 0 and fit["b_crit"] > 0, fit
+assert len(os.listdir(d)) == 2 * 5 * 4 + 3, os.listdir(d)  # trials + sweep.json + 2 tables
+print("table ok:", steps, "B_crit", fit["b_crit"])
+PY
+  "$bigbatch" report runs/e2e | tee report.txt
+  grep -q "^2048" report.txt || fail "report lacks the 2048 row"
+  ;;
+plot)
+  "$bigbatch" sweep "$config" --out runs --jobs 2 > /dev/null
+  "$bigbatch" plot runs/e2e
+  $py - runs/e2e <<'PY'
+import csv, json, os, sys
+d = sys.argv[1]
+p = os.path.join(d, "plots")
+for name in ("validation", "steps_to_target", "best_lr", "schedules", "noise_scale"):
+    for ext in ("png", "svg", "json"):
+        f = os.path.join(p, f"{name}.{ext}")
+        assert os.path.getsize(f) > 100, f
+rows = list(csv.DictReader(open(os.path.join(d, "steps_to_target.csv"))))
+pts = json.load(open(os.path.join(p, "steps_to_target.json")))
+assert pts["batch_sizes"] == [int(r["batch_size"]) for r in rows if r["reached"] == "1"]
+assert pts["steps"] == [int(r["steps"]) for r in rows if r["reached"] == "1"]
+assert pts["fit"] == json.load(open(os.path.join(d, "fit.json")))
+lr = json.load(open(os.path.join(p, "best_lr.json")))
+assert lr["best_lr"] == [float(r["best_lr"]) for r in rows if r["reached"] == "1"]
+val = json.load(open(os.path.join(p, "validation.json")))
+for r in rows:
+    m = list(csv.DictReader(open(os.path.join(d, r["trial"], "metrics.csv"))))
+    assert val[r["batch_size"]]["step"] == [int(x["step"]) for x in m]
+    assert val[r["batch_size"]]["val_error"] == [float(x["val_error"]) for x in m]
+gns = json.load(open(os.path.join(p, "noise_scale.json")))
+assert len(gns) == len(rows), gns.keys()
+print("plots ok")
+PY
+  ;;
+resume)
+  "$bigbatch" sweep "$config" --out reference --jobs 1 > /dev/null
+  # A real kill in the middle of a sweep ...
+  timeout -s KILL 1.2 "$bigbatch" sweep "$config" --out runs --jobs 1 > /dev/null 2>&1 || true
+  finished=$(ls runs/e2e/*/summary.json 2>/dev/null | wc -l)
+  echo "killed after $finished of 40 trials"
+  "$bigbatch" sweep "$config" --out runs --jobs 1 > resumed.txt 2> resumed.err
+  cmp reference/e2e/steps_to_target.csv runs/e2e/steps_to_target.csv || fail "resumed table differs"
+  # ... and a kill at the worst moments, staged: a trial without its summary,
+  # one with a half-written metrics.csv, a stray temporary file, no tables.
+  rm runs/e2e/b32_p1_s0/summary.json runs/e2e/steps_to_target.csv runs/e2e/fit.json
+  head -c 40 runs/e2e/b128_p0_s0/metrics.csv > runs/e2e/b128_p0_s0/metrics.csv.tmp.999
+  rm runs/e2e/b128_p0_s0/summary.json
+  "$bigbatch" sweep "$config" --out runs --jobs 1 > again.txt 2> again.err
+  grep -q "38 of 40 trials already finished" again.err || fail "expected 2 trials redone: $(cat again.err)"
+  cmp reference/e2e/steps_to_target.csv runs/e2e/steps_to_target.csv || fail "table differs after redo"
+  for t in b32_p1_s0 b128_p0_s0; do  # the same rows, but for wall_time (column 9)
+    cmp <(cut -d, -f1-8,10 reference/e2e/$t/metrics.csv) <(cut -d, -f1-8,10 runs/e2e/$t/metrics.csv) \
+      || fail "$t metrics differ"
+  done
+  [ -z "$(find runs -name '*.tmp.*' -newer again.txt)" ] || fail "a temporary file was left by the rerun"
+  [ "$(sort runs/e2e/steps_to_target.csv | uniq -d | wc -l)" -eq 0 ] || fail "duplicated rows"
+  echo "resume ok"
+  ;;
+bad_configs)
+  derive unknown.json 'c["optimizer"]["momentun"] = 0.9'
+  expect_error 2 "unknown.json: optimizer.momentun: unknown key" "$bigbatch" sweep unknown.json
+  derive type.json 'c["budget"]["steps"] = "many"'
+  expect_error 2 "type.json: budget.steps: expected an integer, got string" "$bigbatch" sweep type.json
+  derive negative.json 'c["search"]["lr"] = [0.1, -0.01]'
+  expect_error 2 "negative.json: search.lr[1]: must be > 0, got -0.01" "$bigbatch" sweep negative.json
+  derive large.json 'c["batch_sizes"] = [8, 100000]'
+  expect_error 2 "batch_sizes: 100000 is larger than the training set (8192 examples)" "$bigbatch" sweep large.json
+  derive fmnist.json 'c["dataset"] = {"name": "fashion_mnist"}'
+  BIGBATCH_FASHION_MNIST_DIR=$work/nowhere expect_error 2 "dataset-fashion-mnist" "$bigbatch" sweep fmnist.json
+  derive escape.json 'c["name"] = "../outside"'
+  expect_error 2 'name: "../outside" is not a valid name' "$bigbatch" sweep escape.json
+  derive variant.json 'c["variants"] = {"/abs": {}}'
+  expect_error 2 'variants: "/abs" is not a valid name' "$bigbatch" sweep variant.json
+  derive schedule.json 'c["schedule"]["decay"] = {"type": "step", "milestones": [30, 20]}'
+  expect_error 2 "schedule.decay.milestones: must be strictly increasing" "$bigbatch" sweep schedule.json
+  expect_error 2 "cannot open the config file" "$bigbatch" sweep missing.json
+  expect_error 2 "" "$bigbatch" sweep "$config" --jobs zero
+  expect_error 2 "" "$bigbatch" frobnicate
+  # A different config into an existing sweep folder is refused, and leaves it alone.
+  derive small.json 'c["batch_sizes"] = [512]; c["seeds"] = [0]'
+  "$bigbatch" sweep small.json --out runs > /dev/null 2>&1
+  before=$(cat runs/e2e/sweep.json runs/e2e/steps_to_target.csv | md5sum)
+  derive other.json 'c["batch_sizes"] = [512]; c["seeds"] = [0]; c["target"]["threshold"] = 0.25'
+  expect_error 2 "holds a different config for sweep \"e2e\" (first difference at /target/threshold)" \
+    "$bigbatch" sweep other.json --out runs
+  [ "$before" = "$(cat runs/e2e/sweep.json runs/e2e/steps_to_target.csv | md5sum)" ] || fail "folder changed"
+  [ ! -e nowhere ] && [ ! -e ../outside ] || fail "wrote outside the output folder"
+  ;;
+quickstart)
+  # The shipped configs parse; one quickstart trial runs a few steps on Fashion-MNIST.
+  for c in "$src"/experiments/configs/*.json; do
+    "$bigbatch" train "$c" --steps 1 --out parse > /dev/null 2>&1 || fail "$c does not run: $("$bigbatch" train "$c" --steps 1 --out parse 2>&1 | tail -1)"
+  done
+  "$bigbatch" train "$src/experiments/configs/quickstart.json" --steps 5 --batch-size 64 --out runs
+  $py -c "import json; s = json.load(open('runs/quickstart.train/b64_p0_s0/summary.json')); assert s['steps'] == 5, s; print('quickstart trial ok', s['status'], s['best_metric'])"
+  ;;
+*) fail "unknown scenario $scenario" ;;
+esac
+echo "PASS $scenario"

@@ -1,0 +1,137 @@
+// Sweep configs: strict parsing with messages naming the key, the expansion
+// into trials, the quasi-random search, variants, and safe names.
+#include <bigbatch/experiments/config.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+namespace {
+
+using namespace bigbatch::experiments;
+using nlohmann::json;
+
+json minimal() {
+  return json::parse(R"({
+    "name": "t", "dataset": {"name": "gaussian_mixture"},
+    "target": {"threshold": 0.2}, "budget": {"steps": 100},
+    "batch_sizes": [32, 128], "search": {"lr": [0.1, 0.3]}, "seeds": [0, 1]})");
+}
+
+std::string error_of(const json& j) {
+  try {
+    parse_sweeps(j);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(SweepConfig, DefaultsAndExpansion) {
+  const SweepConfig s = parse_sweep(minimal());
+  EXPECT_EQ(s.base.model.type, "mlp");
+  EXPECT_EQ(s.base.optimizer.name, "lamb");
+  EXPECT_EQ(s.base.target.metric, "val_error");
+  EXPECT_EQ(s.base.target.eval_every, 50);
+  const auto trials = expand(s);
+  ASSERT_EQ(trials.size(), 2u * 2u * 2u);
+  EXPECT_EQ(trials[0].name, "b32_p0_s0");
+  EXPECT_EQ(trials[1].name, "b32_p0_s1");
+  EXPECT_EQ(trials[2].name, "b32_p1_s0");
+  EXPECT_DOUBLE_EQ(trials[2].schedule.base_lr, 0.3);
+  EXPECT_EQ(trials[7].batch_size, 128);
+  // The resolved JSON parses back to the same sweep.
+  EXPECT_EQ(to_json(parse_sweep(to_json(s))), to_json(s));
+}
+
+TEST(SweepConfig, QuasiRandomSearchIsLogUniformInRange) {
+  json j = minimal();
+  j["search"] = {{"lr_range", {{"min", 1e-3}, {"max", 1.0}, {"trials", 16}}},
+                 {"momentum_range", {{"min", 0.5}, {"max", 0.99}}}};
+  j["batch_sizes"] = {64};
+  j["seeds"] = {0};
+  const auto trials = expand(parse_sweep(j));
+  ASSERT_EQ(trials.size(), 16u);
+  std::set<double> rates;
+  int below = 0;
+  for (const auto& t : trials) {
+    EXPECT_GE(t.schedule.base_lr, 1e-3);
+    EXPECT_LE(t.schedule.base_lr, 1.0);
+    EXPECT_GE(t.optimizer.momentum, 0.5);
+    EXPECT_LE(t.optimizer.momentum, 0.99);
+    rates.insert(t.schedule.base_lr);
+    below += t.schedule.base_lr < std::sqrt(1e-3) ? 1 : 0;  // the log-midpoint
+  }
+  EXPECT_EQ(rates.size(), 16u);
+  EXPECT_EQ(below, 8);  // Halton base 2: exactly half of 16 below the midpoint
+  EXPECT_DOUBLE_EQ(trials[0].schedule.base_lr, std::sqrt(1e-3));  // first point: 1/2
+}
+
+TEST(SweepConfig, ErrorsNameTheKey) {
+  json j = minimal();
+  j["optimizer"] = {{"name", "lamb"}, {"momentun", 0.9}};
+  EXPECT_EQ(error_of(j), "optimizer.momentun: unknown key");
+  j = minimal();
+  j["budget"] = {{"steps", "many"}};
+  EXPECT_EQ(error_of(j), "budget.steps: expected an integer, got string");
+  j = minimal();
+  j["search"] = {{"lr", {0.1, -0.5}}};
+  EXPECT_EQ(error_of(j), "search.lr[1]: must be > 0, got -0.5");
+  j = minimal();
+  j["batch_sizes"] = {32, 0};
+  EXPECT_EQ(error_of(j), "batch_sizes[1]: must be > 0, got 0");
+  j = minimal();
+  j.erase("target");
+  EXPECT_EQ(error_of(j), "target: missing (an object with metric, threshold, eval_every)");
+  j = minimal();
+  j["schedule"] = {{"base_lr", 0.1}};
+  EXPECT_EQ(error_of(j), "schedule.base_lr: set by search.lr, not here");
+  j = minimal();
+  j["gns"] = {{"micro_batches", 3}};
+  EXPECT_EQ(error_of(j), "batch_sizes[0]: 32 is not divisible by gns.micro_batches 3");
+  j = minimal();
+  j["dataset"] = {{"name", "linear_regression"}};
+  EXPECT_EQ(error_of(j), "target.metric: val_error needs a classification dataset; linear_regression has val_loss");
+  j = minimal();
+  j["model"] = {{"type", "transformer"}};
+  EXPECT_EQ(error_of(j), "model.type: unknown value \"transformer\" (one of: linear, mlp, resnet, simple_cnn)");
+}
+
+TEST(SweepConfig, NamesCannotLeaveTheOutputFolder) {
+  for (const char* bad : {"..", ".", "../x", "/abs", "a/b", "a\\b", ""}) {
+    json j = minimal();
+    j["name"] = bad;
+    EXPECT_NE(error_of(j).find("is not a valid name"), std::string::npos) << bad;
+  }
+  json j = minimal();
+  j["name"] = "ok-name_1.2";
+  EXPECT_EQ(error_of(j), "(no error)");
+}
+
+TEST(SweepConfig, VariantsPatchTheBase) {
+  json j = minimal();
+  j["variants"] = {{"plain", json::object()},
+                   {"warm", {{"schedule", {{"warmup", {{"length", 10}}}}}, {"optimizer", {{"name", "lars"}}}}}};
+  const auto sweeps = parse_sweeps(j);
+  ASSERT_EQ(sweeps.size(), 2u);
+  EXPECT_EQ(sweeps[0].folder, "t/plain");
+  EXPECT_EQ(sweeps[0].sweep.base.sweep, "plain");
+  EXPECT_EQ(sweeps[1].folder, "t/warm");
+  EXPECT_EQ(sweeps[1].sweep.base.schedule.warmup.length, 10);
+  EXPECT_EQ(sweeps[1].sweep.base.optimizer.name, "lars");
+  EXPECT_EQ(sweeps[0].sweep.base.optimizer.name, "lamb");
+  j["variants"]["warm"]["optimizer"]["name"] = "adagrad";
+  EXPECT_EQ(error_of(j).rfind("variants.warm: optimizer.name: unknown value \"adagrad\"", 0), 0u) << error_of(j);
+}
+
+TEST(SweepConfig, ShippedConfigsParse) {
+  for (const char* name : {"quickstart", "shallue_fmnist_cnn", "goyal_warmup", "hoffer_gbn",
+                           "smith_batch_increase", "optimizers_large_batch", "gd_vs_sgd"}) {
+    const auto sweeps = load_sweeps(std::string(BIGBATCH_SOURCE_DIR) + "/experiments/configs/" + name + ".json");
+    EXPECT_FALSE(sweeps.empty()) << name;
+    for (const auto& s : sweeps) EXPECT_FALSE(expand(s.sweep).empty()) << name;
+  }
+}
+
+}  // namespace
