@@ -132,10 +132,15 @@ def main(sweep_dir):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     points = {}
     for color, (b, rows) in zip(colors, sorted(metrics.items())):
+        # Early estimates can be <= 0 (the |G|^2 average has not settled): a
+        # log axis shows the positive ones, the JSON keeps every value.
         pairs = [(int(r["step"]), number(r["gns"])) for r in rows if number(r["gns"]) is not None]
         if pairs:
-            ax.plot(*zip(*pairs), color=color, label=f"B={b}")
+            positive = [(s, g) for s, g in pairs if g > 0]
+            if positive:
+                ax.plot(*zip(*positive), color=color, label=f"B={b}")
             points[str(b)] = {"step": [s for s, _ in pairs], "gns": [g for _, g in pairs]}
+    ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("B_simple")
     ax.set_title("Gradient noise scale" + ("" if points else " (not measured: gns.micro_batches = 0)"))
