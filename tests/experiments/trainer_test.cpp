@@ -1,0 +1,108 @@
+// Trainer, models and data of the runner: parameter counts of the shipped
+// architectures, the sampler's epochs, and the three ways a trial ends.
+#include <bigbatch/experiments/trial.h>
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace {
+
+using namespace bigbatch::experiments;
+
+std::int64_t count(torch::nn::Sequential& m) {
+  std::int64_t n = 0;
+  for (const auto& p : m->parameters()) n += p.numel();
+  return n;
+}
+
+TEST(Models, ParameterCountsOfTheShippedArchitectures) {
+  ModelSpec cnn;
+  cnn.type = "simple_cnn";
+  auto base = make_model(cnn, {1, 28, 28}, 10);
+  // conv 5x5x1x32+32, conv 5x5x32x64+64, fc 7*7*64 x 1024 + 1024, fc 1024 x 10 + 10.
+  EXPECT_EQ(count(base), 832 + 51264 + (3136 * 1024 + 1024) + 10250);
+  cnn.variant = "narrow";
+  auto narrow = make_model(cnn, {1, 28, 28}, 10);
+  EXPECT_EQ(count(narrow), (25 * 16 + 16) + (25 * 16 * 32 + 32) + (7 * 7 * 32 * 512 + 512) + 5130);
+  ModelSpec mlp;
+  mlp.widths = {256, 256};
+  auto m = make_model(mlp, {1, 28, 28}, 10);
+  EXPECT_EQ(count(m), (784 * 256 + 256) + (256 * 256 + 256) + (256 * 10 + 10));
+  ModelSpec res;
+  res.type = "resnet";
+  res.norm = "ghost";
+  res.ghost_batch_size = 4;
+  auto r = make_model(res, {1, 28, 28}, 10);
+  EXPECT_EQ(r->forward(at::randn({8, 1, 28, 28})).sizes(), (std::vector<std::int64_t>{8, 10}));
+  std::int64_t weight_layers = 0;
+  for (const auto& p : r->named_parameters()) {
+    weight_layers += p.value().dim() >= 2 && p.key().find("shortcut") == std::string::npos ? 1 : 0;
+  }
+  EXPECT_EQ(weight_layers, 8);  // stem, 3 blocks x 2 convs, fc
+}
+
+TEST(BatchSampler, EachEpochIsAPermutationAndBatchesHaveTheirSize) {
+  BatchSampler s(10, 3);
+  std::set<std::int64_t> seen;
+  for (int i = 0; i < 3; ++i) {
+    const at::Tensor b = s.next(3);
+    ASSERT_EQ(b.numel(), 3);
+    for (int k = 0; k < 3; ++k) seen.insert(b[k].item<std::int64_t>());
+  }
+  EXPECT_EQ(seen.size(), 9u);  // no repeats within the epoch; the tail of 1 is dropped
+  EXPECT_THROW(s.next(11), c10::Error);
+}
+
+TrialConfig mixture_trial(double lr, double threshold) {
+  TrialConfig c;
+  c.data.name = "gaussian_mixture";
+  c.data.train_size = 2048;
+  c.data.val_size = 512;
+  c.data.classes = 3;
+  c.data.dim = 5;
+  c.data.separation = 3;
+  c.model.widths = {16};
+  c.optimizer.name = "sgd";
+  c.schedule.base_lr = lr;
+  c.target.threshold = threshold;
+  c.target.eval_every = 5;
+  c.budget = {200, bigbatch::schedules::Unit::kSteps};
+  c.batch_size = 64;
+  return c;
+}
+
+TEST(Trainer, EndsReachedNotReachedOrDiverged) {
+  const auto run = [](const TrialConfig& c) {
+    const Dataset d = load_dataset(c.data);
+    Trainer t(c, d);
+    return t.run();
+  };
+  const TrialResult reached = run(mixture_trial(0.05, 0.2));
+  EXPECT_EQ(reached.status, "reached");
+  ASSERT_TRUE(reached.steps_to_target.has_value());
+  EXPECT_EQ(*reached.steps_to_target % 5, 0);
+  EXPECT_EQ(*reached.examples_to_target, *reached.steps_to_target * 64);
+  EXPECT_LE(reached.rows.back().val_error, 0.2);
+  EXPECT_EQ(reached.rows.back().step, *reached.steps_to_target);
+
+  TrialConfig overlapping = mixture_trial(0.05, 0.05);
+  overlapping.data.separation = 0.3;  // classes overlap: the Bayes error is far above 0.05
+  const TrialResult never = run(overlapping);
+  EXPECT_EQ(never.status, "not_reached");
+  EXPECT_EQ(never.steps, 200);
+  EXPECT_EQ(never.rows.size(), 40u);
+
+  const TrialResult diverged = run(mixture_trial(1e30, 0.2));
+  EXPECT_EQ(diverged.status, "diverged");
+  EXPECT_LT(diverged.steps, 200);
+}
+
+TEST(Trainer, SameSeedSameRun) {
+  const TrialConfig c = mixture_trial(0.05, 0.001);
+  const Dataset d = load_dataset(c.data);
+  Trainer a(c, d), b(c, d);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(a.train_step(), b.train_step());
+}
+
+}  // namespace
