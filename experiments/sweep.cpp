@@ -284,6 +284,19 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options) {
       throw ConfigError("batch_sizes: " + std::to_string(b) + " is larger than the training set (" +
                         std::to_string(data.train_size()) + " examples)");
     }
+    // With batch-size increase the batch grows: its largest must fit too.
+    const schedules::Schedule schedule(sweep.base.schedule, b, data.train_size());
+    const std::int64_t last = schedule.steps(sweep.base.budget.length, sweep.base.budget.unit);
+    const std::int64_t grown = schedule.batch_size(std::max<std::int64_t>(0, last - 1));
+    if (grown > data.train_size()) {
+      throw ConfigError("schedule.batch_increase: batch " + std::to_string(b) + " grows to " + std::to_string(grown) +
+                        ", larger than the training set (" + std::to_string(data.train_size()) + " examples)");
+    }
+    const std::int64_t k = sweep.base.gns.micro_batches;
+    if (k > 0 && grown % k != 0) {
+      throw ConfigError("schedule.batch_increase: batch " + std::to_string(b) + " grows to " + std::to_string(grown) +
+                        ", not divisible by gns.micro_batches " + std::to_string(k));
+    }
   }
   fs::create_directories(dir);
   write_file_atomic((dir / "sweep.json").string(), resolved.dump(2) + "\n");
