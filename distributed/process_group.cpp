@@ -1,0 +1,161 @@
+// c10d process group and data-parallel helpers (process_group.h). The c10d
+// calls used here (TCPStore, ProcessGroupGloo and its Options, allreduce,
+// broadcast, barrier) have the same form in LibTorch 1.13 and 2.x.
+#include <bigbatch/distributed/process_group.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+namespace bigbatch::distributed {
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::optional<std::string>(v) : std::nullopt;
+}
+
+int env_int(const char* name, int fallback) {
+  const auto v = env(name);
+  if (!v) return fallback;
+  try {
+    std::size_t used = 0;
+    const int x = std::stoi(*v, &used);
+    TORCH_CHECK(used == v->size(), "");
+    return x;
+  } catch (const std::exception&) {
+    TORCH_CHECK(false, "environment variable ", name, "=\"", *v, "\" is not an integer");
+  }
+  return fallback;
+}
+
+}  // namespace
+
+WorldInfo world_from_env() {
+  WorldInfo w;
+  if (env("RANK") || env("WORLD_SIZE")) {
+    TORCH_CHECK(env("RANK") && env("WORLD_SIZE"), "RANK and WORLD_SIZE must be set together (torchrun style)");
+    w.launcher = "torchrun";
+    w.rank = env_int("RANK", 0);
+    w.world_size = env_int("WORLD_SIZE", 1);
+    w.local_rank = env_int("LOCAL_RANK", w.rank);
+  } else if (env("OMPI_COMM_WORLD_RANK")) {
+    w.launcher = "mpirun";
+    w.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+    w.world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
+    w.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", w.rank);
+  }
+  w.master_addr = env("MASTER_ADDR").value_or(w.master_addr);
+  w.master_port = env_int("MASTER_PORT", w.master_port);
+  TORCH_CHECK(w.world_size >= 1, "WORLD_SIZE must be >= 1, got ", w.world_size);
+  TORCH_CHECK(w.rank >= 0 && w.rank < w.world_size, "RANK must be in [0, ", w.world_size, "), got ", w.rank);
+  TORCH_CHECK(w.master_port > 0 && w.master_port < 65536, "MASTER_PORT must be a port number, got ",
+              w.master_port);
+  return w;
+}
+
+struct ProcessGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+};
+
+ProcessGroup::ProcessGroup(const WorldInfo& world, std::chrono::milliseconds timeout)
+    : world_(world), impl_(std::make_unique<Impl>()) {
+  c10d::TCPStoreOptions store;
+  store.port = static_cast<std::uint16_t>(world.master_port);
+  store.isServer = world.rank == 0;
+  store.numWorkers = static_cast<std::size_t>(world.world_size);
+  store.waitWorkers = true;
+  store.timeout = timeout;
+  impl_->store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store);
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(world.master_addr));
+  impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, world.rank, world.world_size, options);
+}
+
+ProcessGroup::~ProcessGroup() = default;
+
+void ProcessGroup::allreduce_sum(std::vector<at::Tensor>& tensors) {
+  impl_->gloo->allreduce(tensors)->wait();
+}
+
+void ProcessGroup::broadcast(std::vector<at::Tensor>& tensors, int root) {
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  impl_->gloo->broadcast(tensors, o)->wait();
+}
+
+void ProcessGroup::barrier() { impl_->gloo->barrier()->wait(); }
+
+void broadcast_module(ProcessGroup& group, torch::nn::Module& module) {
+  if (group.size() == 1) return;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> tensors;
+  for (const auto& p : module.parameters()) tensors.push_back(p.detach());
+  for (const auto& b : module.buffers()) {
+    if (b.defined()) tensors.push_back(b);
+  }
+  for (auto& t : tensors) {
+    std::vector<at::Tensor> one{t};
+    group.broadcast(one, 0);
+  }
+}
+
+GradientNorms allreduce_gradients(ProcessGroup& group, const std::vector<at::Tensor>& params,
+                                  std::int64_t bucket_bytes) {
+  TORCH_CHECK(bucket_bytes > 0, "allreduce_gradients: bucket_bytes must be > 0, got ", bucket_bytes);
+  at::NoGradGuard no_grad;
+  GradientNorms norms;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  for (const auto& g : grads) norms.local_sq += g.to(at::kDouble).square().sum().item<double>();
+  const double world = static_cast<double>(group.size());
+  std::size_t begin = 0;
+  while (begin < grads.size()) {
+    // One bucket: consecutive gradients up to bucket_bytes of fp32 (at least one).
+    std::size_t end = begin;
+    std::int64_t bytes = 0;
+    while (end < grads.size() && (end == begin || bytes + grads[end].numel() * 4 <= bucket_bytes)) {
+      bytes += grads[end].numel() * 4;
+      ++end;
+    }
+    std::vector<at::Tensor> flat_parts;
+    for (std::size_t i = begin; i < end; ++i) flat_parts.push_back(grads[i].reshape({-1}).to(at::kFloat));
+    std::vector<at::Tensor> bucket{at::cat(flat_parts)};
+    if (group.size() > 1) group.allreduce_sum(bucket);
+    bucket[0].div_(world);
+    std::int64_t offset = 0;
+    for (std::size_t i = begin; i < end; ++i) {
+      const std::int64_t n = grads[i].numel();
+      grads[i].copy_(bucket[0].slice(0, offset, offset + n).view(grads[i].sizes()));
+      offset += n;
+    }
+    begin = end;
+  }
+  for (const auto& g : grads) norms.global_sq += g.to(at::kDouble).square().sum().item<double>();
+  return norms;
+}
+
+at::Tensor epoch_partition(std::int64_t n, std::int64_t batch_per_rank, int rank, int world, std::uint64_t seed,
+                           std::int64_t epoch) {
+  TORCH_CHECK(world >= 1 && rank >= 0 && rank < world, "epoch_partition: rank ", rank, " of world ", world);
+  TORCH_CHECK(batch_per_rank >= 1, "epoch_partition: batch_per_rank must be >= 1, got ", batch_per_rank);
+  const std::int64_t global = batch_per_rank * world;
+  TORCH_CHECK(n >= global, "epoch_partition: ", n, " examples do not fill one global batch of ", global);
+  auto gen = at::detail::createCPUGenerator(seed * 1000003ULL + static_cast<std::uint64_t>(epoch));
+  const std::int64_t batches = n / global;  // the same on every rank: nobody waits for a missing batch
+  return at::randperm(n, gen, at::kLong)
+      .slice(0, 0, batches * global)
+      .view({batches, world, batch_per_rank})
+      .select(1, rank)
+      .contiguous();
+}
+
+}  // namespace bigbatch::distributed

@@ -1,0 +1,85 @@
+// Data-parallel building blocks on PyTorch's c10d: the world from torchrun's or
+// Open MPI's environment, a Gloo process group behind a TCPStore rendezvous,
+// the initial broadcast, bucketed gradient averaging, and the shared shuffle.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace bigbatch::distributed {
+
+/// Where this process sits in the job.
+struct WorldInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string launcher = "none";  ///< torchrun, mpirun, none
+};
+
+/// torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, else
+/// Open MPI's OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK (with MASTER_ADDR and
+/// MASTER_PORT, defaults 127.0.0.1:29500), else a world of one. Malformed or
+/// inconsistent values throw c10::Error naming the variable.
+WorldInfo world_from_env();
+
+/// A c10d Gloo process group (CPU tensors) with a TCPStore rendezvous at
+/// master_addr:master_port hosted by rank 0. Every collective gives up with an
+/// error after `timeout`, so a dead rank stops the others instead of hanging.
+class ProcessGroup {
+ public:
+  explicit ProcessGroup(const WorldInfo& world,
+                        std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return world_.rank; }
+  int size() const { return world_.world_size; }
+
+  /// In place: every tensor becomes the sum over ranks.
+  void allreduce_sum(std::vector<at::Tensor>& tensors);
+  /// In place: every tensor becomes root's.
+  void broadcast(std::vector<at::Tensor>& tensors, int root = 0);
+  void barrier();
+
+ private:
+  struct Impl;
+  WorldInfo world_;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Copies rank 0's parameters and buffers to every rank.
+void broadcast_module(ProcessGroup& group, torch::nn::Module& module);
+
+/// Squared L2 norms of the gradient before and after averaging: the per-rank
+/// (small batch b) and the global (batch b x world) norms the gradient noise
+/// scale needs, at no extra cost.
+struct GradientNorms {
+  double local_sq = 0;
+  double global_sq = 0;
+};
+
+/// Averages the gradients of `params` over the ranks: flattened into fp32
+/// buckets of at most `bucket_bytes`, one all-reduce per bucket, divided by
+/// the world size and copied back. Parameters without a gradient on every rank
+/// must be the same parameters (as with DDP).
+GradientNorms allreduce_gradients(ProcessGroup& group, const std::vector<at::Tensor>& params,
+                                  std::int64_t bucket_bytes = 25 << 20);
+
+/// The rows of one epoch for `rank`: a permutation of [0, n) shared by every
+/// rank (from seed and epoch), cut to a whole number of global batches
+/// (batch_per_rank x world), and rank's interleaved share of each batch, so
+/// every rank gets the same number of batches whatever n is.
+/// Returns int64 indices of shape [batches, batch_per_rank].
+at::Tensor epoch_partition(std::int64_t n, std::int64_t batch_per_rank, int rank, int world,
+                           std::uint64_t seed, std::int64_t epoch);
+
+}  // namespace bigbatch::distributed

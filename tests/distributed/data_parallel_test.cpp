@@ -1,0 +1,316 @@
+// Data parallelism on c10d/Gloo with 2 processes on 127.0.0.1: the test binary
+// re-executes itself as the workers (BIGBATCH_DIST_WORKER=scenario), so each
+// rank is a fresh process, as under torchrun.
+#include <bigbatch/distributed/process_group.h>
+#include <bigbatch/optimizers/lamb.h>
+#include <bigbatch/optimizers/lars.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace bd = bigbatch::distributed;
+constexpr std::int64_t kPerRank = 4;
+constexpr int kSteps = 10;
+
+torch::nn::Sequential make_net(std::uint64_t seed) {
+  at::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_opt(const std::string& name, torch::nn::Sequential& net) {
+  if (name == "lamb") {
+    return std::make_unique<bigbatch::optim::LAMB>(net->parameters(), bigbatch::optim::LAMBOptions(1e-2));
+  }
+  if (name == "lars") {
+    return std::make_unique<bigbatch::optim::LARS>(net->parameters(),
+                                                    bigbatch::optim::LARSOptions(1.0).weight_decay(1e-4));
+  }
+  return std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+// The data every rank and the single process share: 10 global batches of 8.
+std::pair<at::Tensor, at::Tensor> data() {
+  auto gen = at::detail::createCPUGenerator(123);
+  return {at::randn({kSteps * 2 * kPerRank, 6}, gen, at::kFloat),
+          at::randint(3, {kSteps * 2 * kPerRank}, gen, at::kLong)};
+}
+
+at::Tensor flat_params(torch::nn::Sequential& net) {
+  std::vector<at::Tensor> parts;
+  for (const auto& p : net->parameters()) parts.push_back(p.detach().reshape({-1}));
+  return at::cat(parts);
+}
+
+void write_tensor(const std::string& path, const at::Tensor& t) {
+  std::ofstream out(path, std::ios::binary);
+  const at::Tensor c = t.contiguous();
+  out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.numel() * sizeof(float)));
+}
+
+at::Tensor read_tensor(const std::string& path, std::int64_t n) {
+  std::ifstream in(path, std::ios::binary);
+  at::Tensor t = at::empty({n});
+  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(n * sizeof(float)));
+  EXPECT_TRUE(in.good()) << path;
+  return t;
+}
+
+// ----------------------------------------------------------------- workers --
+
+int worker(const std::string& scenario) {
+  const bd::WorldInfo world = bd::world_from_env();
+  const std::string out = std::getenv("BIGBATCH_DIST_OUT");
+  bd::ProcessGroup group(world, std::chrono::seconds(5));
+  auto net = make_net(100 + world.rank);  // different seeds: the broadcast must fix that
+  const at::Tensor before = flat_params(net).clone();
+  bd::broadcast_module(group, *net);
+  if (scenario == "broadcast") {
+    write_tensor(out + "." + std::to_string(world.rank), flat_params(net));
+    return world.rank == 1 && at::equal(before, flat_params(net)) ? 3 : 0;
+  }
+  if (scenario == "uneven") {  // 103 examples, 2 ranks x 4: 12 batches each, 2 epochs
+    auto opt = make_opt("sgd", net);
+    const at::Tensor x = at::randn({103, 6});
+    const at::Tensor y = at::randint(3, {103});
+    for (std::int64_t epoch = 0; epoch < 2; ++epoch) {
+      const at::Tensor rows = bd::epoch_partition(103, kPerRank, world.rank, world.world_size, 7, epoch);
+      for (std::int64_t b = 0; b < rows.size(0); ++b) {
+        opt->zero_grad();
+        torch::nn::functional::cross_entropy(net->forward(x.index_select(0, rows[b])), y.index_select(0, rows[b]))
+            .backward();
+        bd::allreduce_gradients(group, net->parameters());
+        opt->step();
+      }
+    }
+    group.barrier();
+    return 0;
+  }
+  // equivalence:<optimizer> and kill
+  const std::string opt_name = scenario.rfind("equivalence:", 0) == 0 ? scenario.substr(12) : "sgd";
+  auto opt = make_opt(opt_name, net);
+  const auto [x, y] = data();
+  for (int step = 0; step < (scenario == "kill" ? 1000 : kSteps); ++step) {
+    if (scenario == "kill" && world.rank == 1 && step == 3) std::_Exit(9);  // dies mid-training
+    const std::int64_t begin = (step % kSteps) * 2 * kPerRank + world.rank * kPerRank;
+    opt->zero_grad();
+    torch::nn::functional::cross_entropy(net->forward(x.slice(0, begin, begin + kPerRank)),
+                                         y.slice(0, begin, begin + kPerRank))
+        .backward();
+    bd::allreduce_gradients(group, net->parameters(), /*bucket_bytes=*/64);  // several buckets
+    opt->step();
+  }
+  write_tensor(out + "." + std::to_string(world.rank), flat_params(net));
+  return 0;
+}
+
+// ------------------------------------------------------------------ parent --
+
+struct Ranks {
+  std::vector<int> status;  // exit codes, -1 when killed for time
+  std::vector<std::string> logs;
+  double seconds;
+};
+
+// Starts `world` copies of this binary as ranks of `scenario` and waits for them.
+Ranks launch(const std::string& scenario, const std::string& out, int world = 2, double limit = 60) {
+  static int next_port = 0;
+  const int port = 20000 + static_cast<int>(getpid() % 20000) + (next_port++) * 7 % 500;
+  Ranks r;
+  std::vector<pid_t> pids;
+  const auto start = std::chrono::steady_clock::now();
+  for (int rank = 0; rank < world; ++rank) {
+    std::vector<std::string> vars;
+    for (char** e = environ; *e; ++e) vars.emplace_back(*e);
+    vars.push_back("BIGBATCH_DIST_WORKER=" + scenario);
+    vars.push_back("BIGBATCH_DIST_OUT=" + out);
+    vars.push_back("RANK=" + std::to_string(rank));
+    vars.push_back("LOCAL_RANK=" + std::to_string(rank));
+    vars.push_back("WORLD_SIZE=" + std::to_string(world));
+    vars.push_back("MASTER_ADDR=127.0.0.1");
+    vars.push_back("MASTER_PORT=" + std::to_string(port));
+    vars.push_back("OMP_NUM_THREADS=1");
+    const std::string log = out + ".log." + std::to_string(rank);
+    r.logs.push_back(log);
+    std::vector<char*> envp;
+    for (auto& v : vars) envp.push_back(v.data());
+    envp.push_back(nullptr);
+    char* argv[] = {const_cast<char*>("/proc/self/exe"), nullptr};
+    const pid_t pid = fork();
+    if (pid == 0) {
+      if (!std::freopen(log.c_str(), "w", stderr)) std::_Exit(126);
+      execve("/proc/self/exe", argv, envp.data());
+      std::_Exit(127);
+    }
+    pids.push_back(pid);
+  }
+  r.status.assign(world, -2);
+  int left = world;
+  while (left > 0) {
+    for (int i = 0; i < world; ++i) {
+      int st = 0;
+      if (r.status[i] != -2 || waitpid(pids[i], &st, WNOHANG) != pids[i]) continue;
+      r.status[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      --left;
+    }
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (elapsed > limit) {
+      for (int i = 0; i < world; ++i) {
+        if (r.status[i] == -2) {
+          kill(pids[i], SIGKILL);
+          waitpid(pids[i], nullptr, 0);
+          r.status[i] = -1;
+        }
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string tmp(const std::string& name) {
+  return (testing::TempDir().empty() ? std::string("/tmp/") : testing::TempDir()) + "bigbatch_dist_" +
+         std::to_string(getpid()) + "_" + name;
+}
+
+class TwoRanks : public testing::TestWithParam<const char*> {};
+
+TEST_P(TwoRanks, EqualOneProcessWithTheDoubleBatch) {
+  const std::string opt = GetParam();
+  const std::string out = tmp(opt);
+  const Ranks r = launch("equivalence:" + opt, out);
+  ASSERT_EQ(r.status, (std::vector<int>{0, 0})) << slurp(r.logs[0]) << slurp(r.logs[1]);
+  // One process, rank 0's initial weights, batch 8 = both ranks' rows.
+  auto net = make_net(100);
+  auto optimizer = make_opt(opt, net);
+  const auto [x, y] = data();
+  for (int step = 0; step < kSteps; ++step) {
+    optimizer->zero_grad();
+    const std::int64_t begin = step * 2 * kPerRank;
+    torch::nn::functional::cross_entropy(net->forward(x.slice(0, begin, begin + 2 * kPerRank)),
+                                         y.slice(0, begin, begin + 2 * kPerRank))
+        .backward();
+    optimizer->step();
+  }
+  const at::Tensor single = flat_params(net);
+  for (int rank = 0; rank < 2; ++rank) {
+    const at::Tensor got = read_tensor(out + "." + std::to_string(rank), single.numel());
+    const double rel = (got - single).norm().item<double>() / single.norm().item<double>();
+    EXPECT_LE(rel, 1e-6) << opt << " rank " << rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, TwoRanks, testing::Values("lamb", "lars", "sgd"));
+
+TEST(DataParallel, BroadcastGivesEveryRankRankZerosParameters) {
+  const std::string out = tmp("broadcast");
+  const Ranks r = launch("broadcast", out);
+  ASSERT_EQ(r.status, (std::vector<int>{0, 0})) << slurp(r.logs[0]) << slurp(r.logs[1]);
+  auto net = make_net(100);
+  const at::Tensor rank0 = flat_params(net);
+  EXPECT_TRUE(at::equal(read_tensor(out + ".0", rank0.numel()), rank0));
+  EXPECT_TRUE(at::equal(read_tensor(out + ".1", rank0.numel()), rank0));
+}
+
+TEST(DataParallel, UnevenDatasetFinishesWithoutHanging) {
+  const Ranks r = launch("uneven", tmp("uneven"), 2, 60);
+  EXPECT_EQ(r.status, (std::vector<int>{0, 0})) << slurp(r.logs[0]) << slurp(r.logs[1]);
+}
+
+TEST(DataParallel, ADeadRankStopsTheOtherWithAClearError) {
+  const std::string out = tmp("kill");
+  const Ranks r = launch("kill", out, 2, 60);
+  EXPECT_EQ(r.status[1], 9);
+  EXPECT_NE(r.status[0], 0);
+  EXPECT_NE(r.status[0], -1) << "rank 0 hung until the test's limit";
+  EXPECT_LT(r.seconds, 30);
+  const std::string log = slurp(r.logs[0]);
+  EXPECT_NE(log.find("rank 0"), std::string::npos) << log;
+  std::cout << "rank 0 after the death of rank 1 (" << r.seconds << " s): " << log << "\n";
+}
+
+TEST(EpochPartition, SharedShuffleEqualShares) {
+  const at::Tensor a = bd::epoch_partition(103, 4, 0, 2, 7, 0);
+  const at::Tensor b = bd::epoch_partition(103, 4, 1, 2, 7, 0);
+  EXPECT_EQ(a.sizes(), (std::vector<std::int64_t>{12, 4}));
+  EXPECT_EQ(b.sizes(), a.sizes());
+  const at::Tensor all = std::get<0>(at::cat({a.reshape(-1), b.reshape(-1)}).sort());
+  EXPECT_EQ(std::get<0>(at::_unique(all)).numel(), 96);  // disjoint
+  EXPECT_FALSE(at::equal(a, bd::epoch_partition(103, 4, 0, 2, 7, 1)));  // a new shuffle per epoch
+}
+
+TEST(WorldFromEnv, TorchrunOpenMpiAndBadValues) {
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("MASTER_PORT", "12345", 1);
+  bd::WorldInfo w = bd::world_from_env();
+  EXPECT_EQ(w.rank, 1);
+  EXPECT_EQ(w.world_size, 4);
+  EXPECT_EQ(w.master_port, 12345);
+  EXPECT_EQ(w.launcher, "torchrun");
+  setenv("RANK", "4", 1);
+  EXPECT_THROW(bd::world_from_env(), c10::Error);
+  setenv("RANK", "x", 1);
+  EXPECT_THROW(bd::world_from_env(), c10::Error);
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+  w = bd::world_from_env();
+  EXPECT_EQ(w.rank, 2);
+  EXPECT_EQ(w.world_size, 3);
+  EXPECT_EQ(w.launcher, "mpirun");
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+  unsetenv("MASTER_PORT");
+  EXPECT_EQ(bd::world_from_env().world_size, 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (const char* scenario = std::getenv("BIGBATCH_DIST_WORKER")) {
+    try {
+      return worker(scenario);
+    } catch (const c10::Error& e) {
+      std::cerr << "rank " << std::getenv("RANK") << ": " << e.what_without_backtrace() << "\n";
+      return 1;
+    } catch (const std::exception& e) {
+      std::cerr << "rank " << std::getenv("RANK") << ": " << e.what() << "\n";
+      return 1;
+    }
+  }
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
