@@ -246,20 +246,38 @@ void write_file_atomic(const std::string& path, const std::string& text) {
 }
 
 TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::string& dir,
-                    const std::function<void(const TrialProgress&)>& progress) {
-  fs::create_directories(dir);
-  fs::remove(fs::path(dir) / "summary.json");  // unfinished until the end
-  write_file_atomic((fs::path(dir) / "config.json").string(), to_json(trial).dump(2) + "\n");
-  Trainer trainer(trial, data);
-  const TrialResult r = trainer.run(progress);
-  write_file_atomic((fs::path(dir) / "metrics.csv").string(), metrics_csv(r.rows));
-  write_file_atomic((fs::path(dir) / "summary.json").string(), summary_json(trial, r).dump(2) + "\n");
+                    const std::function<void(const TrialProgress&)>& progress,
+                    distributed::ProcessGroup* group) {
+  const bool writer = group == nullptr || group->rank() == 0;
+  if (writer) {
+    fs::create_directories(dir);
+    fs::remove(fs::path(dir) / "summary.json");  // unfinished until the end
+    write_file_atomic((fs::path(dir) / "config.json").string(), to_json(trial).dump(2) + "\n");
+  }
+  Trainer trainer(trial, data, group);
+  const TrialResult r = trainer.run(writer ? progress : std::function<void(const TrialProgress&)>());
+  if (writer) {
+    write_file_atomic((fs::path(dir) / "metrics.csv").string(), metrics_csv(r.rows));
+    write_file_atomic((fs::path(dir) / "summary.json").string(), summary_json(trial, r).dump(2) + "\n");
+  }
   return r;
 }
 
-SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options) {
+SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, distributed::ProcessGroup* group) {
   const auto start = std::chrono::steady_clock::now();
   if (options.jobs < 1) throw ConfigError("--jobs: must be >= 1, got " + std::to_string(options.jobs));
+  if (group != nullptr && group->size() == 1) group = nullptr;
+  if (group != nullptr && options.jobs != 1) {
+    throw ConfigError("--jobs: a data-parallel sweep runs one trial at a time on all ranks; got --jobs " +
+                      std::to_string(options.jobs));
+  }
+  const bool writer = group == nullptr || group->rank() == 0;
+  for (const auto b : sweep.batch_sizes) {
+    if (group != nullptr && b % group->size() != 0) {
+      throw ConfigError("batch_sizes: " + std::to_string(b) + " is not divisible by the world size " +
+                        std::to_string(group->size()));
+    }
+  }
   const fs::path dir = fs::path(options.out) / sweep.base.sweep;
   const json resolved = to_json(sweep);
   if (fs::exists(dir / "sweep.json")) {
@@ -298,29 +316,46 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options) {
                         ", not divisible by gns.micro_batches " + std::to_string(k));
     }
   }
-  fs::create_directories(dir);
-  write_file_atomic((dir / "sweep.json").string(), resolved.dump(2) + "\n");
+  if (writer) {
+    fs::create_directories(dir);
+    write_file_atomic((dir / "sweep.json").string(), resolved.dump(2) + "\n");
+  }
 
   const std::vector<TrialConfig> trials = expand(sweep);
+  // Rank 0 decides what is left (other nodes may not see its files).
+  at::Tensor left = at::zeros({static_cast<std::int64_t>(trials.size())}, at::kInt);
+  if (writer) {
+    for (std::size_t i = 0; i < trials.size(); ++i) {
+      left[static_cast<std::int64_t>(i)] = finished(trials[i], dir / trials[i].name) ? 0 : 1;
+    }
+  }
+  if (group != nullptr) {
+    std::vector<at::Tensor> mask{left};
+    group->broadcast(mask, 0);
+    left = mask[0];
+  }
   std::vector<const TrialConfig*> pending;
   SweepSummary summary;
   summary.dir = dir.string();
   summary.trials = static_cast<std::int64_t>(trials.size());
-  for (const auto& t : trials) {
-    if (finished(t, dir / t.name)) {
+  for (std::size_t i = 0; i < trials.size(); ++i) {
+    if (left[static_cast<std::int64_t>(i)].item<int>() == 0) {
       ++summary.skipped;
     } else {
-      pending.push_back(&t);
+      pending.push_back(&trials[i]);
     }
   }
-  if (summary.skipped > 0) {
+  if (writer && summary.skipped > 0) {
     std::cerr << "resuming " << dir.string() << ": " << summary.skipped << " of " << trials.size()
               << " trials already finished\n";
   }
   ProgressBoard board(static_cast<std::int64_t>(pending.size()));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int jobs = std::min<int>(options.jobs, static_cast<int>(std::max<std::size_t>(1, pending.size())));
-  const int threads = std::max(1, cores / jobs);
+  // Ranks on this machine (torchrun's LOCAL_WORLD_SIZE) share its cores too.
+  const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+  const int local_ranks = group != nullptr && local_world != nullptr ? std::max(1, std::atoi(local_world)) : 1;
+  const int threads = std::max(1, cores / jobs / local_ranks);
   std::atomic<std::size_t> next{0};
   std::atomic<bool> failed{false};
   std::exception_ptr error;
@@ -333,8 +368,8 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options) {
       const TrialConfig& t = *pending[i];
       try {
         const TrialResult r = run_one(t, data, (dir / t.name).string(),
-                                      [&](const TrialProgress& p) { board.update(t.name, p); });
-        board.finished(t.name, r, t.target.metric);
+                                      [&](const TrialProgress& p) { board.update(t.name, p); }, group);
+        if (writer) board.finished(t.name, r, t.target.metric);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (!error) error = std::current_exception();
@@ -348,6 +383,7 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options) {
   for (auto& th : pool) th.join();
   if (error) std::rethrow_exception(error);
 
+  if (!writer) return summary;
   write_tables(trials, dir);
   for (const auto& t : trials) {
     summary.reached += read_json(dir / t.name / "summary.json")["status"] == "reached" ? 1 : 0;

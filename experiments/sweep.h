@@ -25,11 +25,17 @@ struct SweepSummary {
 /// Runs (or resumes) a sweep. Throws ConfigError for a config the data
 /// refutes (a batch larger than the training set, a missing dataset) or a
 /// folder that holds a different sweep; std::runtime_error on failures.
-SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options);
+/// With a process group (world > 1) every rank runs the same sweep, one trial
+/// at a time, each trial data-parallel; rank 0 alone decides which trials are
+/// left, writes every file and prints.
+SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options,
+                       distributed::ProcessGroup* group = nullptr);
 
 /// Runs one trial into `dir` (config.json, metrics.csv, summary.json last).
+/// Data-parallel with a process group; only rank 0 writes.
 TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::string& dir,
-                    const std::function<void(const TrialProgress&)>& progress = {});
+                    const std::function<void(const TrialProgress&)>& progress = {},
+                    distributed::ProcessGroup* group = nullptr);
 
 /// The steps-to-target table of a sweep folder, formatted for a terminal.
 std::string report(const std::string& sweep_dir);

@@ -88,13 +88,18 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& s, 
   return layerwise(model, o);
 }
 
-Trainer::Trainer(const TrialConfig& config, const Dataset& data)
-    : config_(config), data_(data), sampler_(data.train_size(), config.seed * 7919 + 1), gns_(config.gns.beta) {
+Trainer::Trainer(const TrialConfig& config, const Dataset& data, distributed::ProcessGroup* group)
+    : config_(config),
+      data_(data),
+      group_(group != nullptr && group->size() > 1 ? group : nullptr),
+      sampler_(data.train_size(), config.seed * 7919 + 1),
+      gns_(config.gns.beta) {
   {
     std::lock_guard<std::mutex> lock(init_mutex());
     at::manual_seed(config.seed);
     model_ = make_model(config.model, data.example_shape(), data.classes > 0 ? data.classes : 1);
   }
+  if (group_) distributed::broadcast_module(*group_, *model_);
   params_ = model_->parameters();
   optimizer_ = make_optimizer(config.optimizer, config.schedule.base_lr, *model_);
   schedules::Schedule schedule(config.schedule, config.batch_size, data.train_size());
@@ -120,13 +125,32 @@ double Trainer::train_step() {
   const std::int64_t batch = adapter_->schedule().batch_size(step_);
   adapter_->apply(step_);
   last_lr_ = optimizer_->param_groups().front().options().get_lr();
-  const at::Tensor index = sampler_.next(batch);
+  // Every rank draws the same global batch (same seed) and takes its share.
+  at::Tensor index = sampler_.next(batch);
+  at::Tensor weights = multiplicative_ ? multiplicative_->weights(batch, step_) : at::Tensor();
+  std::int64_t local = batch;
+  if (group_) {
+    const std::int64_t world = group_->size();
+    TORCH_CHECK(batch % world == 0, "batch size ", batch, " is not divisible by the world size ", world);
+    local = batch / world;
+    index = index.slice(0, group_->rank() * local, (group_->rank() + 1) * local);
+    if (weights.defined()) weights = weights.slice(0, group_->rank() * local, (group_->rank() + 1) * local);
+  }
   const at::Tensor x = data_.x_train.index_select(0, index);
   const at::Tensor y = data_.y_train.index_select(0, index);
-  const at::Tensor weights = multiplicative_ ? multiplicative_->weights(batch, step_) : at::Tensor();
   optimizer_->zero_grad();
   double loss = 0;
-  if (config_.gns.micro_batches >= 2) {
+  if (group_) {
+    const at::Tensor l = batch_loss(x, y, weights);
+    l.backward();
+    const auto norms = distributed::allreduce_gradients(*group_, params_);
+    std::vector<at::Tensor> mean{l.detach().reshape({1}).to(at::kDouble)};
+    group_->allreduce_sum(mean);
+    loss = mean[0].item<double>() / static_cast<double>(group_->size());
+    if (std::isfinite(norms.local_sq) && std::isfinite(norms.global_sq)) {
+      gns_.update(norms.local_sq, local, norms.global_sq, batch);
+    }
+  } else if (config_.gns.micro_batches >= 2) {
     const auto m = noise::micro_batch_step(params_, batch, config_.gns.micro_batches,
                                            [&](std::int64_t begin, std::int64_t end) {
                                              return batch_loss(x.slice(0, begin, end), y.slice(0, begin, end),
@@ -142,7 +166,7 @@ double Trainer::train_step() {
     l.backward();
     loss = l.item<double>();
   }
-  if (annealed_) annealed_->apply(params_, step_);
+  if (annealed_) annealed_->apply(params_, step_);  // the same noise on every rank
   optimizer_->step();
   ++step_;
   examples_ += batch;
@@ -150,6 +174,20 @@ double Trainer::train_step() {
 }
 
 std::pair<double, double> Trainer::evaluate() {
+  if (group_) {  // rank 0 measures, every rank gets its numbers: one stopping decision
+    std::vector<at::Tensor> result{at::zeros({2}, at::kDouble)};
+    if (group_->rank() == 0) {
+      const auto [l, e] = evaluate_local();
+      result[0][0] = l;
+      result[0][1] = e;
+    }
+    group_->broadcast(result, 0);
+    return {result[0][0].item<double>(), result[0][1].item<double>()};
+  }
+  return evaluate_local();
+}
+
+std::pair<double, double> Trainer::evaluate_local() {
   at::NoGradGuard no_grad;
   model_->eval();
   const std::int64_t n = data_.x_val.size(0);

@@ -5,6 +5,7 @@
 
 #include <bigbatch/experiments/config.h>
 #include <bigbatch/experiments/data.h>
+#include <bigbatch/distributed/process_group.h>
 #include <bigbatch/noise/gradient_noise.h>
 #include <bigbatch/noise/noise_scale.h>
 #include <bigbatch/schedules/lr_adapter.h>
@@ -56,9 +57,17 @@ struct TrialProgress {
 
 /// The training loop. The constructor builds the model (seeded by the
 /// trial's seed), the optimizer, the schedule adapter and the noise.
+///
+/// Data-parallel with a process group: config.batch_size is the global batch
+/// (the scaling rules see it); every rank draws the same global batch from the
+/// shared shuffle and trains on its 1/world share; rank 0's initial weights are
+/// broadcast; gradients are averaged with bucketed all-reduce, and the per-rank
+/// and averaged gradient norms give the noise scale (micro-batches are then not
+/// needed). Rank 0 evaluates and broadcasts the result, so every rank stops at
+/// the same step. BatchNorm and ghost batch norm see each rank's share only.
 class Trainer {
  public:
-  Trainer(const TrialConfig& config, const Dataset& data);
+  Trainer(const TrialConfig& config, const Dataset& data, distributed::ProcessGroup* group = nullptr);
 
   /// One optimizer step at the schedule's batch size; returns the batch loss.
   double train_step();
@@ -73,10 +82,12 @@ class Trainer {
   std::int64_t budget_steps() const { return budget_; }
 
  private:
-  at::Tensor batch_loss(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weights) ;
+  at::Tensor batch_loss(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weights);
+  std::pair<double, double> evaluate_local();
 
   TrialConfig config_;
   const Dataset& data_;
+  distributed::ProcessGroup* group_;
   torch::nn::Sequential model_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<schedules::LRAdapter> adapter_;

@@ -4,14 +4,18 @@
 //   bigbatch plot DIR                              the plots of a sweep folder
 //   bigbatch report DIR                            its steps-to-target table
 // Exit 0 on success, 2 on a bad config or arguments (one line), 1 on failures.
+#include <bigbatch/distributed/process_group.h>
 #include <bigbatch/experiments/config.h>
+#include <bigbatch/experiments/launch.h>
 #include <bigbatch/experiments/sweep.h>
 
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -69,6 +73,33 @@ int report(const std::string& dir) {
   return 0;
 }
 
+// Data-parallel options shared by sweep and train.
+struct Parallel {
+  bx::LaunchOptions launch;
+  double timeout = 60;
+  void add_to(CLI::App* cmd) {
+    cmd->add_option("--nproc", launch.nproc, "data-parallel ranks to start on this node (Gloo on CPU)")
+        ->capture_default_str();
+    cmd->add_option("--nnodes", launch.nnodes, "nodes; run the same command on each")->capture_default_str();
+    cmd->add_option("--node-rank", launch.node_rank, "this node's index")->capture_default_str();
+    cmd->add_option("--master-addr", launch.master_addr, "rank 0's address")->capture_default_str();
+    cmd->add_option("--master-port", launch.master_port, "rank 0's rendezvous port")->capture_default_str();
+    cmd->add_option("--timeout", timeout, "seconds before a collective gives up (a dead rank)")
+        ->capture_default_str();
+  }
+  bool launcher() const { return !bx::launched_by_bigbatch() && (launch.nproc > 1 || launch.nnodes > 1); }
+};
+
+// This process's place in a data-parallel job (torchrun, mpirun or our launcher),
+// with its process group; none in a world of one.
+std::unique_ptr<bigbatch::distributed::ProcessGroup> join(const Parallel& p) {
+  const auto world = bigbatch::distributed::world_from_env();
+  if (world.world_size == 1) return nullptr;
+  if (!(p.timeout > 0)) throw bx::ConfigError("--timeout: must be > 0, got " + std::to_string(p.timeout));
+  return std::make_unique<bigbatch::distributed::ProcessGroup>(
+      world, std::chrono::milliseconds(static_cast<std::int64_t>(p.timeout * 1000)));
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"bigbatch: batch size against steps to target, on LibTorch"};
   app.require_subcommand(1);
@@ -78,6 +109,8 @@ int run(int argc, char** argv) {
   sweep->add_option("CONFIG", config, "sweep config (JSON)")->required();
   sweep->add_option("--out", out, "output folder; the sweep goes to OUT/<name>/")->capture_default_str();
   sweep->add_option("--jobs", jobs, "trials in parallel (intra-op threads: cores / jobs)")->capture_default_str();
+  Parallel parallel;
+  parallel.add_to(sweep);
 
   auto* train = app.add_subcommand("train", "run one trial of a sweep config into OUT/<name>.train/<trial>/");
   std::optional<std::int64_t> batch, steps;
@@ -91,6 +124,7 @@ int run(int argc, char** argv) {
   train->add_option("--steps", steps, "cap the budget at this many steps");
   std::optional<std::string> variant;
   train->add_option("--variant", variant, "which variant of the config (default: the first)");
+  parallel.add_to(train);
 
   auto* plot_cmd = app.add_subcommand("plot", "write the plots of a sweep folder (PNG, SVG, JSON points)");
   plot_cmd->add_option("DIR", dir, "sweep folder, e.g. runs/quickstart")->required();
@@ -107,9 +141,28 @@ int run(int argc, char** argv) {
 
   if (*sweep) {
     const auto sweeps = bx::load_sweeps(config);  // every variant parsed before any runs
+    if (parallel.launcher()) {
+      const int world = parallel.launch.nproc * parallel.launch.nnodes;
+      for (const auto& named : sweeps) {
+        for (const auto b : named.sweep.batch_sizes) {
+          if (b % world != 0) {
+            throw bx::ConfigError("batch_sizes: " + std::to_string(b) + " is not divisible by the world size " +
+                                  std::to_string(world));
+          }
+        }
+      }
+      return bx::launch_local(parallel.launch, argc, argv);
+    }
+    const auto group = join(parallel);
+    if (group && group->rank() != 0) {
+      for (const auto& named : sweeps) {
+        bx::run_sweep(named.sweep, {(fs::path(out) / named.folder).parent_path().string(), jobs}, group.get());
+      }
+      return 0;
+    }
     for (const auto& named : sweeps) {
       const std::string parent = (fs::path(out) / named.folder).parent_path().string();
-      const bx::SweepSummary s = bx::run_sweep(named.sweep, {parent, jobs});
+      const bx::SweepSummary s = bx::run_sweep(named.sweep, {parent, jobs}, group.get());
       std::cout << bx::report(s.dir);
       std::cout << "sweep " << named.folder << ": " << s.trials << " trials (" << s.skipped << " resumed), "
                 << s.reached << " reached the target, " << s.wall_time << " s; results in " << s.dir << "\n";
@@ -137,6 +190,14 @@ int run(int argc, char** argv) {
       cfg.base.budget = {static_cast<double>(*steps), bigbatch::schedules::Unit::kSteps};
     }
     bx::TrialConfig trial = bx::expand(cfg).front();
+    const int world = parallel.launcher() ? parallel.launch.nproc * parallel.launch.nnodes
+                                          : bigbatch::distributed::world_from_env().world_size;
+    if (trial.batch_size % world != 0) {
+      throw bx::ConfigError("batch size " + std::to_string(trial.batch_size) + " is not divisible by the world size " +
+                            std::to_string(world));
+    }
+    if (parallel.launcher()) return bx::launch_local(parallel.launch, argc, argv);
+    const auto group = join(parallel);
     if (cfg.base.gns.micro_batches > 0 && trial.batch_size % cfg.base.gns.micro_batches != 0) {
       throw bx::ConfigError("--batch-size: " + std::to_string(trial.batch_size) +
                             " is not divisible by gns.micro_batches");
@@ -152,10 +213,13 @@ int run(int argc, char** argv) {
                             " is larger than the training set (" + std::to_string(data.train_size()) + ")");
     }
     const std::string tdir = (fs::path(out) / (chosen->folder + ".train") / trial.name).string();
-    const bx::TrialResult r = bx::run_one(trial, data, tdir, [](const bx::TrialProgress& p) {
-      std::cerr << "step " << p.step << "/" << p.budget << " loss " << p.loss << "\n";
-    });
-    std::cout << trial.name << ": " << r.status << " after " << r.steps << " steps, best " << trial.target.metric
+    const bx::TrialResult r = bx::run_one(
+        trial, data, tdir,
+        [](const bx::TrialProgress& p) { std::cerr << "step " << p.step << "/" << p.budget << " loss " << p.loss << "\n"; },
+        group.get());
+    if (group && group->rank() != 0) return 0;
+    std::cout << (group ? "data-parallel over " + std::to_string(group->size()) + " ranks: " : std::string())
+              << trial.name << ": " << r.status << " after " << r.steps << " steps, best " << trial.target.metric
               << " " << r.best_metric << "; results in " << tdir << "\n";
     return 0;
   }
@@ -166,16 +230,22 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // In a data-parallel job every rank's message says which rank it is.
+  const char* rank = std::getenv("RANK");
+  const std::string who = rank != nullptr && std::getenv("WORLD_SIZE") != nullptr &&
+                                  std::string(std::getenv("WORLD_SIZE")) != "1"
+                              ? std::string("bigbatch: rank ") + rank + ": "
+                              : std::string("bigbatch: ");
   try {
     return run(argc, argv);
   } catch (const bx::ConfigError& e) {
-    std::cerr << "bigbatch: " << e.what() << "\n";
+    std::cerr << who << e.what() << "\n";
     return 2;
   } catch (const c10::Error& e) {
-    std::cerr << "bigbatch: " << e.what_without_backtrace() << "\n";
+    std::cerr << who << e.what_without_backtrace() << "\n";
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "bigbatch: " << e.what() << "\n";
+    std::cerr << who << e.what() << "\n";
     return 1;
   }
 }

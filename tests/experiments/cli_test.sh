@@ -157,6 +157,31 @@ quickstart)
   "$bigbatch" train "$src/experiments/configs/quickstart.json" --steps 5 --batch-size 64 --out runs
   $py -c "import json; s = json.load(open('runs/quickstart.train/b64_p0_s0/summary.json')); assert s['steps'] == 5, s; print('quickstart trial ok', s['status'], s['best_metric'])"
   ;;
+data_parallel)
+  # 2 ranks (Gloo on 127.0.0.1) x 256 = one process at 512: the same metrics.
+  port=$((20000 + $$ % 20000))
+  "$bigbatch" train "$config" --batch-size 512 --lr 0.03 --steps 40 --out one > /dev/null 2>&1
+  "$bigbatch" train "$config" --batch-size 512 --lr 0.03 --steps 40 --out two --nproc 2 --master-port $port | tee two.txt
+  grep -q "data-parallel over 2 ranks" two.txt || fail "not data-parallel"
+  $py - one/e2e.train/b512_p0_s0/metrics.csv two/e2e.train/b512_p0_s0/metrics.csv <<'PY'
+import csv, sys
+a, b = (list(csv.DictReader(open(p))) for p in sys.argv[1:3])
+assert len(a) == len(b) and a, (len(a), len(b))
+for x, y in zip(a, b):
+    for k in ("step", "examples", "batch_size"):
+        assert x[k] == y[k], (k, x[k], y[k])
+    for k in ("train_loss", "val_loss", "val_error"):
+        assert abs(float(x[k]) - float(y[k])) <= 1e-5 * max(1.0, abs(float(x[k]))), (k, x[k], y[k])
+print("2 ranks match 1 process over", len(a), "evaluations")
+PY
+  # A data-parallel sweep: rank 0 alone writes; the table has one row per batch size.
+  derive dp.json 'c["batch_sizes"] = [32, 512]; c["seeds"] = [0]; c["search"] = {"lr": [0.03]}'
+  "$bigbatch" sweep dp.json --out runs --nproc 2 --master-port $((port + 1)) > sweep.txt
+  [ "$(wc -l < runs/e2e/steps_to_target.csv)" -eq 3 ] || fail "table: $(cat runs/e2e/steps_to_target.csv)"
+  [ -z "$(find runs -name '*.tmp.*')" ] || fail "temporary files left"
+  # A batch the world does not divide is a bad argument.
+  expect_error 2 "is not divisible by the world size 2" "$bigbatch" train "$config" --batch-size 9 --nproc 2 --master-port $((port + 2))
+  ;;
 *) fail "unknown scenario $scenario" ;;
 esac
 echo "PASS $scenario"

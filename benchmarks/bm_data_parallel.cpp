@@ -1,0 +1,99 @@
+// Data parallelism on this machine: per step, the compute (forward+backward of
+// an MLP on the per-rank batch), the bucketed gradient all-reduce, and the
+// whole step in samples/s, in a world of 1 and of 2 processes (Gloo, 127.0.0.1).
+// Run without arguments: it measures world 1 itself, then re-executes itself
+// as 2 ranks; rank 0 prints. Iteration counts are fixed so ranks stay in step.
+#include <bigbatch/distributed/process_group.h>
+#include <bigbatch/experiments/launch.h>
+#include <bigbatch/optimizers/lamb.h>
+
+#include <benchmark/benchmark.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <ATen/Parallel.h>
+
+namespace {
+
+namespace bd = bigbatch::distributed;
+constexpr std::int64_t kGlobalBatch = 512;
+std::unique_ptr<bd::ProcessGroup> group;
+
+struct Setup {
+  torch::nn::Sequential net{torch::nn::Linear(784, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
+                            torch::nn::ReLU(), torch::nn::Linear(512, 10)};
+  std::unique_ptr<bigbatch::optim::LAMB> opt =
+      std::make_unique<bigbatch::optim::LAMB>(net->parameters(), bigbatch::optim::LAMBOptions(1e-3));
+  std::int64_t local = kGlobalBatch / (group ? group->size() : 1);
+  at::Tensor x = at::randn({local, 784});
+  at::Tensor y = at::randint(10, {local});
+  void backward() {
+    opt->zero_grad();
+    torch::nn::functional::cross_entropy(net->forward(x), y).backward();
+  }
+  void reduce() {
+    if (group) bd::allreduce_gradients(*group, net->parameters());
+  }
+};
+
+void bm_compute(benchmark::State& state) {
+  Setup s;
+  for (auto _ : state) s.backward();
+  state.SetItemsProcessed(state.iterations() * s.local);
+}
+
+void bm_allreduce(benchmark::State& state) {
+  Setup s;
+  s.backward();
+  for (auto _ : state) s.reduce();
+  state.counters["MB"] = 4.0 * static_cast<double>(784 * 512 + 512 * 512 + 5130 + 1024) / 1e6;
+}
+
+void bm_step(benchmark::State& state) {
+  Setup s;
+  for (auto _ : state) {
+    s.backward();
+    s.reduce();
+    s.opt->step();
+  }
+  state.SetItemsProcessed(state.iterations() * kGlobalBatch);  // samples/s of the whole job
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto world = bd::world_from_env();
+  const bool launched = bigbatch::experiments::launched_by_bigbatch();
+  if (world.world_size > 1) {
+    group = std::make_unique<bd::ProcessGroup>(world, std::chrono::seconds(120));
+    // The ranks share this machine's cores, as the runner's ranks do.
+    at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.world_size));
+  }
+  const std::string suffix = "/world" + std::to_string(world.world_size);
+  benchmark::RegisterBenchmark(("compute_per_rank" + suffix).c_str(), bm_compute)
+      ->Iterations(100)->Unit(benchmark::kMillisecond)->UseRealTime();
+  if (group) {
+    benchmark::RegisterBenchmark(("allreduce" + suffix).c_str(), bm_allreduce)
+        ->Iterations(100)->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  benchmark::RegisterBenchmark(("step" + suffix).c_str(), bm_step)
+      ->Iterations(100)->Unit(benchmark::kMillisecond)->UseRealTime();
+  if (world.rank != 0) std::freopen("/dev/null", "w", stdout);
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  if (launched || world.world_size > 1) return 0;
+  std::fflush(stdout);
+  bigbatch::experiments::LaunchOptions two;  // now the same as 2 ranks
+  two.nproc = 2;
+  two.master_port = 29000 + static_cast<int>(getpid() % 1000);
+  return bigbatch::experiments::launch_local(two, argc, argv);
+}
