@@ -14,3 +14,4 @@
 #include <bigbatch/noise/critical_batch.h>
 #include <bigbatch/noise/gradient_noise.h>
 #include <bigbatch/noise/noise_scale.h>
+#include <bigbatch/distributed/process_group.h>

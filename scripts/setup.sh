@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # slow reference one until an optimized one is installed (15x on the MLPs here);
 # the OpenMP build follows each thread's OpenMP setting, as ATen does.
 packages=(build-essential cmake ninja-build ccache git
-          libtorch-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
+          libtorch-dev libgloo-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
           libopenblas0-openmp python3-matplotlib
           zlib1g-dev dataset-fashion-mnist)
 missing=()
