@@ -15,3 +15,7 @@ fi
 cmake -S "$src/tests/consumer" -B "$work/build" "${args[@]}" >/dev/null
 cmake --build "$work/build" --parallel 2 --target readme_example
 "$work/build/readme_example"
+if [ "$mode" = package ]; then  # the docs' examples, once is enough
+  cmake --build "$work/build" --parallel 2 --target docs_examples
+  "$work/build/docs_examples"
+fi
