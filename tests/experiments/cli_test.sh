@@ -179,6 +179,20 @@ PY
   "$bigbatch" sweep dp.json --out runs --nproc 2 --master-port $((port + 1)) > sweep.txt
   [ "$(wc -l < runs/e2e/steps_to_target.csv)" -eq 3 ] || fail "table: $(cat runs/e2e/steps_to_target.csv)"
   [ -z "$(find runs -name '*.tmp.*')" ] || fail "temporary files left"
+  # A rank killed from outside: the launcher stops the other and fails, fast.
+  derive long.json 'c["target"]["threshold"] = 0.0001; c["budget"] = {"steps": 1000000}'
+  start=$SECONDS
+  "$bigbatch" train long.json --batch-size 64 --out long --nproc 2 --master-port $((port + 3)) --timeout 5 \
+    > /dev/null 2> long.err &
+  launcher=$!
+  sleep 4
+  pkill -KILL -n -P $launcher || fail "no rank to kill"
+  rc=0
+  wait $launcher || rc=$?
+  cat long.err | tail -3
+  [ "$rc" -ne 0 ] || fail "the launcher exited 0 after a rank was killed"
+  [ $((SECONDS - start)) -lt 40 ] || fail "the launcher took $((SECONDS - start)) s to notice"
+  grep -q "exited with status" long.err || fail "no message about the dead rank: $(cat long.err)"
   # A batch the world does not divide is a bad argument.
   expect_error 2 "is not divisible by the world size 2" "$bigbatch" train "$config" --batch-size 9 --nproc 2 --master-port $((port + 2))
   ;;
