@@ -454,15 +454,6 @@ std::vector<NamedSweep> parse_sweeps(const json& j) {
   return out;
 }
 
-SweepConfig load_sweep(const std::string& path) {
-  const json j = read_config(path);
-  try {
-    return parse_sweep(j);
-  } catch (const ConfigError& e) {
-    throw ConfigError(path + ": " + e.what());
-  }
-}
-
 std::vector<NamedSweep> load_sweeps(const std::string& path) {
   const json j = read_config(path);
   try {

@@ -91,8 +91,6 @@ struct SweepConfig {
 
 /// Parses a sweep config. Throws ConfigError "<key>: <problem>".
 SweepConfig parse_sweep(const nlohmann::json& j);
-/// Reads and parses a file; errors are "<file>: <key>: <problem>".
-SweepConfig load_sweep(const std::string& path);
 
 /// A config file may hold one sweep, or a base sweep and "variants": an
 /// object mapping variant names to JSON merge patches (RFC 7386) of the base.

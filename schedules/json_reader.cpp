@@ -103,51 +103,31 @@ std::string JsonReader::string(const std::string& key, const std::string& fallba
   return has(key) ? string(key) : fallback;
 }
 
+template <typename T, typename Accept>
+std::vector<T> JsonReader::array_of(const std::string& key, std::vector<T> fallback, const char* items,
+                                    const char* item, Accept accept) {
+  known_.insert(key);
+  if (!has(key)) return fallback;
+  const auto& v = value(key);
+  if (!v.is_array()) config_error(path_of(key), std::string("expected an array of ") + items + ", got " + type_name(v));
+  std::vector<T> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!accept(v[i])) {
+      config_error(path_of(key) + "[" + std::to_string(i) + "]", std::string("expected ") + item + ", got " + v[i].dump());
+    }
+    out.push_back(v[i].get<T>());
+  }
+  return out;
+}
+
 std::vector<double> JsonReader::numbers(const std::string& key, std::vector<double> fallback) {
-  known_.insert(key);
-  if (!has(key)) return fallback;
-  const auto& v = value(key);
-  if (!v.is_array()) config_error(path_of(key), "expected an array of numbers, got " + type_name(v));
-  std::vector<double> out;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (!v[i].is_number() || !std::isfinite(v[i].get<double>())) {
-      config_error(path_of(key) + "[" + std::to_string(i) + "]", "expected a finite number, got " + v[i].dump());
-    }
-    out.push_back(v[i].get<double>());
-  }
-  return out;
+  return array_of<double>(key, std::move(fallback), "numbers", "a finite number",
+                          [](const nlohmann::json& x) { return x.is_number() && std::isfinite(x.get<double>()); });
 }
 
-std::vector<std::int64_t> JsonReader::integers(const std::string& key,
-                                               std::vector<std::int64_t> fallback) {
-  known_.insert(key);
-  if (!has(key)) return fallback;
-  const auto& v = value(key);
-  if (!v.is_array()) config_error(path_of(key), "expected an array of integers, got " + type_name(v));
-  std::vector<std::int64_t> out;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (!v[i].is_number_integer()) {
-      config_error(path_of(key) + "[" + std::to_string(i) + "]", "expected an integer, got " + v[i].dump());
-    }
-    out.push_back(v[i].get<std::int64_t>());
-  }
-  return out;
-}
-
-std::vector<std::string> JsonReader::strings(const std::string& key,
-                                             std::vector<std::string> fallback) {
-  known_.insert(key);
-  if (!has(key)) return fallback;
-  const auto& v = value(key);
-  if (!v.is_array()) config_error(path_of(key), "expected an array of strings, got " + type_name(v));
-  std::vector<std::string> out;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (!v[i].is_string()) {
-      config_error(path_of(key) + "[" + std::to_string(i) + "]", "expected a string, got " + v[i].dump());
-    }
-    out.push_back(v[i].get<std::string>());
-  }
-  return out;
+std::vector<std::int64_t> JsonReader::integers(const std::string& key, std::vector<std::int64_t> fallback) {
+  return array_of<std::int64_t>(key, std::move(fallback), "integers", "an integer",
+                                [](const nlohmann::json& x) { return x.is_number_integer(); });
 }
 
 JsonReader JsonReader::object(const std::string& key) {

@@ -34,7 +34,6 @@ class JsonReader {
   std::string string(const std::string& key);  // required
   std::vector<double> numbers(const std::string& key, std::vector<double> fallback);
   std::vector<std::int64_t> integers(const std::string& key, std::vector<std::int64_t> fallback);
-  std::vector<std::string> strings(const std::string& key, std::vector<std::string> fallback);
   /// The raw value (any type), marking the key known; nullptr when absent.
   const nlohmann::json* raw(const std::string& key);
   /// A nested object; absent -> an empty object.
@@ -45,6 +44,10 @@ class JsonReader {
 
  private:
   const nlohmann::json& value(const std::string& key);
+  // An array whose every item passes accept(item); items/item name them in errors.
+  template <typename T, typename Accept>
+  std::vector<T> array_of(const std::string& key, std::vector<T> fallback, const char* items, const char* item,
+                          Accept accept);
 
   const nlohmann::json* object_;
   std::string path_;
