@@ -168,16 +168,19 @@ bool finished(const TrialConfig& t, const fs::path& dir) {
 }
 
 // steps_to_target.csv and fit.json from the trial folders.
-void write_tables(const std::vector<TrialConfig>& trials, const fs::path& dir) {
+// Returns how many trials reached the target.
+std::int64_t write_tables(const std::vector<TrialConfig>& trials, const fs::path& dir) {
   struct Best {
     std::optional<json> reached;  // the fastest trial that reached
     std::optional<json> closest;  // else the one with the best metric
   };
   std::map<std::int64_t, Best> best;
+  std::int64_t reached = 0;
   for (const auto& t : trials) {
     json s = read_json(dir / t.name / "summary.json");
     Best& b = best[t.batch_size];
     if (s["status"] == "reached") {
+      ++reached;
       if (!b.reached || s["steps_to_target"].get<std::int64_t>() < (*b.reached)["steps_to_target"].get<std::int64_t>()) {
         b.reached = s;
       }
@@ -218,6 +221,7 @@ void write_tables(const std::vector<TrialConfig>& trials, const fs::path& dir) {
     fit["error"] = e.what_without_backtrace();
   }
   write_file_atomic((dir / "fit.json").string(), fit.dump(2) + "\n");
+  return reached;
 }
 
 }  // namespace
@@ -263,32 +267,16 @@ TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::st
   return r;
 }
 
-SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, distributed::ProcessGroup* group) {
-  const auto start = std::chrono::steady_clock::now();
-  if (options.jobs < 1) throw ConfigError("--jobs: must be >= 1, got " + std::to_string(options.jobs));
-  if (group != nullptr && group->size() == 1) group = nullptr;
-  if (group != nullptr && options.jobs != 1) {
-    throw ConfigError("--jobs: a data-parallel sweep runs one trial at a time on all ranks; got --jobs " +
-                      std::to_string(options.jobs));
-  }
-  const bool writer = group == nullptr || group->rank() == 0;
+void check_world(const SweepConfig& sweep, int world_size) {
   for (const auto b : sweep.batch_sizes) {
-    if (group != nullptr && b % group->size() != 0) {
+    if (b % world_size != 0) {
       throw ConfigError("batch_sizes: " + std::to_string(b) + " is not divisible by the world size " +
-                        std::to_string(group->size()));
+                        std::to_string(world_size));
     }
   }
-  const fs::path dir = fs::path(options.out) / sweep.base.sweep;
-  const json resolved = to_json(sweep);
-  if (fs::exists(dir / "sweep.json")) {
-    const json existing = read_json(dir / "sweep.json");
-    if (existing != resolved) {
-      const json patch = json::diff(existing, resolved);
-      const std::string where = patch.empty() ? "" : patch[0].value("path", std::string());
-      throw ConfigError(dir.string() + " holds a different config for sweep \"" + sweep.base.sweep +
-                        "\" (first difference at " + where + "); use another --out or sweep name");
-    }
-  }
+}
+
+Dataset load_data(const SweepConfig& sweep) {
   Dataset data;
   try {
     data = load_dataset(sweep.base.data);
@@ -311,11 +299,40 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
                         ", larger than the training set (" + std::to_string(data.train_size()) + " examples)");
     }
     const std::int64_t k = sweep.base.gns.micro_batches;
+    if (k > 0 && b % k != 0) {
+      throw ConfigError("batch_sizes: " + std::to_string(b) + " is not divisible by gns.micro_batches " +
+                        std::to_string(k));
+    }
     if (k > 0 && grown % k != 0) {
       throw ConfigError("schedule.batch_increase: batch " + std::to_string(b) + " grows to " + std::to_string(grown) +
                         ", not divisible by gns.micro_batches " + std::to_string(k));
     }
   }
+  return data;
+}
+
+SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, distributed::ProcessGroup* group) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options.jobs < 1) throw ConfigError("--jobs: must be >= 1, got " + std::to_string(options.jobs));
+  if (group != nullptr && group->size() == 1) group = nullptr;
+  if (group != nullptr && options.jobs != 1) {
+    throw ConfigError("--jobs: a data-parallel sweep runs one trial at a time on all ranks; got --jobs " +
+                      std::to_string(options.jobs));
+  }
+  const bool writer = group == nullptr || group->rank() == 0;
+  if (group != nullptr) check_world(sweep, group->size());
+  const fs::path dir = fs::path(options.out) / sweep.base.sweep;
+  const json resolved = to_json(sweep);
+  if (fs::exists(dir / "sweep.json")) {
+    const json existing = read_json(dir / "sweep.json");
+    if (existing != resolved) {
+      const json patch = json::diff(existing, resolved);
+      const std::string where = patch.empty() ? "" : patch[0].value("path", std::string());
+      throw ConfigError(dir.string() + " holds a different config for sweep \"" + sweep.base.sweep +
+                        "\" (first difference at " + where + "); use another --out or sweep name");
+    }
+  }
+  const Dataset data = load_data(sweep);
   if (writer) {
     fs::create_directories(dir);
     write_file_atomic((dir / "sweep.json").string(), resolved.dump(2) + "\n");
@@ -384,10 +401,7 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   if (error) std::rethrow_exception(error);
 
   if (!writer) return summary;
-  write_tables(trials, dir);
-  for (const auto& t : trials) {
-    summary.reached += read_json(dir / t.name / "summary.json")["status"] == "reached" ? 1 : 0;
-  }
+  summary.reached = write_tables(trials, dir);
   summary.wall_time = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return summary;
 }

@@ -22,6 +22,14 @@ struct SweepSummary {
   double wall_time = 0;
 };
 
+/// Throws ConfigError unless every batch size divides by the world size.
+void check_world(const SweepConfig& sweep, int world_size);
+
+/// The sweep's dataset, checked against its batch sizes: each, and the largest
+/// that batch-size increase grows it to, must fit the training set and split
+/// into gns.micro_batches. A missing dataset or a refuted batch is a ConfigError.
+Dataset load_data(const SweepConfig& sweep);
+
 /// Runs (or resumes) a sweep. Throws ConfigError for a config the data
 /// refutes (a batch larger than the training set, a missing dataset) or a
 /// folder that holds a different sweep; std::runtime_error on failures.

@@ -88,6 +88,7 @@ struct Parallel {
         ->capture_default_str();
   }
   bool launcher() const { return !bx::launched_by_bigbatch() && (launch.nproc > 1 || launch.nnodes > 1); }
+  int world_size() const { return launch.nproc * launch.nnodes; }
 };
 
 // This process's place in a data-parallel job (torchrun, mpirun or our launcher),
@@ -142,15 +143,7 @@ int run(int argc, char** argv) {
   if (*sweep) {
     const auto sweeps = bx::load_sweeps(config);  // every variant parsed before any runs
     if (parallel.launcher()) {
-      const int world = parallel.launch.nproc * parallel.launch.nnodes;
-      for (const auto& named : sweeps) {
-        for (const auto b : named.sweep.batch_sizes) {
-          if (b % world != 0) {
-            throw bx::ConfigError("batch_sizes: " + std::to_string(b) + " is not divisible by the world size " +
-                                  std::to_string(world));
-          }
-        }
-      }
+      for (const auto& named : sweeps) bx::check_world(named.sweep, parallel.world_size());
       return bx::launch_local(parallel.launch, argc, argv);
     }
     const auto group = join(parallel);
@@ -189,29 +182,13 @@ int run(int argc, char** argv) {
       if (*steps < 1) throw bx::ConfigError("--steps: must be >= 1, got " + std::to_string(*steps));
       cfg.base.budget = {static_cast<double>(*steps), bigbatch::schedules::Unit::kSteps};
     }
-    bx::TrialConfig trial = bx::expand(cfg).front();
-    const int world = parallel.launcher() ? parallel.launch.nproc * parallel.launch.nnodes
-                                          : bigbatch::distributed::world_from_env().world_size;
-    if (trial.batch_size % world != 0) {
-      throw bx::ConfigError("batch size " + std::to_string(trial.batch_size) + " is not divisible by the world size " +
-                            std::to_string(world));
-    }
+    cfg.batch_sizes = {cfg.batch_sizes.front()};  // the trial's: the checks below are about it
+    const bx::TrialConfig trial = bx::expand(cfg).front();
+    bx::check_world(cfg, parallel.launcher() ? parallel.world_size()
+                                             : bigbatch::distributed::world_from_env().world_size);
     if (parallel.launcher()) return bx::launch_local(parallel.launch, argc, argv);
     const auto group = join(parallel);
-    if (cfg.base.gns.micro_batches > 0 && trial.batch_size % cfg.base.gns.micro_batches != 0) {
-      throw bx::ConfigError("--batch-size: " + std::to_string(trial.batch_size) +
-                            " is not divisible by gns.micro_batches");
-    }
-    bx::Dataset data;
-    try {
-      data = bx::load_dataset(trial.data);
-    } catch (const std::exception& e) {
-      throw bx::ConfigError(std::string("dataset: ") + e.what());
-    }
-    if (trial.batch_size > data.train_size()) {
-      throw bx::ConfigError("--batch-size: " + std::to_string(trial.batch_size) +
-                            " is larger than the training set (" + std::to_string(data.train_size()) + ")");
-    }
+    const bx::Dataset data = bx::load_data(cfg);
     const std::string tdir = (fs::path(out) / (chosen->folder + ".train") / trial.name).string();
     const bx::TrialResult r = bx::run_one(
         trial, data, tdir,
