@@ -3,6 +3,8 @@
 // broadcast, barrier) have the same form in LibTorch 1.13 and 2.x.
 #include <bigbatch/distributed/process_group.h>
 
+#include <bigbatch/noise/noise_scale.h>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -115,7 +117,7 @@ GradientNorms allreduce_gradients(ProcessGroup& group, const std::vector<at::Ten
   for (const auto& p : params) {
     if (p.grad().defined()) grads.push_back(p.grad());
   }
-  for (const auto& g : grads) norms.local_sq += g.to(at::kDouble).square().sum().item<double>();
+  norms.local_sq = noise::grad_sq_norm(params);
   const double world = static_cast<double>(group.size());
   std::size_t begin = 0;
   while (begin < grads.size()) {
@@ -139,7 +141,7 @@ GradientNorms allreduce_gradients(ProcessGroup& group, const std::vector<at::Ten
     }
     begin = end;
   }
-  for (const auto& g : grads) norms.global_sq += g.to(at::kDouble).square().sum().item<double>();
+  norms.global_sq = noise::grad_sq_norm(params);
   return norms;
 }
 

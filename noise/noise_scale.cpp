@@ -7,9 +7,6 @@
 #include <limits>
 
 namespace bigbatch::noise {
-namespace {
-
-// Sum of squares of every defined gradient, in double.
 double grad_sq_norm(const std::vector<at::Tensor>& params) {
   double sum = 0;
   for (const auto& p : params) {
@@ -17,8 +14,6 @@ double grad_sq_norm(const std::vector<at::Tensor>& params) {
   }
   return sum;
 }
-
-}  // namespace
 
 NoiseScaleSample noise_scale_sample(double small_sq_norm, std::int64_t small_batch, double big_sq_norm,
                                     std::int64_t big_batch) {

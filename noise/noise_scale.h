@@ -11,6 +11,9 @@
 
 namespace bigbatch::noise {
 
+/// Sum over `params` of |grad|^2 (every defined gradient), in double.
+double grad_sq_norm(const std::vector<at::Tensor>& params);
+
 /// One step's unbiased estimates from |G_s|^2 at batch B_s and |G_b|^2 at B_b > B_s:
 ///   |G|^2 = (B_b |G_b|^2 - B_s |G_s|^2) / (B_b - B_s)
 ///   tr(S) = (|G_s|^2 - |G_b|^2) / (1/B_s - 1/B_b)
