@@ -4,6 +4,14 @@
 
 #include <cstdint>
 
+// The per-element math in kernels/*.h is shared by the CPU loops and the CUDA
+// kernels: one definition, compiled for both.
+#if defined(__CUDACC__)
+#define BIGBATCH_HD __host__ __device__
+#else
+#define BIGBATCH_HD
+#endif
+
 namespace bigbatch::kernels {
 
 /// Storage type of parameters and gradients. State and arithmetic are fp32.

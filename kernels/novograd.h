@@ -17,6 +17,18 @@ struct NovoGradStep {
   float lr = 1e-3f;
 };
 
+struct NovoGradElement {
+  float m;
+  float w;
+};
+
+/// One element of NovoGrad's step.
+BIGBATCH_HD inline NovoGradElement novograd_element(float g, float w, float m, const NovoGradStep& s) {
+  const float d = (g / s.denom + s.weight_decay * w) * s.grad_factor;  // d = (g/denom + wd*w)*f
+  m = s.beta1 * m + d;                                                // m = b1*m + d
+  return {m, w - s.lr * m};                                           // w = w - lr*m
+}
+
 /// One update pass: reads w, g, m; writes m, w (20 bytes/param in fp32).
 void novograd_update_cpu(void* w, const void* g, float* m, DType dtype, std::int64_t n,
                          const NovoGradStep& step);

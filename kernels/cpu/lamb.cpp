@@ -9,25 +9,6 @@
 namespace bigbatch::kernels {
 namespace {
 
-struct LambElement {
-  float m;
-  float v;
-  float u;
-};
-
-// The per-element math of FORMULAS.md, shared by both passes so that the
-// update the norm pass measured is bit for bit the update that is applied.
-inline LambElement lamb_element(float g, float w, float m, float v, const LambStep& s) {
-  g = g * s.grad_scale;                                   // global-norm clipping
-  if (!s.adam_w_mode) g = g + s.weight_decay * w;         // L2 decay enters the moments
-  m = s.beta1 * m + s.beta3 * g;                          // m = b1*m + b3*g
-  v = s.beta2 * v + s.one_minus_beta2 * (g * g);          // v = b2*v + (1-b2)*g^2
-  float u = (m / s.bias_correction1) /                    // mh / (sqrt(vh) + eps)
-            (std::sqrt(v / s.bias_correction2) + s.eps);
-  if (s.adam_w_mode) u = u + s.weight_decay * w;          // decoupled decay
-  return {m, v, u};
-}
-
 // Squares are summed in fp32 within blocks of kNormBlock elements (a few
 // additions per SIMD lane, all terms positive: ~1e-7 relative) and the blocks
 // in double, so the loop runs at the full fp32 SIMD width.

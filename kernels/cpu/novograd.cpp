@@ -17,11 +17,9 @@ void novograd_update_cpu(void* w_, const void* g_, float* m, DType dtype, std::i
       const NovoGradStep s = step;
 #pragma omp simd
       for (std::int64_t i = begin; i < end; ++i) {
-        const float wi = cpu::load(w, i);
-        const float d = (cpu::load(g, i) / s.denom + s.weight_decay * wi) * s.grad_factor;
-        const float mi = s.beta1 * m[i] + d;               // m = b1*m + d
-        m[i] = mi;
-        cpu::store(w, i, wi - s.lr * mi);                  // w = w - lr*m
+        const NovoGradElement e = novograd_element(cpu::load(g, i), cpu::load(w, i), m[i], s);
+        m[i] = e.m;
+        cpu::store(w, i, e.w);
       }
     });
   });
