@@ -3,10 +3,12 @@
 #include <bigbatch/optimizers/lamb.h>
 
 #include <bigbatch/kernels/common.h>
+#include <bigbatch/optimizers/cuda_hooks.h>
 #include <bigbatch/optimizers/internal.h>
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 namespace bigbatch::optim {
 
@@ -14,8 +16,9 @@ namespace bigbatch::optim {
   X(double, lr) X(betas_t, betas) X(double, eps) X(double, weight_decay)                  \
   X(bool, bias_correction) X(bool, grad_averaging) X(bool, adam_w_mode)                   \
   X(double, max_grad_norm) X(bool, always_adapt) X(bool, trust_clip) X(double, min_trust) \
-  X(double, max_trust) X(bool, adapt) X(bool, skip_nonfinite) X(bool, fused)
-#define LAMB_STATE_FIELDS(X) X(int64_t, step) X(torch::Tensor, exp_avg) X(torch::Tensor, exp_avg_sq)
+  X(double, max_trust) X(bool, adapt) X(bool, skip_nonfinite) X(bool, fused) X(bool, master_weights)
+#define LAMB_STATE_FIELDS(X) \
+  X(int64_t, step) X(torch::Tensor, exp_avg) X(torch::Tensor, exp_avg_sq) X(torch::Tensor, master)
 
 LAMBOptions::LAMBOptions(double lr) : lr_(lr) {}
 BIGBATCH_DEFINE_FIELD_IO(LAMBOptions, LAMB_OPTION_FIELDS)
@@ -47,27 +50,15 @@ double clip_scale(const LAMBOptions& o, double global_norm) {
 }
 
 double trust_ratio(const LAMBOptions& o, double w_norm, double u_norm) {
-  if (!o.adapt() || (o.weight_decay() == 0 && !o.always_adapt())) return 1.0;
-  double ratio = (w_norm == 0 || u_norm == 0) ? 1.0 : w_norm / u_norm;
-  ratio = std::clamp(ratio, o.min_trust(), o.max_trust());
-  return o.trust_clip() ? std::min(ratio, 1.0) : ratio;
+  return kernels::lamb_trust_ratio(w_norm, u_norm, o.adapt() && (o.weight_decay() != 0 || o.always_adapt()),
+                                   o.min_trust(), o.max_trust(), o.trust_clip());
 }
 
 // The per-tensor coefficients of step t, rounded to fp32 once.
 kernels::LambStep kernel_step(const LAMBOptions& o, std::int64_t t, double grad_scale) {
   const auto [b1, b2] = o.betas();
-  kernels::LambStep s;
-  s.beta1 = static_cast<float>(b1);
-  s.beta2 = static_cast<float>(b2);
-  s.beta3 = static_cast<float>(o.grad_averaging() ? 1 - b1 : 1.0);
-  s.one_minus_beta2 = static_cast<float>(1 - b2);
-  s.bias_correction1 = static_cast<float>(o.bias_correction() ? 1 - std::pow(b1, t) : 1.0);
-  s.bias_correction2 = static_cast<float>(o.bias_correction() ? 1 - std::pow(b2, t) : 1.0);
-  s.eps = static_cast<float>(o.eps());
-  s.weight_decay = static_cast<float>(o.weight_decay());
-  s.grad_scale = static_cast<float>(grad_scale);
-  s.adam_w_mode = o.adam_w_mode();
-  return s;
+  return kernels::lamb_step(b1, b2, o.grad_averaging(), o.bias_correction(), o.eps(),
+                            o.weight_decay(), o.adam_w_mode(), t, grad_scale);
 }
 
 }  // namespace
@@ -82,6 +73,7 @@ torch::Tensor LAMB::step(LossClosure closure) {
   at::NoGradGuard no_grad;
   const torch::Tensor loss = run_closure(closure);
   const auto groups = gather();
+  if (step_cuda(groups)) return loss;
   std::vector<bool> finite(groups.size(), true);
 
   // G, the L2 norm of every gradient of every group, when some group clips.
@@ -160,7 +152,7 @@ void LAMB::step_reference(const Group& group, double grad_scale) {
     auto& st = state_of(pg.param);
     st.step(st.step() + 1);
     const auto t = static_cast<double>(st.step());
-    at::Tensor w = pg.param.to(at::kFloat);  // the parameter itself when it is fp32
+    at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
     at::Tensor g = pg.grad.to(at::kFloat) * grad_scale;
     if (!o.adam_w_mode()) g = g + wd * w;
     auto& m = st.exp_avg();
@@ -175,6 +167,33 @@ void LAMB::step_reference(const Group& group, double grad_scale) {
     w.sub_(u * (o.lr() * ratio));
     if (!w.is_same(pg.param)) pg.param.copy_(w);
   }
+}
+
+// ------------------------------------------------------------- CUDA hooks ----
+
+kernels::cuda::Algorithm cuda_algorithm(const LAMBOptions*) { return kernels::cuda::Algorithm::kLamb; }
+
+kernels::cuda::GroupOptions cuda_group_options(const LAMBOptions& o) {
+  kernels::cuda::GroupOptions g;
+  g.lr = o.lr();
+  std::tie(g.beta1, g.beta2) = o.betas();
+  g.eps = o.eps();
+  g.weight_decay = o.weight_decay();
+  g.max_grad_norm = o.max_grad_norm();
+  g.min_trust = o.min_trust();
+  g.max_trust = o.max_trust();
+  using namespace kernels::cuda;
+  g.flags = (o.adapt() ? kAdapt : 0u) | (o.bias_correction() ? kBiasCorrection : 0u) |
+            (o.grad_averaging() ? kGradAveraging : 0u) | (o.adam_w_mode() ? kAdamW : 0u) |
+            (o.always_adapt() ? kAlwaysAdapt : 0u) | (o.trust_clip() ? kTrustClip : 0u) |
+            (o.skip_nonfinite() ? kSkipNonfinite : 0u);
+  return g;
+}
+
+void cuda_bind_state(LAMBParamState& st, kernels::cuda::TensorSlot& slot) {
+  slot.m = st.exp_avg().data_ptr<float>();
+  slot.v = st.exp_avg_sq().data_ptr<float>();
+  slot.step = st.step();
 }
 
 }  // namespace bigbatch::optim

@@ -47,8 +47,12 @@ struct LAMBOptions : public torch::optim::OptimizerCloneableOptions<LAMBOptions>
   TORCH_ARG(bool, adapt) = true;
   /// A step with inf/NaN gradients changes nothing and is counted in skipped_steps().
   TORCH_ARG(bool, skip_nonfinite) = true;
-  /// true: fused CPU kernels; false: the reference path in plain ATen ops.
+  /// true: the fused kernels (CPU, or CUDA in builds with BIGBATCH_CUDA);
+  /// false: the reference path in plain ATen ops.
   TORCH_ARG(bool, fused) = true;
+  /// Keep an fp32 copy of bf16/fp16 parameters in the state: the step updates
+  /// the copy and rounds it into the parameter (no effect on fp32 parameters).
+  TORCH_ARG(bool, master_weights) = false;
 
   BIGBATCH_OPTIONS_MEMBERS(LAMBOptions);
 };
@@ -57,6 +61,7 @@ struct LAMBParamState : public torch::optim::OptimizerCloneableParamState<LAMBPa
   TORCH_ARG(int64_t, step) = 0;
   TORCH_ARG(torch::Tensor, exp_avg);     ///< m, fp32
   TORCH_ARG(torch::Tensor, exp_avg_sq);  ///< v, fp32
+  TORCH_ARG(torch::Tensor, master);  ///< fp32 copy of a 16-bit parameter (master_weights)
 
   BIGBATCH_PARAM_STATE_MEMBERS(LAMBParamState);
 };

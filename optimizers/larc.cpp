@@ -2,17 +2,16 @@
 // (kernels/momentum.h) and its reference path in plain ATen ops.
 #include <bigbatch/optimizers/larc.h>
 
+#include <bigbatch/optimizers/cuda_hooks.h>
 #include <bigbatch/optimizers/internal.h>
-
-#include <algorithm>
 
 namespace bigbatch::optim {
 
 #define LARC_OPTION_FIELDS(X)                                                                  \
   X(double, lr) X(double, momentum) X(double, weight_decay) X(double, trust_coefficient)       \
   X(double, eps) X(bool, clip) X(bool, nesterov) X(bool, adapt) X(bool, skip_nonfinite)        \
-  X(bool, fused)
-#define LARC_STATE_FIELDS(X) X(torch::Tensor, momentum_buffer)
+  X(bool, fused) X(bool, master_weights)
+#define LARC_STATE_FIELDS(X) X(torch::Tensor, momentum_buffer) X(torch::Tensor, master)
 
 LARCOptions::LARCOptions(double lr) : lr_(lr) {}
 BIGBATCH_DEFINE_FIELD_IO(LARCOptions, LARC_OPTION_FIELDS)
@@ -48,11 +47,8 @@ torch::Tensor LARC::step(LossClosure closure) {
                                                                    const TensorNorms& n,
                                                                    bool fused) {
     const double wd = o.weight_decay();
-    double scale = 1.0;
-    if (o.adapt() && n.w_norm != 0 && n.g_norm != 0) {
-      const double local = o.trust_coefficient() * n.w_norm / (n.g_norm + wd * n.w_norm + o.eps());
-      scale = o.clip() ? std::min(local / o.lr(), 1.0) : local;
-    }
+    const double scale = kernels::larc_scale(n.w_norm, n.g_norm, o.adapt(), o.clip(), o.lr(),
+                                             o.trust_coefficient(), wd, o.eps());
     auto& v = state_of(pg.param).momentum_buffer();
     if (fused) {
       // scale = the clipped local rate, step_size = lr: the rate outside the buffer.
@@ -61,7 +57,7 @@ torch::Tensor LARC::step(LossClosure closure) {
       return;
     }
     // Reference: the formulas of larc.h in ATen ops.
-    at::Tensor w = pg.param.to(at::kFloat);  // the parameter itself when it is fp32
+    at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
     const at::Tensor d = (pg.grad.to(at::kFloat) + wd * w) * scale;
     v.mul_(o.momentum()).add_(d);
     if (o.nesterov()) {
@@ -71,6 +67,26 @@ torch::Tensor LARC::step(LossClosure closure) {
     }
     if (!w.is_same(pg.param)) pg.param.copy_(w);
   });
+}
+
+// ------------------------------------------------------------- CUDA hooks ----
+
+kernels::cuda::Algorithm cuda_algorithm(const LARCOptions*) { return kernels::cuda::Algorithm::kLarc; }
+
+kernels::cuda::GroupOptions cuda_group_options(const LARCOptions& o) {
+  kernels::cuda::GroupOptions g;
+  g.lr = o.lr();
+  g.momentum = o.momentum();
+  g.eps = o.eps();
+  g.weight_decay = o.weight_decay();
+  g.trust_coefficient = o.trust_coefficient();
+  g.flags = (o.adapt() ? kernels::cuda::kAdapt : 0u) | (o.nesterov() ? kernels::cuda::kNesterov : 0u) |
+            (o.clip() ? kernels::cuda::kClip : 0u) | (o.skip_nonfinite() ? kernels::cuda::kSkipNonfinite : 0u);
+  return g;
+}
+
+void cuda_bind_state(LARCParamState& st, kernels::cuda::TensorSlot& slot) {
+  slot.m = st.momentum_buffer().data_ptr<float>();
 }
 
 }  // namespace bigbatch::optim

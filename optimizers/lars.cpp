@@ -2,14 +2,16 @@
 // (kernels/momentum.h) and its reference path in plain ATen ops.
 #include <bigbatch/optimizers/lars.h>
 
+#include <bigbatch/optimizers/cuda_hooks.h>
 #include <bigbatch/optimizers/internal.h>
 
 namespace bigbatch::optim {
 
 #define LARS_OPTION_FIELDS(X)                                                                  \
   X(double, lr) X(double, momentum) X(double, weight_decay) X(double, trust_coefficient)       \
-  X(double, eps) X(bool, nesterov) X(bool, adapt) X(bool, skip_nonfinite) X(bool, fused)
-#define LARS_STATE_FIELDS(X) X(torch::Tensor, momentum_buffer)
+  X(double, eps) X(bool, nesterov) X(bool, adapt) X(bool, skip_nonfinite) X(bool, fused)        \
+  X(bool, master_weights)
+#define LARS_STATE_FIELDS(X) X(torch::Tensor, momentum_buffer) X(torch::Tensor, master)
 
 LARSOptions::LARSOptions(double lr) : lr_(lr) {}
 BIGBATCH_DEFINE_FIELD_IO(LARSOptions, LARS_OPTION_FIELDS)
@@ -44,10 +46,8 @@ torch::Tensor LARS::step(LossClosure closure) {
                                                                    const TensorNorms& n,
                                                                    bool fused) {
     const double wd = o.weight_decay();
-    const double tc = o.trust_coefficient();
-    const bool guard = n.w_norm == 0 || n.g_norm == 0;
-    const double ratio =
-        (o.adapt() && !guard) ? tc * n.w_norm / (n.g_norm + wd * n.w_norm + o.eps()) : 1.0;
+    const double ratio = kernels::lars_trust_ratio(n.w_norm, n.g_norm, o.adapt(),
+                                                   o.trust_coefficient(), wd, o.eps());
     auto& v = state_of(pg.param).momentum_buffer();
     if (fused) {
       // scale = lr*ratio, step_size = 1: the rate sits inside the buffer.
@@ -56,7 +56,7 @@ torch::Tensor LARS::step(LossClosure closure) {
       return;
     }
     // Reference: the formulas of lars.h in ATen ops.
-    at::Tensor w = pg.param.to(at::kFloat);  // the parameter itself when it is fp32
+    at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
     const at::Tensor d = pg.grad.to(at::kFloat) + wd * w;
     v.mul_(o.momentum()).add_(d * (o.lr() * ratio));
     if (o.nesterov()) {
@@ -66,6 +66,26 @@ torch::Tensor LARS::step(LossClosure closure) {
     }
     if (!w.is_same(pg.param)) pg.param.copy_(w);
   });
+}
+
+// ------------------------------------------------------------- CUDA hooks ----
+
+kernels::cuda::Algorithm cuda_algorithm(const LARSOptions*) { return kernels::cuda::Algorithm::kLars; }
+
+kernels::cuda::GroupOptions cuda_group_options(const LARSOptions& o) {
+  kernels::cuda::GroupOptions g;
+  g.lr = o.lr();
+  g.momentum = o.momentum();
+  g.eps = o.eps();
+  g.weight_decay = o.weight_decay();
+  g.trust_coefficient = o.trust_coefficient();
+  g.flags = (o.adapt() ? kernels::cuda::kAdapt : 0u) | (o.nesterov() ? kernels::cuda::kNesterov : 0u) |
+            (o.skip_nonfinite() ? kernels::cuda::kSkipNonfinite : 0u);
+  return g;
+}
+
+void cuda_bind_state(LARSParamState& st, kernels::cuda::TensorSlot& slot) {
+  slot.m = st.momentum_buffer().data_ptr<float>();
 }
 
 }  // namespace bigbatch::optim

@@ -18,6 +18,8 @@
 
 namespace bigbatch::optim {
 
+class CudaStep;  // the bound multi-tensor CUDA step (optimizers/cuda_dispatch.cpp)
+
 /// A parameter that has a gradient in this step.
 struct ParamGrad {
   at::Tensor param;
@@ -45,9 +47,9 @@ at::Tensor fp32_zeros_like(const at::Tensor& param);
 /// momentum buffer `v`.
 void momentum_update_fused(const ParamGrad& pg, at::Tensor& v, const kernels::MomentumStep& step);
 
-/// Norm pass of one tensor, by the fused kernel (reading w and g once; in
-/// double) or by ATen (the reference path, in fp32).
-TensorNorms tensor_norms(const ParamGrad& pg, bool fused, bool with_weight);
+/// Norm pass of one tensor: ||grad|| and, if `weight` is defined, ||weight||;
+/// by the fused kernel (reading each once, in double) or by ATen (the reference path).
+TensorNorms tensor_norms(const at::Tensor& grad, const at::Tensor& weight, bool fused);
 
 /// Base class of the four optimizers. `Options` is an
 /// OptimizerCloneableOptions with lr, skip_nonfinite, fused and validate();
@@ -62,10 +64,12 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   void add_param_group(const torch::optim::OptimizerParamGroup& group);
 
   /// Steps that changed nothing because a gradient was inf or NaN
-  /// (options skip_nonfinite).
-  std::int64_t skipped_steps() const noexcept { return skipped_steps_; }
+  /// (options skip_nonfinite). After CUDA steps this reads the device's counter
+  /// (waiting for the stream).
+  std::int64_t skipped_steps() const;
 
-  /// The state of `param`, or nullptr before its first step.
+  /// The state of `param`, or nullptr before its first step. After CUDA steps
+  /// this first copies the step counts the device keeps into the states.
   const ParamState* param_state(const at::Tensor& param) const;
 
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -96,6 +100,21 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   /// created in this step are dropped and the skipped-step counter grows.
   bool skip_nonfinite(const std::vector<Group>& groups, const std::vector<bool>& finite);
 
+  /// Whether `param` is a 16-bit parameter whose group keeps an fp32 master copy.
+  static bool uses_master(const Options& options, const at::Tensor& param) {
+    return options.master_weights() && param.scalar_type() != at::kFloat;
+  }
+
+  /// The fp32 weights a reference step works on: the master copy (made from
+  /// the parameter on first use) where uses_master, else the parameter itself
+  /// when it is fp32, else an fp32 copy of it.
+  at::Tensor fp32_weights(const Options& options, const at::Tensor& param) {
+    if (!uses_master(options, param)) return param.to(at::kFloat);
+    ParamState& st = state_of(param);
+    if (!st.master().defined()) st.master(param.to(at::kFloat));
+    return st.master();
+  }
+
   /// The step of LARS, LARC and NovoGrad: a norm pass over every tensor
   /// (||g||, and ||w|| if with_weight), the non-finite check, then
   /// update(options, param_grad, norms, fused) for each tensor.
@@ -105,11 +124,16 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
     at::NoGradGuard no_grad;
     const torch::Tensor loss = run_closure(closure);
     const auto groups = gather();
+    if (step_cuda(groups)) return loss;
     std::vector<bool> finite(groups.size(), true);
     std::vector<std::vector<TensorNorms>> norms(groups.size());
     for (std::size_t i = 0; i < groups.size(); ++i) {
+      const bool fused = runs_fused(groups[i]);
       for (const auto& pg : groups[i].params) {
-        norms[i].push_back(tensor_norms(pg, runs_fused(groups[i]), with_weight));
+        const at::Tensor weight = !with_weight ? at::Tensor()
+                                  : fused      ? pg.param
+                                               : fp32_weights(*groups[i].options, pg.param);
+        norms[i].push_back(tensor_norms(pg.grad, weight, fused));
         finite[i] = finite[i] && norms[i].back().finite;
       }
     }
@@ -124,12 +148,26 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   }
 
   /// Whether the fused CPU kernels run this group: options fused(true) and
-  /// every parameter on the CPU. (CUDA tensors take the reference ATen path
-  /// until the CUDA kernels dispatch here.)
+  /// every parameter a contiguous CPU tensor without a master copy. (Groups on
+  /// CUDA run fused through step_cuda; where that does not apply, the reference path.)
   static bool runs_fused(const Group& group);
 
+  /// The whole step on bigbatch's multi-tensor CUDA kernels (builds with
+  /// BIGBATCH_CUDA): taken when every group is fused and every parameter with
+  /// a gradient is a contiguous CUDA tensor on one device; the step is only
+  /// enqueued on the current stream. Returns false, doing nothing, otherwise.
+  /// On the device a skipped first step leaves its (zero) state in place.
+  bool step_cuda(const std::vector<Group>& groups);
+
  private:
+  /// Copies the step counts the device keeps into the bound states (waits for
+  /// the stream); nothing before the first CUDA step.
+  void sync_cuda_state() const;
+  /// The device's skipped-step counter; 0 before the first CUDA step.
+  std::int64_t cuda_skipped_steps() const;
+
   const char* name_;
+  std::shared_ptr<CudaStep> cuda_;
   std::int64_t skipped_steps_ = 0;
   bool in_norm_pass_ = false;  // between gather() and skip_nonfinite()
   std::vector<compat::OptimizerStateKey> created_in_norm_pass_;

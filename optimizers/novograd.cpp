@@ -2,17 +2,19 @@
 // (kernels/novograd.h) and its reference path in plain ATen ops.
 #include <bigbatch/optimizers/novograd.h>
 
+#include <bigbatch/optimizers/cuda_hooks.h>
 #include <bigbatch/optimizers/internal.h>
 
 #include <cmath>
+#include <tuple>
 
 namespace bigbatch::optim {
 
 #define NOVOGRAD_OPTION_FIELDS(X)                                                      \
   X(double, lr) X(betas_t, betas) X(double, eps) X(double, weight_decay)               \
-  X(bool, grad_averaging) X(bool, adapt) X(bool, skip_nonfinite) X(bool, fused)
+  X(bool, grad_averaging) X(bool, adapt) X(bool, skip_nonfinite) X(bool, fused) X(bool, master_weights)
 #define NOVOGRAD_STATE_FIELDS(X) \
-  X(int64_t, step) X(torch::Tensor, exp_avg) X(torch::Tensor, exp_avg_sq)
+  X(int64_t, step) X(torch::Tensor, exp_avg) X(torch::Tensor, exp_avg_sq) X(torch::Tensor, master)
 
 NovoGradOptions::NovoGradOptions(double lr) : lr_(lr) {}
 BIGBATCH_DEFINE_FIELD_IO(NovoGradOptions, NOVOGRAD_OPTION_FIELDS)
@@ -71,13 +73,34 @@ torch::Tensor NovoGrad::step(LossClosure closure) {
       return;
     }
     // Reference: the formulas of novograd.h in ATen ops.
-    at::Tensor w = pg.param.to(at::kFloat);  // the parameter itself when it is fp32
+    at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
     at::Tensor d = pg.grad.to(at::kFloat) / (v.sqrt() + o.eps()) + wd * w;
     if (o.grad_averaging()) d = d * grad_factor;
     m.mul_(b1).add_(d);
     w.sub_(m * o.lr());
     if (!w.is_same(pg.param)) pg.param.copy_(w);
   });
+}
+
+// ------------------------------------------------------------- CUDA hooks ----
+
+kernels::cuda::Algorithm cuda_algorithm(const NovoGradOptions*) { return kernels::cuda::Algorithm::kNovoGrad; }
+
+kernels::cuda::GroupOptions cuda_group_options(const NovoGradOptions& o) {
+  kernels::cuda::GroupOptions g;
+  g.lr = o.lr();
+  std::tie(g.beta1, g.beta2) = o.betas();
+  g.eps = o.eps();
+  g.weight_decay = o.weight_decay();
+  g.flags = (o.grad_averaging() ? kernels::cuda::kGradAveraging : 0u) |
+            (o.skip_nonfinite() ? kernels::cuda::kSkipNonfinite : 0u);
+  return g;
+}
+
+void cuda_bind_state(NovoGradParamState& st, kernels::cuda::TensorSlot& slot) {
+  slot.m = st.exp_avg().data_ptr<float>();
+  slot.v = st.exp_avg_sq().data_ptr<float>();
+  slot.step = st.step();
 }
 
 }  // namespace bigbatch::optim

@@ -12,6 +12,7 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/schedulers/step_lr.h>
+#include <torch/cuda.h>
 #include <torch/serialize.h>
 
 #include <sstream>
@@ -174,21 +175,27 @@ TEST(SaveLoad, KeepsTheSkippedStepCounter) {
 
 // ---------------------------------------------------------------- non-finite --
 
+// The paths a step can take: 0 the reference, 1 fused on the CPU, 2 fused on
+// CUDA (named _CUDA, skipped without a GPU).
+at::Device path_device(int path) { return path == 2 ? at::Device(at::kCUDA) : at::Device(at::kCPU); }
+bool path_fused(int path) { return path != 0; }
+
 template <typename Opt, typename Options>
-void expect_nonfinite_step_skipped(const Options& options, float bad) {
-  auto a = torch::randn({5}).requires_grad_(true);
-  auto b = torch::randn({4}).requires_grad_(true);
+void expect_nonfinite_step_skipped(const Options& options, float bad, at::Device device) {
+  const auto on = torch::TensorOptions().device(device);
+  auto a = torch::randn({5}).to(device).requires_grad_(true);
+  auto b = torch::randn({4}).to(device).requires_grad_(true);
   Opt opt({a, b}, options);
-  a.mutable_grad() = torch::randn({5});
-  b.mutable_grad() = torch::randn({4});
+  a.mutable_grad() = torch::randn({5}).to(device);
+  b.mutable_grad() = torch::randn({4}).to(device);
   opt.step();  // state exists now
   const auto a0 = a.detach().clone();
   const auto b0 = b.detach().clone();
   std::stringstream before;
   torch::save(opt, before);
 
-  a.mutable_grad() = torch::randn({5});
-  b.mutable_grad() = torch::randn({4});
+  a.mutable_grad() = torch::randn({5}, on);
+  b.mutable_grad() = torch::randn({4}, on);
   b.mutable_grad()[2] = bad;  // one bad element in the second tensor
   opt.step();
   EXPECT_EQ(opt.skipped_steps(), 1);
@@ -196,7 +203,7 @@ void expect_nonfinite_step_skipped(const Options& options, float bad) {
   EXPECT_TRUE(torch::equal(b, b0));
   // The state too: compare with the state saved before the skipped step.
   Opt reloaded({a, b}, options);
-  torch::load(reloaded, before);
+  torch::load(reloaded, before, device);
   for (const auto& p : {a, b}) {
     const auto* s0 = opt.param_state(p);
     const auto* s1 = reloaded.param_state(p);
@@ -213,41 +220,60 @@ void expect_nonfinite_step_skipped(const Options& options, float bad) {
   EXPECT_FALSE(torch::isfinite(b).all().item<bool>());
 }
 
-class NonFinite : public ::testing::TestWithParam<bool> {};
+class NonFinite : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (path_device(GetParam()).is_cuda() && !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  }
+  bool fused() const { return path_fused(GetParam()); }
+  at::Device device() const { return path_device(GetParam()); }
+};
 TEST_P(NonFinite, LARSSkipsTheWholeStep) {
-  expect_nonfinite_step_skipped<LARS>(LARSOptions(0.1).fused(GetParam()), NAN);
+  expect_nonfinite_step_skipped<LARS>(LARSOptions(0.1).fused(fused()), NAN, device());
 }
 TEST_P(NonFinite, LARCSkipsTheWholeStep) {
-  expect_nonfinite_step_skipped<LARC>(LARCOptions(0.1).fused(GetParam()), INFINITY);
+  expect_nonfinite_step_skipped<LARC>(LARCOptions(0.1).fused(fused()), INFINITY, device());
 }
 TEST_P(NonFinite, LAMBSkipsTheWholeStep) {
-  expect_nonfinite_step_skipped<LAMB>(LAMBOptions(0.1).fused(GetParam()), -INFINITY);
+  expect_nonfinite_step_skipped<LAMB>(LAMBOptions(0.1).fused(fused()), -INFINITY, device());
 }
 TEST_P(NonFinite, LAMBWithClippingSkipsTheWholeStep) {
-  expect_nonfinite_step_skipped<LAMB>(LAMBOptions(0.1).max_grad_norm(1).fused(GetParam()), NAN);
+  expect_nonfinite_step_skipped<LAMB>(LAMBOptions(0.1).max_grad_norm(1).fused(fused()), NAN, device());
 }
 TEST_P(NonFinite, NovoGradSkipsTheWholeStep) {
-  expect_nonfinite_step_skipped<NovoGrad>(NovoGradOptions(0.1).fused(GetParam()), NAN);
+  expect_nonfinite_step_skipped<NovoGrad>(NovoGradOptions(0.1).fused(fused()), NAN, device());
 }
 TEST_P(NonFinite, AFirstStepSkippedCreatesNoState) {
-  auto w = torch::randn({3}).requires_grad_(true);
-  LAMB opt({w}, LAMBOptions().fused(GetParam()));
-  w.mutable_grad() = torch::tensor({1.0f, NAN, 2.0f});
+  auto w = torch::randn({3}).to(device()).requires_grad_(true);
+  LAMB opt({w}, LAMBOptions().fused(fused()));
+  w.mutable_grad() = torch::tensor({1.0f, NAN, 2.0f}).to(device());
   opt.step();
+  EXPECT_EQ(opt.skipped_steps(), 1);
+  if (device().is_cuda()) {
+    // The device decides after the state exists: it stays, zero, at step 0,
+    // which the next step cannot tell from no state.
+    const auto* st = opt.param_state(w);
+    ASSERT_NE(st, nullptr);
+    EXPECT_EQ(st->step(), 0);
+    EXPECT_EQ(st->exp_avg().abs().sum().item<float>(), 0.0f);
+    EXPECT_EQ(st->exp_avg_sq().abs().sum().item<float>(), 0.0f);
+    return;
+  }
   EXPECT_EQ(opt.param_state(w), nullptr);
   EXPECT_TRUE(opt.state().empty());
 }
 TEST_P(NonFinite, HugeFiniteGradientsAreNotSkipped) {
   // 1e30^2 overflows fp32 but the gradient is finite: the step must happen.
-  auto w = torch::ones({2}, torch::requires_grad());
-  LARS opt({w}, LARSOptions(0.1).fused(GetParam()));
-  w.mutable_grad() = torch::full({2}, 1e30f);
+  auto w = torch::ones({2}).to(device()).requires_grad_(true);
+  LARS opt({w}, LARSOptions(0.1).fused(fused()));
+  w.mutable_grad() = torch::full({2}, 1e30f).to(device());
   opt.step();
   EXPECT_EQ(opt.skipped_steps(), 0);
   EXPECT_LT(w[0].item<float>(), 1.0f);
 }
-INSTANTIATE_TEST_SUITE_P(Paths, NonFinite, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "fused" : "reference"; });
+INSTANTIATE_TEST_SUITE_P(Paths, NonFinite, ::testing::Values(0, 1, 2), [](const auto& info) {
+  return std::string(info.param == 0 ? "reference" : info.param == 1 ? "fused" : "fused_CUDA");
+});
 
 // ---------------------------------------------------------------- bad input --
 

@@ -7,6 +7,7 @@
 #include <bigbatch/bigbatch.h>
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <functional>
 #include <memory>
@@ -17,7 +18,8 @@ namespace {
 using namespace bigbatch::optim;
 using ref64::Vec;
 
-using MakeFn = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>, bool)>;
+// (params, fused, master_weights) -> the optimizer of a variant.
+using MakeFn = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>, bool, bool)>;
 using RefFn = std::function<void(std::vector<Vec>&, const std::vector<Vec>&, std::vector<ref64::State>&)>;
 
 struct Variant {
@@ -40,9 +42,9 @@ RefFn whole(ref64::Lamb r) {
 
 template <typename Opt, typename Options>
 MakeFn maker(Options o) {
-  return [o](std::vector<at::Tensor> params, bool fused) {
+  return [o](std::vector<at::Tensor> params, bool fused, bool master_weights) {
     Options copy = o;
-    copy.fused(fused);
+    copy.fused(fused).master_weights(master_weights);
     return std::make_unique<Opt>(std::move(params), copy);
   };
 }
@@ -117,7 +119,7 @@ constexpr std::size_t kZeroWeights = 6;
 constexpr std::size_t kZeroGrads = 7;
 
 Vec to_vec(const at::Tensor& t) {
-  const at::Tensor d = t.to(at::kDouble).contiguous();
+  const at::Tensor d = t.to(at::kCPU).to(at::kDouble).contiguous();
   return Vec(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
 }
 
@@ -125,73 +127,197 @@ struct GoldenRun {
   std::vector<at::Tensor> params;
   std::vector<Vec> ref;
   std::vector<Vec> start;
+  std::unique_ptr<torch::optim::Optimizer> opt;
 };
+
+// Where and how the library's tensors live in a run.
+struct Placement {
+  at::Device device = at::kCPU;
+  bool misaligned = false;  ///< each tensor a view one element into its storage
+  bool master_weights = false;
+  std::vector<std::int64_t> sizes = kSizes;
+};
+
+// A tensor holding `values` on `where.device`, one element into a larger
+// storage when `where.misaligned` (an address no vector load can assume).
+at::Tensor place(const at::Tensor& values, const Placement& where) {
+  if (!where.misaligned) return values.to(where.device);
+  at::Tensor storage = at::zeros({values.numel() + 1}, values.options().device(where.device));
+  at::Tensor view = storage.narrow(0, 1, values.numel());
+  view.copy_(values);
+  return view;
+}
 
 // Runs `steps` steps of the library optimizer and of the float64 reference
 // on the same random gradients (drawn in `dtype`, so both see the same values).
-GoldenRun run(const Variant& variant, bool fused, at::ScalarType dtype, int steps) {
+GoldenRun run(const Variant& variant, bool fused, at::ScalarType dtype, int steps,
+              const Placement& where = {}) {
   torch::manual_seed(7);
   GoldenRun r;
-  for (std::size_t k = 0; k < kSizes.size(); ++k) {
-    at::Tensor w = k == kZeroWeights ? at::zeros({kSizes[k]}) : at::randn({kSizes[k]});
-    r.params.push_back(w.to(dtype).requires_grad_(true));
+  const auto& sizes = where.sizes;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    at::Tensor w = k == kZeroWeights ? at::zeros({sizes[k]}) : at::randn({sizes[k]});
+    r.params.push_back(place(w.to(dtype), where));
+    if (!where.misaligned) r.params.back().requires_grad_(true);
     r.ref.push_back(to_vec(r.params.back()));
   }
   r.start = r.ref;
-  auto opt = variant.make(r.params, fused);
-  std::vector<ref64::State> state(kSizes.size());
+  r.opt = variant.make(r.params, fused, where.master_weights);
+  std::vector<ref64::State> state(sizes.size());
   for (int s = 0; s < steps; ++s) {
     std::vector<Vec> grads;
-    for (std::size_t k = 0; k < kSizes.size(); ++k) {
-      at::Tensor g = k == kZeroGrads ? at::zeros({kSizes[k]}) : 0.1 * at::randn({kSizes[k]});
-      r.params[k].mutable_grad() = g.to(dtype);
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      at::Tensor g = k == kZeroGrads ? at::zeros({sizes[k]}) : 0.1 * at::randn({sizes[k]});
+      r.params[k].mutable_grad() = place(g.to(dtype), where);
       grads.push_back(to_vec(r.params[k].grad()));
     }
-    opt->step();
+    r.opt->step();
     variant.ref(r.ref, grads, state);
   }
   return r;
 }
+
+// Asserts that every element is within fp32 rounding of the float64
+// reference, and that the steps moved the weights (else the check is empty).
+void expect_fp32_close(const GoldenRun& r, const std::string& what) {
+  double moved = 0;
+  double total = 0;
+  for (std::size_t k = 0; k < r.params.size(); ++k) {
+    const Vec got = to_vec(r.params[k]);
+    double scale = 0;
+    for (double e : r.ref[k]) scale = std::max(scale, std::abs(e));
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], r.ref[k][i], 2e-5 * scale + 1e-6) << what << ", tensor " << k << ", element " << i;
+      moved += std::abs(r.ref[k][i] - r.start[k][i]);
+      total += std::abs(r.start[k][i]);
+    }
+  }
+  EXPECT_GT(moved, 1e-3 * total) << what;
+}
+
+// Asserts that every element is the float64 result rounded once to a type
+// with `mantissa_bits` bits after the point: within one unit in the last place.
+void expect_rounded_once(const std::vector<at::Tensor>& got_tensors, const std::vector<Vec>& ref,
+                         int mantissa_bits, const std::string& what) {
+  for (std::size_t k = 0; k < got_tensors.size(); ++k) {
+    const Vec got = to_vec(got_tensors[k]);
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::abs(ref[k][i]), 1e-30)) - mantissa_bits);
+      ASSERT_NEAR(got[i], ref[k][i], ulp + 1e-6) << what << ", tensor " << k << ", element " << i;
+    }
+  }
+}
+
+std::string path_name(bool fused) { return fused ? " fused" : " reference"; }
 
 class Golden : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(Golden, MatchesFloat64ReferenceInFp32) {
   const auto [index, fused] = GetParam();
   const Variant& variant = variants()[index];
-  const GoldenRun r = run(variant, fused, at::kFloat, 4);
-  double moved = 0;
-  double total = 0;
-  for (std::size_t k = 0; k < kSizes.size(); ++k) {
-    const Vec got = to_vec(r.params[k]);
-    double scale = 0;
-    for (double e : r.ref[k]) scale = std::max(scale, std::abs(e));
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      ASSERT_NEAR(got[i], r.ref[k][i], 2e-5 * scale + 1e-6)
-          << variant.name << (fused ? " fused" : " reference") << ", tensor " << k << ", element " << i;
-      moved += std::abs(r.ref[k][i] - r.start[k][i]);
-      total += std::abs(r.start[k][i]);
-    }
-  }
-  // The check above means something only if the steps moved the weights.
-  EXPECT_GT(moved, 1e-3 * total) << variant.name;
+  expect_fp32_close(run(variant, fused, at::kFloat, 4), variant.name + path_name(fused));
 }
 
 TEST_P(Golden, Bf16ParametersRoundOnceFromFp32Math) {
   const auto [index, fused] = GetParam();
   const Variant& variant = variants()[index];
   const GoldenRun r = run(variant, fused, at::kBFloat16, 1);
-  for (std::size_t k = 0; k < kSizes.size(); ++k) {
-    EXPECT_EQ(r.params[k].scalar_type(), at::kBFloat16);
-    const Vec got = to_vec(r.params[k]);
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      // bf16 keeps 8 significant bits: the stored value is the float64
-      // result rounded once, so it is within one unit in the last place.
-      const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::abs(r.ref[k][i]), 1e-30)) - 7);
-      ASSERT_NEAR(got[i], r.ref[k][i], ulp + 1e-6)
-          << variant.name << (fused ? " fused" : " reference") << ", tensor " << k << ", element " << i;
-    }
+  for (const auto& p : r.params) EXPECT_EQ(p.scalar_type(), at::kBFloat16);
+  // bf16 keeps 8 significant bits: the stored value is the float64 result
+  // rounded once, so it is within one unit in the last place.
+  expect_rounded_once(r.params, r.ref, 7, variant.name + path_name(fused));
+}
+
+// With master weights, 16-bit parameters follow the fp32 trajectory: the
+// master copy matches the float64 reference to fp32 rounding over several
+// steps, and the parameter is that copy rounded once.
+at::Tensor master_of(const torch::optim::OptimizerParamState& st) {
+  if (const auto* s = dynamic_cast<const LARSParamState*>(&st)) return s->master();
+  if (const auto* s = dynamic_cast<const LARCParamState*>(&st)) return s->master();
+  if (const auto* s = dynamic_cast<const LAMBParamState*>(&st)) return s->master();
+  return dynamic_cast<const NovoGradParamState&>(st).master();
+}
+
+void expect_master_weights_track_fp32(const Variant& variant, bool fused, Placement where) {
+  where.master_weights = true;
+  const GoldenRun r = run(variant, fused, at::kBFloat16, 4, where);
+  std::vector<at::Tensor> masters;
+  for (const auto& p : r.params) {
+    masters.push_back(master_of(*r.opt->state().at(bigbatch::compat::optimizer_state_key(p))));
+    ASSERT_TRUE(masters.back().defined() && masters.back().scalar_type() == at::kFloat) << variant.name;
+  }
+  GoldenRun m{masters, r.ref, r.start, nullptr};
+  expect_fp32_close(m, variant.name + path_name(fused) + " master");
+  for (std::size_t k = 0; k < masters.size(); ++k) {
+    EXPECT_TRUE(at::equal(masters[k].to(at::kBFloat16), r.params[k])) << variant.name << ", tensor " << k;
   }
 }
+
+TEST_P(Golden, MasterWeightsTrackTheFp32Trajectory) {
+  const auto [index, fused] = GetParam();
+  expect_master_weights_track_fp32(variants()[index], fused, {});
+}
+
+// ---------------------------------------------------------------- CUDA ------
+// The fused CUDA path against the same float64 reference; skipped without a GPU.
+
+class GoldenCuda : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  }
+  const Variant& variant() const { return variants()[GetParam()]; }
+  static Placement cuda(bool misaligned = false) {
+    Placement p;
+    p.device = at::kCUDA;
+    p.misaligned = misaligned;
+    return p;
+  }
+};
+
+TEST_P(GoldenCuda, MatchesFloat64ReferenceInFp32_CUDA) {
+  expect_fp32_close(run(variant(), true, at::kFloat, 4, cuda()), variant().name + " CUDA");
+}
+
+TEST_P(GoldenCuda, MisalignedTensorsMatchFloat64Reference_CUDA) {
+  expect_fp32_close(run(variant(), true, at::kFloat, 4, cuda(true)), variant().name + " CUDA misaligned");
+}
+
+TEST_P(GoldenCuda, Bf16ParametersRoundOnceFromFp32Math_CUDA) {
+  const GoldenRun r = run(variant(), true, at::kBFloat16, 1, cuda());
+  expect_rounded_once(r.params, r.ref, 7, variant().name + " CUDA bf16");
+}
+
+TEST_P(GoldenCuda, Fp16ParametersRoundOnceFromFp32Math_CUDA) {
+  const GoldenRun r = run(variant(), true, at::kHalf, 1, cuda());
+  expect_rounded_once(r.params, r.ref, 10, variant().name + " CUDA fp16");
+}
+
+TEST_P(GoldenCuda, MasterWeightsTrackTheFp32Trajectory_CUDA) {
+  expect_master_weights_track_fp32(variant(), true, cuda());
+  expect_master_weights_track_fp32(variant(), true, cuda(true));
+}
+
+TEST_P(GoldenCuda, SameBitsTwice_CUDA) {
+  Placement where = cuda();
+  where.sizes = {70000, 3, 16384, 16385, 0, 1, 5, 9};  // several chunks in a tensor
+  const GoldenRun a = run(variant(), true, at::kFloat, 3, where);
+  const GoldenRun b = run(variant(), true, at::kFloat, 3, where);
+  for (std::size_t k = 0; k < a.params.size(); ++k) {
+    EXPECT_TRUE(at::equal(a.params[k], b.params[k])) << variant().name << ", tensor " << k;
+  }
+}
+
+TEST_P(GoldenCuda, ThousandsOfTensorsInOneStep_CUDA) {
+  Placement where = cuda();
+  where.sizes.clear();
+  for (int k = 0; k < 3000; ++k) where.sizes.push_back(1 + (k * 37) % 301);  // odd, small, many
+  where.sizes[100] = 40000;
+  expect_fp32_close(run(variant(), true, at::kFloat, 2, where), variant().name + " CUDA 3000 tensors");
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, GoldenCuda, ::testing::Range(0, static_cast<int>(variants().size())),
+                         [](const auto& info) { return variants()[info.param].name; });
 
 std::string variant_name(const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
   return variants()[std::get<0>(info.param)].name + (std::get<1>(info.param) ? "_fused" : "_reference");

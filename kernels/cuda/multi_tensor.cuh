@@ -1,0 +1,371 @@
+// The multi-tensor plumbing every CUDA optimizer kernel shares (apex's
+// multi_tensor_apply, with a device table instead of kernel-argument lists):
+// chunks of 16384 elements, one block each; dtype dispatch; one element loop
+// (16-byte vector path for aligned tensors, scalar path otherwise); the
+// deterministic per-chunk and per-tensor sums; the last-block finalize.
+#pragma once
+
+#include <bigbatch/kernels/multi_tensor.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace bigbatch::kernels::cuda {
+
+/// Throws std::runtime_error naming the call, file and line when err is not cudaSuccess.
+void check(cudaError_t err, const char* call, const char* file, int line);
+#define BIGBATCH_CUDA_CHECK(call) ::bigbatch::kernels::cuda::check((call), #call, __FILE__, __LINE__)
+
+constexpr int kThreads = 256;                // every kernel here: block_sum needs it fixed
+constexpr int kWarps = kThreads / 32;
+constexpr std::int64_t kChunk = 1 << 14;     // elements per block (a multiple of 4)
+
+/// A tensor as the device table holds it (its gradient pointer is apart:
+/// it may move every step, the rest only when the tensors change).
+struct Slot {
+  void* param;
+  float* master;
+  float* m;
+  float* v;
+  std::int64_t numel;
+  std::int32_t group;
+  DType dtype;
+};
+
+/// Device scalars that outlive table rebuilds.
+struct Scalars {
+  int skip;                   ///< this step changes nothing (set by the first finalize)
+  unsigned int blocks_done;   ///< finalize's last-block count; back to 0 after each
+  long long skipped_steps;    ///< steps skipped so far
+};
+
+/// Views of the device arena, passed by value to every kernel.
+struct Table {
+  const Slot* slots;                 ///< [T]
+  const void* const* grads;          ///< [T]
+  const std::int64_t* chunk_start;   ///< [T + 1]: tensor t owns chunks [start[t], start[t+1])
+  const GroupOptions* groups;        ///< [G]
+  double* partial;                   ///< [chunks][2] each chunk's two sums
+  double* sums;                      ///< [T][2] each tensor's two sums
+  float* coef;                       ///< [T] the per-tensor coefficient of the update pass
+  std::int64_t* steps;               ///< [T] step counts (LAMB, NovoGrad)
+  float* group_scale;                ///< [G] LAMB's clipping factor
+  Scalars* scalars;
+  int num_tensors;
+  int num_groups;
+  std::int64_t num_chunks;
+};
+
+/// What a pass reads and writes of each tensor, for the element loop and
+/// for the byte count of the benchmarks.
+enum Array : unsigned { kParam = 1, kGrad = 2, kM = 4, kV = 8 };
+
+struct PassArrays {
+  unsigned read;
+  unsigned write;
+};
+
+/// Bytes per element a pass moves for one tensor (a master copy replaces
+/// the parameter read and adds an fp32 write).
+std::int64_t pass_bytes(PassArrays pass, DType dtype, bool master);
+
+// ------------------------------------------------------------ device side ----
+
+#if defined(__CUDACC__)
+
+__device__ inline float to_float(float x) { return x; }
+__device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ inline float to_float(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ inline T from_float(float x);
+template <>
+__device__ inline float from_float<float>(float x) { return x; }
+template <>
+__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ inline __half from_float<__half>(float x) { return __float2half_rn(x); }
+
+/// Four elements in one 8- or 16-byte access.
+template <typename T>
+struct alignas(4 * sizeof(T)) Pack4 {
+  T x[4];
+};
+
+template <typename T>
+__device__ inline void load4(const T* p, float (&out)[4]) {
+  const Pack4<T> pack = *reinterpret_cast<const Pack4<T>*>(p);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) out[k] = to_float(pack.x[k]);
+}
+
+template <typename T>
+__device__ inline void store4(T* p, const float (&in)[4]) {
+  Pack4<T> pack;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) pack.x[k] = from_float<T>(in[k]);
+  *reinterpret_cast<Pack4<T>*>(p) = pack;
+}
+
+__device__ inline bool aligned_to(const void* p, std::uintptr_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+/// The tensor that owns `chunk`: the last t with chunk_start[t] <= chunk
+/// (empty tensors own no chunk, so ties resolve to the owner).
+__device__ inline int tensor_of_chunk(const Table& table, std::int64_t chunk) {
+  int lo = 0;
+  int hi = table.num_tensors - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (table.chunk_start[mid] <= chunk) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+/// Applies op(p, g, m, v, acc) to elements [begin, end) of one tensor, with
+/// `Pass::kArrays.read` loaded and `.write` stored. p is the master copy when
+/// the tensor has one (and then both copies are written). The vector path
+/// needs every array it touches aligned to its 4-element access; chunks start
+/// at multiples of 4 elements, so one test per block decides.
+template <unsigned kRead, unsigned kWrite, typename T, typename Op>
+__device__ void for_each_element(const Slot& s, const void* grad_ptr, std::int64_t begin,
+                                 std::int64_t end, const Op& op, double (&acc)[2]) {
+  T* param = static_cast<T*>(s.param);
+  const T* grad = static_cast<const T*>(grad_ptr);
+  float* master = s.master;
+  float* m = s.m;
+  float* v = s.v;
+  constexpr unsigned kTouch = kRead | kWrite;
+  bool vec = true;
+  if (kTouch & kParam) {
+    vec = vec && aligned_to(param + begin, 4 * sizeof(T)) &&
+          (master == nullptr || aligned_to(master + begin, 16));
+  }
+  if (kTouch & kGrad) vec = vec && aligned_to(grad + begin, 4 * sizeof(T));
+  if (kTouch & kM) vec = vec && aligned_to(m + begin, 16);
+  if (kTouch & kV) vec = vec && aligned_to(v + begin, 16);
+
+  const std::int64_t vec_end = vec ? begin + ((end - begin) & ~std::int64_t{3}) : begin;
+  for (std::int64_t i = begin + 4 * threadIdx.x; i < vec_end; i += 4 * blockDim.x) {
+    float p[4] = {0, 0, 0, 0}, g[4] = {0, 0, 0, 0}, mm[4] = {0, 0, 0, 0}, vv[4] = {0, 0, 0, 0};
+    if (kRead & kParam) {
+      if (master != nullptr) {
+        load4(master + i, p);
+      } else {
+        load4(param + i, p);
+      }
+    }
+    if (kRead & kGrad) load4(grad + i, g);
+    if (kRead & kM) load4(m + i, mm);
+    if (kRead & kV) load4(v + i, vv);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) op(p[k], g[k], mm[k], vv[k], acc);
+    if (kWrite & kParam) {
+      if (master != nullptr) store4(master + i, p);
+      store4(param + i, p);
+    }
+    if (kWrite & kM) store4(m + i, mm);
+    if (kWrite & kV) store4(v + i, vv);
+  }
+  // The scalar path: a misaligned tensor, or the last n % 4 elements.
+  for (std::int64_t i = vec_end + threadIdx.x; i < end; i += blockDim.x) {
+    float p = 0, g = 0, mm = 0, vv = 0;
+    if (kRead & kParam) p = master != nullptr ? master[i] : to_float(param[i]);
+    if (kRead & kGrad) g = to_float(grad[i]);
+    if (kRead & kM) mm = m[i];
+    if (kRead & kV) vv = v[i];
+    op(p, g, mm, vv, acc);
+    if (kWrite & kParam) {
+      if (master != nullptr) master[i] = p;
+      param[i] = from_float<T>(p);
+    }
+    if (kWrite & kM) m[i] = mm;
+    if (kWrite & kV) v[i] = vv;
+  }
+}
+
+/// Sums one double over the block in a fixed tree (the same bits every run);
+/// the result is valid in every thread. The block must be kThreads wide.
+__device__ inline double block_sum(double x) {
+  __shared__ double warp_sums[kWarps];
+  __shared__ double total;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_down_sync(0xffffffffu, x, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = x;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0;
+    for (int w = 0; w < kWarps; ++w) s += warp_sums[w];
+    total = s;
+  }
+  __syncthreads();
+  const double result = total;
+  __syncthreads();  // total and warp_sums may be reused by the next call
+  return result;
+}
+
+/// The element kernel of a pass: one block per chunk. Pass provides
+///   static constexpr PassArrays kArrays; static constexpr bool kReduce;
+///   bool check_skip;  and  Op element_op(const Table&, int tensor, const Slot&) const
+/// where Op is callable as op(float& p, float& g, float& m, float& v, double (&acc)[2]).
+/// With kReduce each chunk's two sums go to table.partial.
+template <typename Pass>
+__global__ void __launch_bounds__(kThreads) chunk_kernel(Table table, Pass pass) {
+  if (pass.check_skip && table.scalars->skip) return;  // the step was abandoned
+  const std::int64_t chunk = blockIdx.x;
+  const int t = tensor_of_chunk(table, chunk);
+  const Slot s = table.slots[t];
+  const std::int64_t begin = (chunk - table.chunk_start[t]) * kChunk;
+  const std::int64_t end = begin + kChunk < s.numel ? begin + kChunk : s.numel;
+  const auto op = pass.element_op(table, t, s);
+  double acc[2] = {0, 0};
+  constexpr unsigned kRead = Pass::kArrays.read;
+  constexpr unsigned kWrite = Pass::kArrays.write;
+  switch (s.dtype) {
+    case DType::kFloat32:
+      for_each_element<kRead, kWrite, float>(s, table.grads[t], begin, end, op, acc);
+      break;
+    case DType::kBFloat16:
+      for_each_element<kRead, kWrite, __nv_bfloat16>(s, table.grads[t], begin, end, op, acc);
+      break;
+    case DType::kFloat16:
+      for_each_element<kRead, kWrite, __half>(s, table.grads[t], begin, end, op, acc);
+      break;
+  }
+  if constexpr (Pass::kReduce) {
+    const double a = block_sum(acc[0]);
+    const double b = block_sum(acc[1]);
+    if (threadIdx.x == 0) {
+      table.partial[2 * chunk] = a;
+      table.partial[2 * chunk + 1] = b;
+    }
+  }
+}
+
+/// Finalize: every warp adds one tensor's chunk sums in chunk order into
+/// table.sums; then the last block to finish runs fin(table) (whole block),
+/// which makes the step-wide decisions and the per-tensor coefficients.
+/// Deterministic: each sum has a fixed order, whatever the scheduling.
+template <typename Fin>
+__global__ void __launch_bounds__(kThreads) finalize_kernel(Table table, Fin fin) {
+  const int warp = (blockIdx.x * kThreads + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp < table.num_tensors) {
+    double a = 0;
+    double b = 0;
+    for (std::int64_t c = table.chunk_start[warp] + lane; c < table.chunk_start[warp + 1]; c += 32) {
+      a += table.partial[2 * c];
+      b += table.partial[2 * c + 1];
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      a += __shfl_down_sync(0xffffffffu, a, offset);
+      b += __shfl_down_sync(0xffffffffu, b, offset);
+    }
+    if (lane == 0) {
+      table.sums[2 * warp] = a;
+      table.sums[2 * warp + 1] = b;
+    }
+  }
+  // The last block sees every block's sums (threadFenceReduction).
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&table.scalars->blocks_done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  fin(table);
+  if (threadIdx.x == 0) table.scalars->blocks_done = 0;
+}
+
+/// A tensor's two sums, read past L1 (other blocks wrote them).
+__device__ inline double tensor_sum(const Table& table, int t, int k) {
+  return __ldcg(table.sums + 2 * t + k);
+}
+
+/// Inside fin: whether some tensor whose group asks for skip_nonfinite has a
+/// non-finite sum k (a sum of squares in double is finite iff every element
+/// is). Sets table.scalars->skip and counts the skipped step. Whole block.
+__device__ inline bool decide_skip(const Table& table, int k) {
+  bool bad = false;
+  for (int t = threadIdx.x; t < table.num_tensors; t += kThreads) {
+    const double s = tensor_sum(table, t, k);
+    const std::uint32_t flags = table.groups[table.slots[t].group].flags;
+    bad = bad || ((flags & kSkipNonfinite) != 0 && !isfinite(s));
+  }
+  const bool skip = __syncthreads_or(bad) != 0;
+  if (threadIdx.x == 0) {
+    table.scalars->skip = skip ? 1 : 0;
+    if (skip) table.scalars->skipped_steps += 1;
+  }
+  return skip;
+}
+
+/// The norm pass LARS, LARC and NovoGrad start with, and LAMB's first pass:
+/// per chunk, the sum of g^2 (sum 0) and, kWithWeight, of w^2 (sum 1).
+/// Writes nothing, so a non-finite step can still be abandoned after it.
+template <bool kWithWeight>
+struct SquaresPass {
+  static constexpr PassArrays kArrays{kWithWeight ? (kParam | kGrad) : kGrad, 0};
+  static constexpr bool kReduce = true;
+  bool check_skip = false;
+
+  struct Op {
+    __device__ void operator()(float& w, float& g, float&, float&, double (&acc)[2]) const {
+      acc[0] += static_cast<double>(g) * g;                // ||g||^2, in double: finite iff g is
+      if (kWithWeight) acc[1] += static_cast<double>(w) * w;  // ||w||^2
+    }
+  };
+  __device__ Op element_op(const Table&, int, const Slot&) const { return {}; }
+};
+
+#endif  // __CUDACC__
+
+/// Launches Pass's chunk kernel over every chunk of the table.
+template <typename Pass>
+void launch_chunks(const Table& table, const Pass& pass, cudaStream_t stream);
+
+/// Launches finalize with one warp per tensor.
+template <typename Fin>
+void launch_finalize(const Table& table, const Fin& fin, cudaStream_t stream);
+
+#if defined(__CUDACC__)
+template <typename Pass>
+void launch_chunks(const Table& table, const Pass& pass, cudaStream_t stream) {
+  if (table.num_chunks == 0) return;
+  chunk_kernel<<<static_cast<unsigned>(table.num_chunks), kThreads, 0, stream>>>(table, pass);
+  BIGBATCH_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename Fin>
+void launch_finalize(const Table& table, const Fin& fin, cudaStream_t stream) {
+  const int blocks = (table.num_tensors + kWarps - 1) / kWarps;
+  finalize_kernel<<<blocks, kThreads, 0, stream>>>(table, fin);
+  BIGBATCH_CUDA_CHECK(cudaGetLastError());
+}
+#endif
+
+/// The step of each algorithm (kernels/cuda/<algorithm>.cu): its launches in
+/// order, and the arrays of each of its passes (for bytes_per_step).
+struct Launch {
+  bool check_skip;   ///< some group has skip_nonfinite
+  bool clip;         ///< LAMB: some group has max_grad_norm > 0
+};
+void run_lars_larc(const Table& table, const Launch& launch, bool larc, cudaStream_t stream);
+void run_lamb(const Table& table, const Launch& launch, cudaStream_t stream);
+void run_novograd(const Table& table, const Launch& launch, cudaStream_t stream);
+
+std::vector<PassArrays> lars_larc_passes(const Launch& launch);
+std::vector<PassArrays> lamb_passes(const Launch& launch);
+std::vector<PassArrays> novograd_passes(const Launch& launch);
+
+}  // namespace bigbatch::kernels::cuda

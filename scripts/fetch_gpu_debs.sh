@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Run here (Debian 12, network): downloads into ./.debs (git-ignored) the
+# Debian packages the GPU machine lacks and scripts/gpu.sh unpacks there:
+# GoogleTest, Google Benchmark, nlohmann/json, CLI11, zlib headers, ninja and
+# the embedded Fashion-MNIST. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .debs
+cd .debs
+packages=(libgtest-dev libgmock-dev googletest libbenchmark-dev libbenchmark1debian
+          nlohmann-json3-dev libcli11-dev zlib1g-dev ninja-build dataset-fashion-mnist)
+for p in "${packages[@]}"; do
+  ls "${p}"_*.deb >/dev/null 2>&1 || apt-get download "$p"
+done
+ls -1 *.deb
