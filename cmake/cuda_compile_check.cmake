@@ -1,7 +1,7 @@
 # Without a CUDA-enabled LibTorch (CI), still compile, not link, the C++ that
 # only a BIGBATCH_CUDA build uses: the optimizers' CUDA dispatch point, the
-# CUDA graph test and the CUDA benchmark, against LibTorch's c10/cuda headers
-# and the toolkit's. A CPU-only LibTorch lacks the one header its CUDA build
+# process group with NCCL, the CUDA graph test and the CUDA benchmark, against
+# LibTorch's c10/cuda and c10d headers and the toolkit's (CUDA, NCCL). A CPU-only LibTorch lacks the one header its CUDA build
 # generates (c10/cuda/impl/cuda_cmake_macros.h); an empty one stands in.
 find_path(BIGBATCH_C10_CUDA_INCLUDE c10/cuda/CUDAStream.h PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
 if(NOT BIGBATCH_C10_CUDA_INCLUDE)
@@ -13,8 +13,8 @@ if(NOT EXISTS ${BIGBATCH_C10_CUDA_INCLUDE}/c10/cuda/impl/cuda_cmake_macros.h)
   file(WRITE ${shim}/c10/cuda/impl/cuda_cmake_macros.h "#pragma once\n")
 endif()
 
-set(sources optimizers/cuda_dispatch.cpp)
-set(libs bigbatch_kernels bigbatch_compat)
+set(sources optimizers/cuda_dispatch.cpp distributed/process_group.cpp)
+set(libs bigbatch_kernels bigbatch_noise bigbatch_compat)
 if(BIGBATCH_BUILD_TESTS)
   find_package(GTest REQUIRED)
   list(APPEND sources tests/optimizers/cuda_graph_test.cpp)
@@ -27,6 +27,6 @@ if(BIGBATCH_BUILD_BENCHMARKS)
 endif()
 add_library(bigbatch_cuda_compile_check OBJECT ${sources})
 target_include_directories(bigbatch_cuda_compile_check PRIVATE ${shim} ${CUDAToolkit_INCLUDE_DIRS})
-target_compile_definitions(bigbatch_cuda_compile_check PRIVATE BIGBATCH_WITH_CUDA)
+target_compile_definitions(bigbatch_cuda_compile_check PRIVATE BIGBATCH_WITH_CUDA USE_C10D_NCCL USE_C10D_GLOO)
 target_link_libraries(bigbatch_cuda_compile_check PRIVATE ${libs})
 target_compile_options(bigbatch_cuda_compile_check PRIVATE $<$<CXX_COMPILER_ID:GNU,Clang>:-Wall -Wextra>)

@@ -1,15 +1,23 @@
 // c10d process group and data-parallel helpers (process_group.h). The c10d
-// calls used here (TCPStore, ProcessGroupGloo and its Options, allreduce,
-// broadcast, barrier) have the same form in LibTorch 1.13 and 2.x.
+// calls used here (TCPStore, ProcessGroupGloo and ProcessGroupNCCL with their
+// Options, allreduce, broadcast, barrier) have the same form in LibTorch 1.13
+// and 2.x; only their common base class differs (ProcessGroup, then Backend),
+// which is why Impl keeps each backend's own pointer.
 #include <bigbatch/distributed/process_group.h>
 
 #include <bigbatch/noise/noise_scale.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -61,13 +69,57 @@ WorldInfo world_from_env() {
   return w;
 }
 
+bool nccl_available() {
+#ifdef USE_C10D_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+const char* backend_name(Backend backend) { return backend == Backend::kNccl ? "nccl" : "gloo"; }
+
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+#ifdef USE_C10D_NCCL
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;
+#endif
+
+  c10::Device nccl_device{c10::DeviceType::CPU};
+
+  // Calls f on the backend in use; returns its work handle.
+  template <typename F>
+  auto with_backend(F&& f) {
+#ifdef USE_C10D_NCCL
+    if (nccl) return f(*nccl);
+#endif
+    return f(*gloo);
+  }
+
+  // Runs collective(tensors) and waits. NCCL takes CUDA tensors only: CPU
+  // tensors (the scalars and masks the runner exchanges) travel through the
+  // group's device and come back.
+  template <typename F>
+  void run(std::vector<at::Tensor>& tensors, F&& collective) {
+    const bool stage = nccl_device.is_cuda() &&
+                       std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return !t.is_cuda(); });
+    if (!stage) {
+      with_backend([&](auto& pg) { return collective(pg, tensors); })->wait();
+      return;
+    }
+    std::vector<at::Tensor> staged;
+    for (const auto& t : tensors) staged.push_back(t.to(nccl_device));
+    with_backend([&](auto& pg) { return collective(pg, staged); })->wait();
+    for (std::size_t i = 0; i < tensors.size(); ++i) tensors[i].copy_(staged[i]);
+  }
 };
 
-ProcessGroup::ProcessGroup(const WorldInfo& world, std::chrono::milliseconds timeout)
-    : world_(world), impl_(std::make_unique<Impl>()) {
+ProcessGroup::ProcessGroup(const WorldInfo& world, std::chrono::milliseconds timeout, Backend backend)
+    : world_(world), backend_(backend), impl_(std::make_unique<Impl>()) {
+  TORCH_CHECK(backend != Backend::kNccl || nccl_available(),
+              "the nccl backend is not in this build: it needs a CUDA LibTorch with NCCL and bigbatch "
+              "configured with -DBIGBATCH_CUDA=ON; use the gloo backend");
   c10d::TCPStoreOptions store;
   store.port = static_cast<std::uint16_t>(world.master_port);
   store.isServer = world.rank == 0;
@@ -75,6 +127,20 @@ ProcessGroup::ProcessGroup(const WorldInfo& world, std::chrono::milliseconds tim
   store.waitWorkers = true;
   store.timeout = timeout;
   impl_->store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store);
+#ifdef USE_C10D_NCCL
+  if (backend == Backend::kNccl) {
+    // One GPU per local rank; NCCL's communicator binds to the current device.
+    const auto* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    const int devices = static_cast<int>(cuda->deviceCount());
+    TORCH_CHECK(devices > 0, "the nccl backend needs a CUDA device; none is visible");
+    impl_->nccl_device = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(world.local_rank % devices));
+    cuda->setDevice(impl_->nccl_device);
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = timeout;
+    impl_->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl_->store, world.rank, world.world_size, options);
+    return;
+  }
+#endif
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(world.master_addr));
   impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, world.rank, world.world_size, options);
@@ -83,19 +149,20 @@ ProcessGroup::ProcessGroup(const WorldInfo& world, std::chrono::milliseconds tim
 ProcessGroup::~ProcessGroup() = default;
 
 void ProcessGroup::allreduce_sum(std::vector<at::Tensor>& tensors) {
-  impl_->gloo->allreduce(tensors)->wait();
+  impl_->run(tensors, [](auto& pg, std::vector<at::Tensor>& t) { return pg.allreduce(t); });
 }
 
 void ProcessGroup::broadcast(std::vector<at::Tensor>& tensors, int root) {
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  impl_->gloo->broadcast(tensors, o)->wait();
+  impl_->run(tensors, [&](auto& pg, std::vector<at::Tensor>& t) { return pg.broadcast(t, o); });
 }
 
-void ProcessGroup::barrier() { impl_->gloo->barrier()->wait(); }
+void ProcessGroup::barrier() {
+  impl_->with_backend([&](auto& pg) { return pg.barrier(); })->wait();
+}
 
 void broadcast_module(ProcessGroup& group, torch::nn::Module& module) {
-  if (group.size() == 1) return;
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> tensors;
   for (const auto& p : module.parameters()) tensors.push_back(p.detach());
@@ -131,7 +198,7 @@ GradientNorms allreduce_gradients(ProcessGroup& group, const std::vector<at::Ten
     std::vector<at::Tensor> flat_parts;
     for (std::size_t i = begin; i < end; ++i) flat_parts.push_back(grads[i].reshape({-1}).to(at::kFloat));
     std::vector<at::Tensor> bucket{at::cat(flat_parts)};
-    if (group.size() > 1) group.allreduce_sum(bucket);
+    group.allreduce_sum(bucket);  // a world of one too: a group asked for runs its backend
     bucket[0].div_(world);
     std::int64_t offset = 0;
     for (std::size_t i = begin; i < end; ++i) {

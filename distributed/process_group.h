@@ -1,6 +1,7 @@
 // Data-parallel building blocks on PyTorch's c10d: the world from torchrun's or
-// Open MPI's environment, a Gloo process group behind a TCPStore rendezvous,
-// the initial broadcast, bucketed gradient averaging, and the shared shuffle.
+// Open MPI's environment, a Gloo (CPU) or NCCL (CUDA) process group behind a
+// TCPStore rendezvous, the initial broadcast, bucketed gradient averaging, and
+// the shared shuffle.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -30,19 +31,35 @@ struct WorldInfo {
 /// inconsistent values throw c10::Error naming the variable.
 WorldInfo world_from_env();
 
-/// A c10d Gloo process group (CPU tensors) with a TCPStore rendezvous at
-/// master_addr:master_port hosted by rank 0. Every collective gives up with an
-/// error after `timeout`, so a dead rank stops the others instead of hanging.
+/// c10d's backends: Gloo for CPU tensors, NCCL for CUDA tensors.
+enum class Backend { kGloo, kNccl };
+
+/// Whether this build has c10d's NCCL backend (a CUDA LibTorch built with
+/// NCCL, and bigbatch configured with BIGBATCH_CUDA).
+bool nccl_available();
+
+/// "gloo" or "nccl".
+const char* backend_name(Backend backend);
+
+/// A c10d process group with a TCPStore rendezvous at master_addr:master_port
+/// hosted by rank 0. Every collective gives up with an error after `timeout`,
+/// so a dead rank stops the others instead of hanging. With NCCL the
+/// collectives run on device cuda:local_rank, which becomes the current device
+/// (CPU tensors given to them are copied there and back); NCCL without
+/// nccl_available() throws c10::Error.
 class ProcessGroup {
  public:
   explicit ProcessGroup(const WorldInfo& world,
-                        std::chrono::milliseconds timeout = std::chrono::seconds(60));
+                        std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                        Backend backend = Backend::kGloo);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
   int rank() const { return world_.rank; }
   int size() const { return world_.world_size; }
+  int local_rank() const { return world_.local_rank; }
+  Backend backend() const { return backend_; }
 
   /// In place: every tensor becomes the sum over ranks.
   void allreduce_sum(std::vector<at::Tensor>& tensors);
@@ -53,6 +70,7 @@ class ProcessGroup {
  private:
   struct Impl;
   WorldInfo world_;
+  Backend backend_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -349,7 +349,8 @@ json trial_common_json(const TrialConfig& t, bool with_rate) {
           {"noise", noise_json(t.noise)},
           {"target", {{"metric", t.target.metric}, {"threshold", t.target.threshold}, {"eval_every", t.target.eval_every}}},
           {"budget", budget_json(t.budget)},
-          {"gns", {{"micro_batches", t.gns.micro_batches}, {"beta", t.gns.beta}}}};
+          {"gns", {{"micro_batches", t.gns.micro_batches}, {"beta", t.gns.beta}}},
+          {"device", t.device}};
 }
 
 }  // namespace
@@ -382,6 +383,8 @@ SweepConfig parse_sweep(const json& j) {
     if (!r.has("budget")) config_error("budget", "missing (an object with steps or epochs)");
     t.budget = parse_budget(r.object("budget"));
     t.gns = parse_gns(r.object("gns"));
+    t.device = r.string("device", t.device);
+    require(t.device == "cpu" || t.device == "cuda", "device", "must be \"cpu\" or \"cuda\", got \"" + t.device + "\"");
     if (!r.has("batch_sizes")) config_error("batch_sizes", "missing (a list of batch sizes)");
     s.batch_sizes = r.integers("batch_sizes", {});
     require(!s.batch_sizes.empty(), "batch_sizes", "must not be empty");

@@ -71,6 +71,7 @@ struct TrialConfig {
   GnsSpec gns;
   std::int64_t batch_size = 0;
   std::uint64_t seed = 0;
+  std::string device = "cpu";  ///< cpu, cuda (each rank its cuda:LOCAL_RANK)
 };
 
 /// The nuisance-parameter search run at every batch size.

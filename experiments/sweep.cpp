@@ -314,7 +314,6 @@ Dataset load_data(const SweepConfig& sweep) {
 SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, distributed::ProcessGroup* group) {
   const auto start = std::chrono::steady_clock::now();
   if (options.jobs < 1) throw ConfigError("--jobs: must be >= 1, got " + std::to_string(options.jobs));
-  if (group != nullptr && group->size() == 1) group = nullptr;
   if (group != nullptr && options.jobs != 1) {
     throw ConfigError("--jobs: a data-parallel sweep runs one trial at a time on all ranks; got --jobs " +
                       std::to_string(options.jobs));

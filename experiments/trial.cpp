@@ -11,6 +11,7 @@
 #include <bigbatch/optimizers/param_groups.h>
 
 #include <c10/util/Exception.h>
+#include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -88,10 +89,25 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& s, 
   return layerwise(model, o);
 }
 
+namespace {
+
+// "cpu", or "cuda": device LOCAL_RANK (modulo the devices) under a process group.
+at::Device trial_device(const std::string& name, const distributed::ProcessGroup* group) {
+  if (name == "cpu") return at::Device(at::kCPU);
+  TORCH_CHECK(name == "cuda", "device must be \"cpu\" or \"cuda\", got \"", name, "\"");
+  const auto devices = static_cast<int>(torch::cuda::device_count());
+  TORCH_CHECK(devices > 0, "device \"cuda\": no CUDA device is visible (or this LibTorch has no CUDA)");
+  const int local = group != nullptr ? group->local_rank() : 0;
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local % devices));
+}
+
+}  // namespace
+
 Trainer::Trainer(const TrialConfig& config, const Dataset& data, distributed::ProcessGroup* group)
     : config_(config),
       data_(data),
-      group_(group != nullptr && group->size() > 1 ? group : nullptr),
+      group_(group),
+      device_(trial_device(config.device, group)),
       sampler_(data.train_size(), config.seed * 7919 + 1),
       gns_(config.gns.beta) {
   {
@@ -99,6 +115,7 @@ Trainer::Trainer(const TrialConfig& config, const Dataset& data, distributed::Pr
     at::manual_seed(config.seed);
     model_ = make_model(config.model, data.example_shape(), data.classes > 0 ? data.classes : 1);
   }
+  model_->to(device_);
   if (group_) distributed::broadcast_module(*group_, *model_);
   params_ = model_->parameters();
   optimizer_ = make_optimizer(config.optimizer, config.schedule.base_lr, *model_);
@@ -136,8 +153,9 @@ double Trainer::train_step() {
     index = index.slice(0, group_->rank() * local, (group_->rank() + 1) * local);
     if (weights.defined()) weights = weights.slice(0, group_->rank() * local, (group_->rank() + 1) * local);
   }
-  const at::Tensor x = data_.x_train.index_select(0, index);
-  const at::Tensor y = data_.y_train.index_select(0, index);
+  const at::Tensor x = data_.x_train.index_select(0, index).to(device_);
+  const at::Tensor y = data_.y_train.index_select(0, index).to(device_);
+  if (weights.defined()) weights = weights.to(device_);
   optimizer_->zero_grad();
   double loss = 0;
   if (group_) {
@@ -195,8 +213,8 @@ std::pair<double, double> Trainer::evaluate_local() {
   double wrong = 0;
   for (std::int64_t begin = 0; begin < n; begin += 8192) {
     const std::int64_t end = std::min(n, begin + 8192);
-    const at::Tensor x = data_.x_val.slice(0, begin, end);
-    const at::Tensor y = data_.y_val.slice(0, begin, end);
+    const at::Tensor x = data_.x_val.slice(0, begin, end).to(device_);
+    const at::Tensor y = data_.y_val.slice(0, begin, end).to(device_);
     const at::Tensor out = model_->forward(x);
     if (data_.classes > 0) {
       loss += torch::nn::functional::cross_entropy(

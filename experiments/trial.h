@@ -65,6 +65,10 @@ struct TrialProgress {
 /// and averaged gradient norms give the noise scale (micro-batches are then not
 /// needed). Rank 0 evaluates and broadcasts the result, so every rank stops at
 /// the same step. BatchNorm and ghost batch norm see each rank's share only.
+///
+/// config.device "cuda" trains on the GPU (cuda:LOCAL_RANK under a process
+/// group): the model lives there, the data stays on the CPU and each batch is
+/// copied over.
 class Trainer {
  public:
   Trainer(const TrialConfig& config, const Dataset& data, distributed::ProcessGroup* group = nullptr);
@@ -79,6 +83,7 @@ class Trainer {
   torch::nn::Sequential& model() { return model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   std::int64_t step() const { return step_; }
+  const at::Device& device() const { return device_; }
   std::int64_t budget_steps() const { return budget_; }
 
  private:
@@ -88,6 +93,7 @@ class Trainer {
   TrialConfig config_;
   const Dataset& data_;
   distributed::ProcessGroup* group_;
+  at::Device device_;
   torch::nn::Sequential model_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<schedules::LRAdapter> adapter_;

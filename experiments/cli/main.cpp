@@ -73,12 +73,21 @@ int report(const std::string& dir) {
   return 0;
 }
 
-// Data-parallel options shared by sweep and train.
+// Device and data-parallel options shared by sweep and train.
 struct Parallel {
   bx::LaunchOptions launch;
   double timeout = 60;
+  std::string backend = "auto";
+  std::optional<std::string> device;
   void add_to(CLI::App* cmd) {
-    cmd->add_option("--nproc", launch.nproc, "data-parallel ranks to start on this node (Gloo on CPU)")
+    cmd->add_option("--device", device, "cpu or cuda (default: the config's device; cuda: cuda:LOCAL_RANK)")
+        ->check(CLI::IsMember({"cpu", "cuda"}));
+    cmd->add_option("--nproc", launch.nproc, "data-parallel ranks to start on this node")
+        ->capture_default_str();
+    cmd->add_option("--backend", backend,
+                    "c10d backend: auto (a world of one has none; else nccl on cuda where built, gloo otherwise), "
+                    "gloo or nccl (a group even for a world of one)")
+        ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
         ->capture_default_str();
     cmd->add_option("--nnodes", launch.nnodes, "nodes; run the same command on each")->capture_default_str();
     cmd->add_option("--node-rank", launch.node_rank, "this node's index")->capture_default_str();
@@ -92,13 +101,31 @@ struct Parallel {
 };
 
 // This process's place in a data-parallel job (torchrun, mpirun or our launcher),
-// with its process group; none in a world of one.
-std::unique_ptr<bigbatch::distributed::ProcessGroup> join(const Parallel& p) {
-  const auto world = bigbatch::distributed::world_from_env();
-  if (world.world_size == 1) return nullptr;
+// with its process group on the backend for `device`; none in a world of one
+// unless --backend names one.
+std::unique_ptr<bigbatch::distributed::ProcessGroup> join(const Parallel& p, const std::string& device) {
+  namespace bd = bigbatch::distributed;
+  const auto world = bd::world_from_env();
+  if (world.world_size == 1 && p.backend == "auto") return nullptr;
   if (!(p.timeout > 0)) throw bx::ConfigError("--timeout: must be > 0, got " + std::to_string(p.timeout));
-  return std::make_unique<bigbatch::distributed::ProcessGroup>(
-      world, std::chrono::milliseconds(static_cast<std::int64_t>(p.timeout * 1000)));
+  if (p.backend == "nccl" && !bd::nccl_available()) {
+    throw bx::ConfigError("--backend nccl: this build has no NCCL (build against a CUDA LibTorch with -DBIGBATCH_CUDA=ON)");
+  }
+  const bd::Backend backend = p.backend == "nccl"   ? bd::Backend::kNccl
+                              : p.backend == "gloo" ? bd::Backend::kGloo
+                              : device == "cuda" && bd::nccl_available() ? bd::Backend::kNccl
+                                                                         : bd::Backend::kGloo;
+  return std::make_unique<bd::ProcessGroup>(world, std::chrono::milliseconds(static_cast<std::int64_t>(p.timeout * 1000)),
+                                            backend);
+}
+
+// The sweeps of a config, with --device applied.
+std::vector<bx::NamedSweep> load(const std::string& config, const Parallel& p) {
+  auto sweeps = bx::load_sweeps(config);
+  if (p.device) {
+    for (auto& named : sweeps) named.sweep.base.device = *p.device;
+  }
+  return sweeps;
 }
 
 int run(int argc, char** argv) {
@@ -141,12 +168,12 @@ int run(int argc, char** argv) {
   }
 
   if (*sweep) {
-    const auto sweeps = bx::load_sweeps(config);  // every variant parsed before any runs
+    const auto sweeps = load(config, parallel);  // every variant parsed before any runs
     if (parallel.launcher()) {
       for (const auto& named : sweeps) bx::check_world(named.sweep, parallel.world_size());
       return bx::launch_local(parallel.launch, argc, argv);
     }
-    const auto group = join(parallel);
+    const auto group = join(parallel, sweeps.front().sweep.base.device);
     if (group && group->rank() != 0) {
       for (const auto& named : sweeps) {
         bx::run_sweep(named.sweep, {(fs::path(out) / named.folder).parent_path().string(), jobs}, group.get());
@@ -165,7 +192,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (*train) {
-    const auto sweeps = bx::load_sweeps(config);
+    const auto sweeps = load(config, parallel);
     const auto chosen = std::find_if(sweeps.begin(), sweeps.end(), [&](const bx::NamedSweep& n) {
       return !variant || n.sweep.base.sweep == *variant;
     });
@@ -187,7 +214,7 @@ int run(int argc, char** argv) {
     bx::check_world(cfg, parallel.launcher() ? parallel.world_size()
                                              : bigbatch::distributed::world_from_env().world_size);
     if (parallel.launcher()) return bx::launch_local(parallel.launch, argc, argv);
-    const auto group = join(parallel);
+    const auto group = join(parallel, cfg.base.device);
     const bx::Dataset data = bx::load_data(cfg);
     const std::string tdir = (fs::path(out) / (chosen->folder + ".train") / trial.name).string();
     const bx::TrialResult r = bx::run_one(
@@ -195,7 +222,9 @@ int run(int argc, char** argv) {
         [](const bx::TrialProgress& p) { std::cerr << "step " << p.step << "/" << p.budget << " loss " << p.loss << "\n"; },
         group.get());
     if (group && group->rank() != 0) return 0;
-    std::cout << (group ? "data-parallel over " + std::to_string(group->size()) + " ranks: " : std::string())
+    std::cout << (group ? "data-parallel over " + std::to_string(group->size()) + " ranks (" +
+                              bigbatch::distributed::backend_name(group->backend()) + "): "
+                        : std::string())
               << trial.name << ": " << r.status << " after " << r.steps << " steps, best " << trial.target.metric
               << " " << r.best_metric << "; results in " << tdir << "\n";
     return 0;

@@ -8,6 +8,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -258,6 +259,59 @@ TEST(DataParallel, ADeadRankStopsTheOtherWithAClearError) {
   const std::string log = slurp(r.logs[0]);
   EXPECT_NE(log.find("rank 0"), std::string::npos) << log;
   std::cout << "rank 0 after the death of rank 1 (" << r.seconds << " s): " << log << "\n";
+}
+
+// A world of one on `backend`: the collectives run (a group asked for is used)
+// and change nothing, so 10 steps equal 10 steps without a group, bit for bit.
+void expect_world_of_one_is_identity(bd::Backend backend, const at::Device& device) {
+  bd::WorldInfo world;
+  world.master_port = 20000 + static_cast<int>(getpid() % 20000);
+  bd::ProcessGroup group(world, std::chrono::seconds(30), backend);
+  EXPECT_EQ(group.backend(), backend);
+  auto alone = make_net(5);
+  auto grouped = make_net(5);
+  alone->to(device);
+  grouped->to(device);
+  bd::broadcast_module(group, *grouped);
+  auto opt_alone = make_opt("lamb", alone);
+  auto opt_grouped = make_opt("lamb", grouped);
+  const auto [x_cpu, y_cpu] = data();
+  const at::Tensor x = x_cpu.to(device);
+  const at::Tensor y = y_cpu.to(device);
+  for (int step = 0; step < kSteps; ++step) {
+    const at::Tensor xb = x.slice(0, step * kPerRank, (step + 1) * kPerRank);
+    const at::Tensor yb = y.slice(0, step * kPerRank, (step + 1) * kPerRank);
+    for (auto* pair : {&alone, &grouped}) {
+      (pair == &alone ? opt_alone : opt_grouped)->zero_grad();
+      torch::nn::functional::cross_entropy((*pair)->forward(xb), yb).backward();
+    }
+    const auto norms = bd::allreduce_gradients(group, grouped->parameters());
+    EXPECT_DOUBLE_EQ(norms.local_sq, norms.global_sq);
+    opt_alone->step();
+    opt_grouped->step();
+  }
+  EXPECT_TRUE(at::equal(flat_params(alone), flat_params(grouped)));
+  std::vector<at::Tensor> scalar{at::full({1}, 2.5, at::kDouble)};  // a CPU tensor, as the runner sends
+  group.allreduce_sum(scalar);
+  EXPECT_EQ(scalar[0].item<double>(), 2.5);
+  EXPECT_TRUE(scalar[0].device().is_cpu());
+}
+
+TEST(DataParallel, GlooWorldOfOneRunsItsCollectives) {
+  expect_world_of_one_is_identity(bd::Backend::kGloo, at::kCPU);
+}
+
+TEST(DataParallel, NcclWorldOfOneRunsItsCollectives_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!bd::nccl_available()) GTEST_SKIP() << "this build has no NCCL backend";
+  expect_world_of_one_is_identity(bd::Backend::kNccl, at::kCUDA);
+}
+
+TEST(DataParallel, NcclWithoutItInTheBuildIsRefused) {
+  if (bd::nccl_available()) GTEST_SKIP() << "this build has NCCL";
+  bd::WorldInfo world;
+  world.master_port = 20000 + static_cast<int>((getpid() + 7) % 20000);
+  EXPECT_THROW(bd::ProcessGroup(world, std::chrono::seconds(5), bd::Backend::kNccl), c10::Error);
 }
 
 TEST(EpochPartition, SharedShuffleEqualShares) {

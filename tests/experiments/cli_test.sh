@@ -136,6 +136,13 @@ bad_configs)
   expect_error 2 'variants: "/abs" is not a valid name' "$bigbatch" sweep variant.json
   derive schedule.json 'c["schedule"]["decay"] = {"type": "step", "milestones": [30, 20]}'
   expect_error 2 "schedule.decay.milestones: must be strictly increasing" "$bigbatch" sweep schedule.json
+  derive device.json 'c["device"] = "tpu"'
+  expect_error 2 'device.json: device: must be "cpu" or "cuda", got "tpu"' "$bigbatch" sweep device.json
+  expect_error 2 "" "$bigbatch" train "$config" --backend mpi
+  if ! "$bigbatch" train "$config" --steps 1 --device cuda --out cuda > /dev/null 2>&1; then
+    # Without a GPU (or a CUDA LibTorch) a CUDA trial is refused with one line, exit 1.
+    expect_error 1 'device "cuda": no CUDA device is visible' "$bigbatch" train "$config" --steps 1 --device cuda --out cuda
+  fi
   expect_error 2 "cannot open the config file" "$bigbatch" sweep missing.json
   expect_error 2 "" "$bigbatch" sweep "$config" --jobs zero
   expect_error 2 "" "$bigbatch" frobnicate

@@ -3,6 +3,10 @@
 #include <bigbatch/experiments/trial.h>
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <cmath>
+#include <string>
 
 #include <set>
 
@@ -103,6 +107,51 @@ TEST(Trainer, SameSeedSameRun) {
   const Dataset d = load_dataset(c.data);
   Trainer a(c, d), b(c, d);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(a.train_step(), b.train_step());
+}
+
+TEST(Trainer, CudaTrialFollowsTheCpuTrial_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const std::string optimizer : {"sgd", "lamb", "lars"}) {
+    TrialConfig c = mixture_trial(optimizer == "lars" ? 1.0 : 0.05, 0.001);
+    c.optimizer.name = optimizer;
+    const Dataset d = load_dataset(c.data);
+    Trainer cpu(c, d);
+    c.device = "cuda";
+    Trainer gpu(c, d);
+    EXPECT_TRUE(gpu.device().is_cuda());
+    EXPECT_TRUE(gpu.model()->parameters().front().is_cuda());
+    // The same data, weights and rates: the losses agree to float rounding
+    // (different kernels sum in different orders) over the first steps.
+    for (int i = 0; i < 10; ++i) {
+      const double a = cpu.train_step();
+      const double b = gpu.train_step();
+      EXPECT_NEAR(a, b, 1e-3 * std::abs(a) + 1e-4) << optimizer << ", step " << i;
+    }
+    const auto [loss_cpu, error_cpu] = cpu.evaluate();
+    const auto [loss_gpu, error_gpu] = gpu.evaluate();
+    EXPECT_NEAR(loss_cpu, loss_gpu, 1e-2 * loss_cpu) << optimizer;
+  }
+}
+
+TEST(Trainer, UnknownOrMissingDeviceIsRefused) {
+  TrialConfig c = mixture_trial(0.05, 0.2);
+  c.device = "tpu";
+  const Dataset d = load_dataset(c.data);
+  try {
+    Trainer t(c, d);
+    FAIL() << "a tpu device was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("got \"tpu\""), std::string::npos) << e.what();
+  }
+  if (!torch::cuda::is_available()) {
+    c.device = "cuda";
+    try {
+      Trainer t(c, d);
+      FAIL() << "cuda was accepted without a CUDA device";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
