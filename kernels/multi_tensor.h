@@ -62,6 +62,33 @@ struct TensorSlot {
 /// Whether this process sees a CUDA device.
 bool device_available();
 
+/// Elements per chunk: the unit of work of one block, and of the norm sums.
+constexpr std::int64_t kChunkElements = 1 << 14;
+
+/// The tensor that owns `chunk`, given chunk_start[t] = the first chunk of
+/// tensor t (non-decreasing, n entries; empty tensors own no chunk): the last
+/// t with chunk_start[t] <= chunk. A binary search, run by every block.
+BIGBATCH_HD inline int chunk_owner(const std::int64_t* chunk_start, int n, std::int64_t chunk) {
+  int lo = 0;
+  int hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (chunk_start[mid] <= chunk) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+/// Bytes of tensor data one step moves per element of a tensor (docs/cuda.md):
+/// the passes of `algorithm` with the options that add one (LAMB's first pass
+/// runs with skip_nonfinite or clipping), for its storage dtype, with or
+/// without an fp32 master copy.
+std::int64_t step_bytes_per_element(Algorithm algorithm, bool skip_nonfinite, bool clip, DType dtype,
+                                    bool master);
+
 /// The multi-tensor step of one optimizer. bind() describes the tensors and
 /// options; run() enqueues the step on a stream. What lives on the device:
 /// the table of tensors (built once, rebuilt only when the tensors change),

@@ -284,6 +284,15 @@ std::vector<PassArrays> passes_of(Algorithm algorithm, const Launch& launch) {
 }
 }  // namespace
 
+std::int64_t step_bytes_per_element(Algorithm algorithm, bool skip_nonfinite, bool clip, DType dtype,
+                                    bool master) {
+  std::int64_t bytes = 0;
+  for (const PassArrays& pass : passes_of(algorithm, Launch{skip_nonfinite, clip})) {
+    bytes += pass_bytes(pass, dtype, master);
+  }
+  return bytes;
+}
+
 int MultiTensorStep::launches_per_step() const {
   const Impl& d = *impl_;
   if (d.slots.empty()) return 0;
@@ -295,8 +304,9 @@ int MultiTensorStep::launches_per_step() const {
 std::int64_t MultiTensorStep::bytes_per_step() const {
   const Impl& d = *impl_;
   std::int64_t bytes = 0;
-  for (const PassArrays& pass : passes_of(d.algorithm, d.launch)) {
-    for (const TensorSlot& s : d.slots) bytes += s.numel * pass_bytes(pass, s.dtype, s.master != nullptr);
+  for (const TensorSlot& s : d.slots) {
+    bytes += s.numel * step_bytes_per_element(d.algorithm, d.launch.check_skip, d.launch.clip, s.dtype,
+                                              s.master != nullptr);
   }
   return bytes;
 }

@@ -21,7 +21,7 @@ void check(cudaError_t err, const char* call, const char* file, int line);
 
 constexpr int kThreads = 256;                // every kernel here: block_sum needs it fixed
 constexpr int kWarps = kThreads / 32;
-constexpr std::int64_t kChunk = 1 << 14;     // elements per block (a multiple of 4)
+constexpr std::int64_t kChunk = kChunkElements;  // elements per block (a multiple of 4)
 
 /// A tensor as the device table holds it (its gradient pointer is apart:
 /// it may move every step, the rest only when the tensors change).
@@ -112,22 +112,6 @@ __device__ inline void store4(T* p, const float (&in)[4]) {
 
 __device__ inline bool aligned_to(const void* p, std::uintptr_t bytes) {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
-}
-
-/// The tensor that owns `chunk`: the last t with chunk_start[t] <= chunk
-/// (empty tensors own no chunk, so ties resolve to the owner).
-__device__ inline int tensor_of_chunk(const Table& table, std::int64_t chunk) {
-  int lo = 0;
-  int hi = table.num_tensors - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (table.chunk_start[mid] <= chunk) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
 }
 
 /// Applies op(p, g, m, v, acc) to elements [begin, end) of one tensor, with
@@ -221,7 +205,7 @@ template <typename Pass>
 __global__ void __launch_bounds__(kThreads) chunk_kernel(Table table, Pass pass) {
   if (pass.check_skip && table.scalars->skip) return;  // the step was abandoned
   const std::int64_t chunk = blockIdx.x;
-  const int t = tensor_of_chunk(table, chunk);
+  const int t = chunk_owner(table.chunk_start, table.num_tensors, chunk);
   const Slot s = table.slots[t];
   const std::int64_t begin = (chunk - table.chunk_start[t]) * kChunk;
   const std::int64_t end = begin + kChunk < s.numel ? begin + kChunk : s.numel;
