@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -160,6 +161,17 @@ void ProcessGroup::broadcast(std::vector<at::Tensor>& tensors, int root) {
 
 void ProcessGroup::barrier() {
   impl_->with_backend([&](auto& pg) { return pg.barrier(); })->wait();
+}
+
+std::string broadcast_bytes(ProcessGroup& group, const std::string& bytes, int root) {
+  std::vector<at::Tensor> size{at::scalar_tensor(static_cast<std::int64_t>(bytes.size()), at::kLong).reshape({1})};
+  group.broadcast(size, root);
+  const std::int64_t n = size[0].item<std::int64_t>();
+  if (n == 0) return {};
+  std::vector<at::Tensor> data{at::zeros({n}, at::kByte)};
+  if (group.rank() == root) std::memcpy(data[0].data_ptr(), bytes.data(), static_cast<std::size_t>(n));
+  group.broadcast(data, root);
+  return std::string(static_cast<const char*>(data[0].data_ptr()), static_cast<std::size_t>(n));
 }
 
 void broadcast_module(ProcessGroup& group, torch::nn::Module& module) {

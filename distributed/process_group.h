@@ -74,6 +74,9 @@ class ProcessGroup {
   std::unique_ptr<Impl> impl_;
 };
 
+/// Root's bytes on every rank (a checkpoint that only rank 0 can read).
+std::string broadcast_bytes(ProcessGroup& group, const std::string& bytes, int root = 0);
+
 /// Copies rank 0's parameters and buffers to every rank.
 void broadcast_module(ProcessGroup& group, torch::nn::Module& module);
 

@@ -350,7 +350,8 @@ json trial_common_json(const TrialConfig& t, bool with_rate) {
           {"target", {{"metric", t.target.metric}, {"threshold", t.target.threshold}, {"eval_every", t.target.eval_every}}},
           {"budget", budget_json(t.budget)},
           {"gns", {{"micro_batches", t.gns.micro_batches}, {"beta", t.gns.beta}}},
-          {"device", t.device}};
+          {"device", t.device},
+          {"checkpoint_every", t.checkpoint_every}};
 }
 
 }  // namespace
@@ -385,6 +386,10 @@ SweepConfig parse_sweep(const json& j) {
     t.gns = parse_gns(r.object("gns"));
     t.device = r.string("device", t.device);
     require(t.device == "cpu" || t.device == "cuda", "device", "must be \"cpu\" or \"cuda\", got \"" + t.device + "\"");
+    t.checkpoint_every = r.integer("checkpoint_every", 0);
+    require(t.checkpoint_every >= 0 && t.checkpoint_every % t.target.eval_every == 0, "checkpoint_every",
+            "must be 0 (off) or a multiple of target.eval_every (" + std::to_string(t.target.eval_every) + "), got " +
+                std::to_string(t.checkpoint_every));
     if (!r.has("batch_sizes")) config_error("batch_sizes", "missing (a list of batch sizes)");
     s.batch_sizes = r.integers("batch_sizes", {});
     require(!s.batch_sizes.empty(), "batch_sizes", "must not be empty");

@@ -72,6 +72,7 @@ struct TrialConfig {
   std::int64_t batch_size = 0;
   std::uint64_t seed = 0;
   std::string device = "cpu";  ///< cpu, cuda (each rank its cuda:LOCAL_RANK)
+  std::int64_t checkpoint_every = 0;  ///< steps between checkpoints (a multiple of target.eval_every); 0 off
 };
 
 /// The nuisance-parameter search run at every batch size.

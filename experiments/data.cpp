@@ -106,4 +106,18 @@ at::Tensor BatchSampler::next(std::int64_t batch) {
   return out;
 }
 
+std::vector<at::Tensor> BatchSampler::state() const {
+  return {generator_.get_state(), order_.defined() ? order_ : at::empty({0}, at::kLong),
+          at::scalar_tensor(position_, at::kLong)};
+}
+
+void BatchSampler::restore(const std::vector<at::Tensor>& state) {
+  TORCH_CHECK(state.size() == 3, "BatchSampler: a state has 3 tensors, got ", state.size());
+  generator_.set_state(state[0]);
+  order_ = state[1].numel() == 0 ? at::Tensor() : state[1].clone();
+  TORCH_CHECK(!order_.defined() || order_.numel() == size_, "BatchSampler: a saved order of ", order_.numel(),
+              " indices for a dataset of ", size_);
+  position_ = state[2].item<std::int64_t>();
+}
+
 }  // namespace bigbatch::experiments

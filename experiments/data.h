@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace bigbatch::experiments {
 
@@ -42,6 +43,11 @@ class BatchSampler {
   BatchSampler(std::int64_t size, std::uint64_t seed);
   /// Indices of the next batch (int64, size `batch`). batch <= size.
   at::Tensor next(std::int64_t batch);
+
+  /// Where the sampler is (generator state, the epoch's order, the position),
+  /// to checkpoint and restore a run exactly.
+  std::vector<at::Tensor> state() const;
+  void restore(const std::vector<at::Tensor>& state);
 
  private:
   std::int64_t size_;

@@ -36,7 +36,7 @@ using nlohmann::json;
 namespace {
 
 std::string read_file(const fs::path& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(path.string() + ": cannot read");
   std::stringstream s;
   s << in.rdbuf();
@@ -253,16 +253,39 @@ TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::st
                     const std::function<void(const TrialProgress&)>& progress,
                     distributed::ProcessGroup* group) {
   const bool writer = group == nullptr || group->rank() == 0;
+  const fs::path checkpoint = fs::path(dir) / "checkpoint.pt";
+  std::string saved;  // the trial's last checkpoint, from an interrupted run of the same config
   if (writer) {
     fs::create_directories(dir);
     fs::remove(fs::path(dir) / "summary.json");  // unfinished until the end
+    bool same_config = false;
+    try {
+      same_config = fs::exists(fs::path(dir) / "config.json") && read_json(fs::path(dir) / "config.json") == to_json(trial);
+    } catch (const std::exception&) {
+      same_config = false;  // unreadable: start over
+    }
+    if (trial.checkpoint_every > 0 && same_config && fs::exists(checkpoint)) {
+      saved = read_file(checkpoint);
+    } else {
+      fs::remove(checkpoint);  // another config's, or checkpoints are off
+    }
     write_file_atomic((fs::path(dir) / "config.json").string(), to_json(trial).dump(2) + "\n");
   }
+  if (group != nullptr) saved = distributed::broadcast_bytes(*group, saved);  // rank 0's, to every rank
   Trainer trainer(trial, data, group);
-  const TrialResult r = trainer.run(writer ? progress : std::function<void(const TrialProgress&)>());
+  if (!saved.empty()) {
+    trainer.restore(saved);
+    if (writer) std::cerr << "resuming " << trial.name << " from its checkpoint at step " << trainer.step() << "\n";
+  }
+  std::function<void(const std::string&)> on_checkpoint;
+  if (writer && trial.checkpoint_every > 0) {
+    on_checkpoint = [&](const std::string& bytes) { write_file_atomic(checkpoint.string(), bytes); };
+  }
+  const TrialResult r = trainer.run(writer ? progress : std::function<void(const TrialProgress&)>(), on_checkpoint);
   if (writer) {
     write_file_atomic((fs::path(dir) / "metrics.csv").string(), metrics_csv(r.rows));
     write_file_atomic((fs::path(dir) / "summary.json").string(), summary_json(trial, r).dump(2) + "\n");
+    fs::remove(checkpoint);  // finished: the summary and metrics are the record
   }
   return r;
 }

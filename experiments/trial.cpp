@@ -12,6 +12,8 @@
 
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -20,6 +22,7 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <sstream>
 
 namespace bigbatch::experiments {
 namespace {
@@ -109,7 +112,8 @@ Trainer::Trainer(const TrialConfig& config, const Dataset& data, distributed::Pr
       group_(group),
       device_(trial_device(config.device, group)),
       sampler_(data.train_size(), config.seed * 7919 + 1),
-      gns_(config.gns.beta) {
+      gns_(config.gns.beta),
+      best_metric_(std::numeric_limits<double>::infinity()) {
   {
     std::lock_guard<std::mutex> lock(init_mutex());
     at::manual_seed(config.seed);
@@ -230,15 +234,16 @@ std::pair<double, double> Trainer::evaluate_local() {
   return {loss / count, data_.classes > 0 ? wrong / count : kNaN};
 }
 
-TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progress) {
+TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progress,
+                         const std::function<void(const std::string&)>& on_checkpoint) {
   const auto start = std::chrono::steady_clock::now();
+  const double before = elapsed_;
   const auto seconds = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return before + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   TrialResult r;
   r.budget = budget_;
   r.peak_lr = adapter_->schedule().peak_lr();
-  r.best_metric = std::numeric_limits<double>::infinity();
   r.status = "not_reached";
   const bool use_error = config_.target.metric == "val_error";
   double loss_sum = 0;
@@ -269,7 +274,7 @@ TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progre
     row.batch_size = adapter_->schedule().batch_size(step_ - 1);
     row.wall_time = seconds();
     row.gns = gns_.updates() > 0 ? gns_.b_simple() : kNaN;
-    r.rows.push_back(row);
+    rows_.push_back(row);
     loss_sum = 0;
     loss_count = 0;
     const double metric = use_error ? val_error : val_loss;
@@ -277,17 +282,115 @@ TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progre
       r.status = "diverged";
       break;
     }
-    r.best_metric = std::min(r.best_metric, metric);
+    best_metric_ = std::min(best_metric_, metric);
     if (metric <= config_.target.threshold) {
       r.status = "reached";
       r.steps_to_target = step_;
       r.examples_to_target = examples_;
       break;
     }
+    if (on_checkpoint && config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0 &&
+        step_ < budget_) {
+      elapsed_ = seconds();
+      on_checkpoint(checkpoint());
+    }
   }
   r.steps = step_;
+  r.rows = rows_;
+  r.best_metric = best_metric_;
   r.wall_time = seconds();
+  elapsed_ = r.wall_time;
   return r;
+}
+
+// --------------------------------------------------------------- checkpoints --
+
+namespace {
+
+constexpr int kRowFields = 10;
+
+at::Tensor rows_tensor(const std::vector<EvalRow>& rows) {
+  std::vector<double> flat;
+  for (const EvalRow& r : rows) {
+    flat.insert(flat.end(), {static_cast<double>(r.step), r.epoch, static_cast<double>(r.examples), r.train_loss,
+                             r.val_loss, r.val_error, r.lr, static_cast<double>(r.batch_size), r.wall_time, r.gns});
+  }
+  return at::tensor(flat, at::kDouble).view({static_cast<std::int64_t>(rows.size()), kRowFields});
+}
+
+std::vector<EvalRow> rows_of(const at::Tensor& t) {
+  TORCH_CHECK(t.dim() == 2 && t.size(1) == kRowFields, "checkpoint: evaluations of shape ", t.sizes());
+  const at::Tensor c = t.to(at::kDouble).contiguous();
+  const double* v = c.data_ptr<double>();
+  std::vector<EvalRow> rows(static_cast<std::size_t>(c.size(0)));
+  for (auto& r : rows) {
+    r.step = static_cast<std::int64_t>(v[0]);
+    r.epoch = v[1];
+    r.examples = static_cast<std::int64_t>(v[2]);
+    r.train_loss = v[3];
+    r.val_loss = v[4];
+    r.val_error = v[5];
+    r.lr = v[6];
+    r.batch_size = static_cast<std::int64_t>(v[7]);
+    r.wall_time = v[8];
+    r.gns = v[9];
+    v += kRowFields;
+  }
+  return rows;
+}
+
+}  // namespace
+
+std::string Trainer::checkpoint() const {
+  torch::serialize::OutputArchive archive;
+  torch::serialize::OutputArchive model;
+  torch::serialize::OutputArchive optimizer;
+  model_->save(model);
+  optimizer_->save(optimizer);
+  archive.write("model", model);
+  archive.write("optimizer", optimizer);
+  const auto sampler = sampler_.state();
+  for (std::size_t k = 0; k < sampler.size(); ++k) archive.write("sampler/" + std::to_string(k), sampler[k]);
+  const auto g = gns_.state();
+  archive.write("gns", at::tensor(std::vector<double>{g.grad_sq, g.trace, g.correction}, at::kDouble));
+  archive.write("counters", at::tensor(std::vector<std::int64_t>{step_, examples_, g.updates}, at::kLong));
+  archive.write("scalars", at::tensor(std::vector<double>{last_lr_, best_metric_, elapsed_}, at::kDouble));
+  archive.write("rows", rows_tensor(rows_));
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void Trainer::restore(const std::string& bytes) {
+  torch::serialize::InputArchive archive;
+  std::istringstream in(bytes);
+  archive.load_from(in, device_);
+  torch::serialize::InputArchive model;
+  torch::serialize::InputArchive optimizer;
+  archive.read("model", model);
+  archive.read("optimizer", optimizer);
+  model_->load(model);
+  optimizer_->load(optimizer);
+  std::vector<at::Tensor> sampler(3);
+  for (std::size_t k = 0; k < sampler.size(); ++k) archive.read("sampler/" + std::to_string(k), sampler[k]);
+  for (auto& t : sampler) t = t.cpu();
+  sampler_.restore(sampler);
+  at::Tensor gns, counters, scalars, rows;
+  archive.read("gns", gns);
+  archive.read("counters", counters);
+  archive.read("scalars", scalars);
+  archive.read("rows", rows);
+  gns = gns.cpu();
+  counters = counters.cpu();
+  scalars = scalars.cpu();
+  step_ = counters[0].item<std::int64_t>();
+  examples_ = counters[1].item<std::int64_t>();
+  gns_.restore({gns[0].item<double>(), gns[1].item<double>(), gns[2].item<double>(), counters[2].item<std::int64_t>()});
+  last_lr_ = scalars[0].item<double>();
+  best_metric_ = scalars[1].item<double>();
+  elapsed_ = scalars[2].item<double>();
+  rows_ = rows_of(rows.cpu());
+  TORCH_CHECK(step_ <= budget_, "checkpoint: step ", step_, " is past this trial's budget of ", budget_, " steps");
 }
 
 }  // namespace bigbatch::experiments

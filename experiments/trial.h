@@ -77,8 +77,19 @@ class Trainer {
   double train_step();
   /// Validation loss and error with the model in eval mode.
   std::pair<double, double> evaluate();
-  /// Runs to the target, the budget or divergence.
-  TrialResult run(const std::function<void(const TrialProgress&)>& progress = {});
+  /// Runs to the target, the budget or divergence (from where restore() left
+  /// it). With config.checkpoint_every > 0, on_checkpoint gets checkpoint()
+  /// after each evaluation at a multiple of it that does not end the trial.
+  TrialResult run(const std::function<void(const TrialProgress&)>& progress = {},
+                  const std::function<void(const std::string&)>& on_checkpoint = {});
+
+  /// The whole state of the run between two steps, as the bytes of a torch
+  /// archive: model, optimizer, step, sampler, noise-scale averages, and the
+  /// evaluations so far. Deterministic noise needs no state (seed, step).
+  std::string checkpoint() const;
+  /// Continues from checkpoint() bytes of a trainer made with the same config:
+  /// the run then goes on exactly as it would have without the interruption.
+  void restore(const std::string& bytes);
 
   torch::nn::Sequential& model() { return model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
@@ -106,6 +117,9 @@ class Trainer {
   std::int64_t examples_ = 0;
   std::int64_t budget_ = 0;
   double last_lr_ = 0;
+  std::vector<EvalRow> rows_;  // evaluations so far
+  double best_metric_;         // the lowest target metric so far
+  double elapsed_ = 0;         // seconds of earlier runs of this trial
 };
 
 /// The optimizer a config names, over the model's parameters (bigbatch's with

@@ -43,6 +43,21 @@ class GradientNoiseScale {
   double b_simple() const;
   std::int64_t updates() const { return updates_; }
 
+  /// The raw averages, to checkpoint and restore a run exactly.
+  struct State {
+    double grad_sq = 0;
+    double trace = 0;
+    double correction = 1;
+    std::int64_t updates = 0;
+  };
+  State state() const { return {grad_sq_, trace_, correction_, updates_}; }
+  void restore(const State& s) {
+    grad_sq_ = s.grad_sq;
+    trace_ = s.trace;
+    correction_ = s.correction;
+    updates_ = s.updates;
+  }
+
  private:
   double beta_;
   double grad_sq_ = 0;

@@ -109,6 +109,58 @@ TEST(Trainer, SameSeedSameRun) {
   for (int i = 0; i < 20; ++i) EXPECT_EQ(a.train_step(), b.train_step());
 }
 
+// An interrupted run resumed from its last checkpoint ends exactly as the
+// uninterrupted run: same evaluations, same parameters, bit for bit. With the
+// state that must survive: LAMB's moments and step counts, the sampler in the
+// middle of an epoch, the noise-scale averages, and a warmup schedule.
+TEST(Trainer, ResumedFromACheckpointEqualsUninterrupted) {
+  for (const std::string optimizer : {"lamb", "sgd"}) {
+    TrialConfig c = mixture_trial(0.05, 0.001);
+    c.optimizer.name = optimizer;
+    c.data.separation = 0.5;  // overlapping classes: the target is never reached
+    c.checkpoint_every = 20;
+    c.gns.micro_batches = 2;
+    c.noise.type = "multiplicative";
+    c.noise.base_batch = 32;
+    c.schedule.warmup.length = 30;
+    c.budget = {90, bigbatch::schedules::Unit::kSteps};
+    const Dataset d = load_dataset(c.data);
+
+    Trainer whole(c, d);
+    const TrialResult full = whole.run();
+
+    std::vector<std::string> saved;
+    std::int64_t stopped_at = 0;
+    {
+      TrialConfig first = c;
+      first.budget = {50, bigbatch::schedules::Unit::kSteps};  // "killed" after step 50
+      Trainer a(first, d);
+      a.run({}, [&](const std::string& bytes) { saved.push_back(bytes); });
+      stopped_at = a.step();
+    }
+    ASSERT_EQ(stopped_at, 50);
+    ASSERT_EQ(saved.size(), 2u) << "checkpoints at steps 20 and 40";
+    Trainer b(c, d);
+    b.restore(saved.back());  // step 40
+    EXPECT_EQ(b.step(), 40);
+    const TrialResult resumed = b.run();
+
+    ASSERT_EQ(resumed.rows.size(), full.rows.size()) << optimizer;
+    for (std::size_t i = 0; i < full.rows.size(); ++i) {
+      EXPECT_EQ(resumed.rows[i].step, full.rows[i].step);
+      EXPECT_EQ(resumed.rows[i].train_loss, full.rows[i].train_loss) << optimizer << ", row " << i;
+      EXPECT_EQ(resumed.rows[i].val_loss, full.rows[i].val_loss) << optimizer << ", row " << i;
+      EXPECT_EQ(resumed.rows[i].lr, full.rows[i].lr);
+      EXPECT_TRUE(resumed.rows[i].gns == full.rows[i].gns || (std::isnan(resumed.rows[i].gns) && std::isnan(full.rows[i].gns)));
+    }
+    EXPECT_EQ(resumed.status, full.status);
+    EXPECT_EQ(resumed.best_metric, full.best_metric);
+    const auto pw = whole.model()->parameters();
+    const auto pb = b.model()->parameters();
+    for (std::size_t k = 0; k < pw.size(); ++k) EXPECT_TRUE(at::equal(pw[k], pb[k])) << optimizer << ", parameter " << k;
+  }
+}
+
 TEST(Trainer, CudaTrialFollowsTheCpuTrial_CUDA) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   for (const std::string optimizer : {"sgd", "lamb", "lars"}) {
