@@ -92,6 +92,12 @@ int worker(const std::string& scenario) {
     write_tensor(out + "." + std::to_string(world.rank), flat_params(net));
     return world.rank == 1 && at::equal(before, flat_params(net)) ? 3 : 0;
   }
+  if (scenario == "bytes") {  // rank 0's checkpoint bytes reach rank 1, zeros and all
+    const std::string sent("\0checkpoint\xff\x01", 13);
+    const std::string got = bd::broadcast_bytes(group, world.rank == 0 ? sent : std::string("stale"));
+    const std::string none = bd::broadcast_bytes(group, std::string());
+    return got == sent && none.empty() ? 0 : 4;
+  }
   if (scenario == "uneven") {  // 103 examples, 2 ranks x 4: 12 batches each, 2 epochs
     auto opt = make_opt("sgd", net);
     const at::Tensor x = at::randn({103, 6});
@@ -242,6 +248,11 @@ TEST(DataParallel, BroadcastGivesEveryRankRankZerosParameters) {
   const at::Tensor rank0 = flat_params(net);
   EXPECT_TRUE(at::equal(read_tensor(out + ".0", rank0.numel()), rank0));
   EXPECT_TRUE(at::equal(read_tensor(out + ".1", rank0.numel()), rank0));
+}
+
+TEST(DataParallel, BroadcastBytesGivesEveryRankRankZerosBytes) {
+  const Ranks r = launch("bytes", tmp("bytes"));
+  EXPECT_EQ(r.status, (std::vector<int>{0, 0})) << slurp(r.logs[0]) << slurp(r.logs[1]);
 }
 
 TEST(DataParallel, UnevenDatasetFinishesWithoutHanging) {
