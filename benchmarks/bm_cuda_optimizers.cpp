@@ -5,7 +5,10 @@
 // in ~160 tensors), and 10,000 small tensors. Bytes per fp32 parameter each
 // fused step moves (docs/cuda.md): LARS/LARC 28, LAMB 44 (40 without
 // skip_nonfinite and clipping), NovoGrad 24. Built with BIGBATCH_CUDA.
+#include "optimizer_bench.h"
+
 #include <bigbatch/bigbatch.h>
+#include <bigbatch/kernels/multi_tensor.h>
 
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -15,6 +18,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -22,20 +26,13 @@
 namespace {
 
 using namespace bigbatch::optim;
+using bigbatch::bench::Make;
+using bigbatch::bench::maker;
+using bigbatch::bench::ParamList;
 
 void cuda_check(cudaError_t err) {
   if (err != cudaSuccess) throw std::runtime_error(cudaGetErrorString(err));
 }
-
-struct ParamList {
-  const char* name;
-  std::vector<std::int64_t> sizes;
-  std::int64_t total() const {
-    std::int64_t n = 0;
-    for (auto s : sizes) n += s;
-    return n;
-  }
-};
 
 // BERT-large: embeddings (30522 + 512 + 2) x 1024 with a LayerNorm, 24 layers
 // of Q, K, V, O (1024x1024 + bias), two LayerNorms, 1024x4096 and 4096x1024
@@ -91,8 +88,6 @@ ParamList many_small() {
   for (int i = 0; i < 10000; ++i) p.sizes.push_back(64 << (i % 5));
   return p;
 }
-
-using Make = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>, bool)>;
 
 // Times body() per iteration with CUDA events on the current stream.
 template <typename Body>
@@ -159,31 +154,32 @@ void bm_copy(benchmark::State& state, const ParamList& list, double bytes_per_pa
   cuda_check(cudaFree(dst));
 }
 
-template <typename Opt, typename Options>
-Make maker(Options o) {
-  return [o](std::vector<at::Tensor> params, bool fused) {
-    Options copy = o;
-    copy.fused(fused);
-    return std::make_unique<Opt>(std::move(params), copy);
-  };
-}
-
 struct Optimizer {
   const char* name;
   Make make;
   double bytes_per_param;
 };
 
+// The bytes a step moves per fp32 parameter, as the kernels count them
+// (skip_nonfinite on, the default; clip: LAMB's max_grad_norm).
+double fp32_bytes(bigbatch::kernels::cuda::Algorithm algorithm, bool clip = false) {
+  return static_cast<double>(bigbatch::kernels::cuda::step_bytes_per_element(
+      algorithm, /*skip_nonfinite=*/true, clip, bigbatch::kernels::DType::kFloat32, /*master=*/false));
+}
+
 int register_all() {
+  using bigbatch::kernels::cuda::Algorithm;
   const Optimizer optimizers[] = {
-      {"LAMB", maker<LAMB>(LAMBOptions(1e-3)), 44},
-      {"LAMB_clip", maker<LAMB>(LAMBOptions(1e-3).max_grad_norm(1.0)), 44},
-      {"LARS", maker<LARS>(LARSOptions(0.1).weight_decay(1e-4)), 28},
-      {"LARC", maker<LARC>(LARCOptions(0.1).weight_decay(1e-4)), 28},
-      {"NovoGrad", maker<NovoGrad>(NovoGradOptions(1e-2)), 24},
+      {"LAMB", maker<LAMB>(LAMBOptions(1e-3)), fp32_bytes(Algorithm::kLamb)},
+      {"LAMB_clip", maker<LAMB>(LAMBOptions(1e-3).max_grad_norm(1.0)), fp32_bytes(Algorithm::kLamb, true)},
+      {"LARS", maker<LARS>(LARSOptions(0.1).weight_decay(1e-4)), fp32_bytes(Algorithm::kLars)},
+      {"LARC", maker<LARC>(LARCOptions(0.1).weight_decay(1e-4)), fp32_bytes(Algorithm::kLarc)},
+      {"NovoGrad", maker<NovoGrad>(NovoGradOptions(1e-2)), fp32_bytes(Algorithm::kNovoGrad)},
   };
+  std::set<double> copy_bytes;  // one copy per distinct byte count
+  for (const Optimizer& o : optimizers) copy_bytes.insert(o.bytes_per_param);
   for (const ParamList& list : {bert_large(), resnet50(), many_small()}) {
-    for (const double bytes : {44.0, 28.0, 24.0}) {
+    for (const double bytes : copy_bytes) {
       benchmark::RegisterBenchmark((std::string("copy/") + list.name + "/" + std::to_string(int(bytes)) + "B").c_str(),
                                    [list, bytes](benchmark::State& s) { bm_copy(s, list, bytes); })
           ->UseManualTime()

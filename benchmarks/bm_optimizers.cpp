@@ -3,6 +3,8 @@
 // plain copy moving the same number of bytes. bytes_per_second counts the
 // bytes each fused step must move (kernels/*.h): LARS/LARC 28, LAMB 44,
 // NovoGrad 24 per fp32 parameter; the copy reads half and writes half.
+#include "optimizer_bench.h"
+
 #include <bigbatch/bigbatch.h>
 
 #include <benchmark/benchmark.h>
@@ -14,16 +16,9 @@
 namespace {
 
 using namespace bigbatch::optim;
-
-struct ParamList {
-  const char* name;
-  std::vector<std::int64_t> sizes;
-  std::int64_t total() const {
-    std::int64_t n = 0;
-    for (auto s : sizes) n += s;
-    return n;
-  }
-};
+using bigbatch::bench::Make;
+using bigbatch::bench::maker;
+using bigbatch::bench::ParamList;
 
 // (a) 24 blocks of a 640x640 weight, its bias, plus two norm vectors: 50 tensors, 9.84M.
 ParamList large() {
@@ -43,8 +38,6 @@ ParamList small() {
   for (int i = 0; i < 1000; ++i) p.sizes.push_back(64 << (i % 5));
   return p;
 }
-
-using Make = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>, bool)>;
 
 void bm_step(benchmark::State& state, const ParamList& list, const Make& make, bool fused,
              double bytes_per_param) {
@@ -71,15 +64,6 @@ void bm_copy(benchmark::State& state, const ParamList& list, double bytes_per_pa
     benchmark::DoNotOptimize(dst.data_ptr());
   }
   state.SetBytesProcessed(state.iterations() * floats * 8);
-}
-
-template <typename Opt, typename Options>
-Make maker(Options o) {
-  return [o](std::vector<at::Tensor> p, bool fused) {
-    Options copy = o;
-    copy.fused(fused);
-    return std::make_unique<Opt>(std::move(p), copy);
-  };
 }
 
 }  // namespace
