@@ -10,6 +10,7 @@
 #include <bigbatch/optimizers/novograd.h>
 
 #include <cstdint>
+#include <tuple>
 
 namespace bigbatch::optim {
 
@@ -24,11 +25,52 @@ kernels::cuda::GroupOptions cuda_group_options(const LARCOptions& o);
 kernels::cuda::GroupOptions cuda_group_options(const LAMBOptions& o);
 kernels::cuda::GroupOptions cuda_group_options(const NovoGradOptions& o);
 
-/// Fills slot.m, slot.v and slot.step from the state.
-void cuda_bind_state(LARSParamState& st, kernels::cuda::TensorSlot& slot);
-void cuda_bind_state(LARCParamState& st, kernels::cuda::TensorSlot& slot);
-void cuda_bind_state(LAMBParamState& st, kernels::cuda::TensorSlot& slot);
-void cuda_bind_state(NovoGradParamState& st, kernels::cuda::TensorSlot& slot);
+/// What the options of LARS and LARC share: lr, momentum, weight decay, eps,
+/// trust coefficient, adapt, nesterov, skip_nonfinite (LARC adds clip).
+template <typename Options>
+kernels::cuda::GroupOptions momentum_group_options(const Options& o) {
+  kernels::cuda::GroupOptions g;
+  g.lr = o.lr();
+  g.momentum = o.momentum();
+  g.eps = o.eps();
+  g.weight_decay = o.weight_decay();
+  g.trust_coefficient = o.trust_coefficient();
+  g.flags = (o.adapt() ? kernels::cuda::kAdapt : 0u) | (o.nesterov() ? kernels::cuda::kNesterov : 0u) |
+            (o.skip_nonfinite() ? kernels::cuda::kSkipNonfinite : 0u);
+  return g;
+}
+
+/// What the options of LAMB and NovoGrad share: lr, betas, eps, weight decay,
+/// grad_averaging, skip_nonfinite (LAMB adds its trust-ratio options).
+template <typename Options>
+kernels::cuda::GroupOptions moment_group_options(const Options& o) {
+  kernels::cuda::GroupOptions g;
+  g.lr = o.lr();
+  std::tie(g.beta1, g.beta2) = o.betas();
+  g.eps = o.eps();
+  g.weight_decay = o.weight_decay();
+  g.flags = (o.grad_averaging() ? kernels::cuda::kGradAveraging : 0u) |
+            (o.skip_nonfinite() ? kernels::cuda::kSkipNonfinite : 0u);
+  return g;
+}
+
+/// Fills slot.m, slot.v and slot.step from the state: LARS and LARC keep a
+/// momentum buffer; LAMB and NovoGrad two moments (NovoGrad's second is one
+/// float per tensor) and a step count.
+template <typename ParamState>
+void bind_buffer_state(ParamState& st, kernels::cuda::TensorSlot& slot) {
+  slot.m = st.momentum_buffer().template data_ptr<float>();
+}
+template <typename ParamState>
+void bind_moment_state(ParamState& st, kernels::cuda::TensorSlot& slot) {
+  slot.m = st.exp_avg().template data_ptr<float>();
+  slot.v = st.exp_avg_sq().template data_ptr<float>();
+  slot.step = st.step();
+}
+inline void cuda_bind_state(LARSParamState& st, kernels::cuda::TensorSlot& slot) { bind_buffer_state(st, slot); }
+inline void cuda_bind_state(LARCParamState& st, kernels::cuda::TensorSlot& slot) { bind_buffer_state(st, slot); }
+inline void cuda_bind_state(LAMBParamState& st, kernels::cuda::TensorSlot& slot) { bind_moment_state(st, slot); }
+inline void cuda_bind_state(NovoGradParamState& st, kernels::cuda::TensorSlot& slot) { bind_moment_state(st, slot); }
 
 /// Stores the step count the device kept (LARS and LARC count no steps).
 inline void cuda_set_step(LARSParamState&, std::int64_t) {}

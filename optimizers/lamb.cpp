@@ -174,26 +174,15 @@ void LAMB::step_reference(const Group& group, double grad_scale) {
 kernels::cuda::Algorithm cuda_algorithm(const LAMBOptions*) { return kernels::cuda::Algorithm::kLamb; }
 
 kernels::cuda::GroupOptions cuda_group_options(const LAMBOptions& o) {
-  kernels::cuda::GroupOptions g;
-  g.lr = o.lr();
-  std::tie(g.beta1, g.beta2) = o.betas();
-  g.eps = o.eps();
-  g.weight_decay = o.weight_decay();
+  kernels::cuda::GroupOptions g = moment_group_options(o);
   g.max_grad_norm = o.max_grad_norm();
   g.min_trust = o.min_trust();
   g.max_trust = o.max_trust();
   using namespace kernels::cuda;
-  g.flags = (o.adapt() ? kAdapt : 0u) | (o.bias_correction() ? kBiasCorrection : 0u) |
-            (o.grad_averaging() ? kGradAveraging : 0u) | (o.adam_w_mode() ? kAdamW : 0u) |
-            (o.always_adapt() ? kAlwaysAdapt : 0u) | (o.trust_clip() ? kTrustClip : 0u) |
-            (o.skip_nonfinite() ? kSkipNonfinite : 0u);
+  g.flags |= (o.adapt() ? kAdapt : 0u) | (o.bias_correction() ? kBiasCorrection : 0u) |
+             (o.adam_w_mode() ? kAdamW : 0u) | (o.always_adapt() ? kAlwaysAdapt : 0u) |
+             (o.trust_clip() ? kTrustClip : 0u);
   return g;
-}
-
-void cuda_bind_state(LAMBParamState& st, kernels::cuda::TensorSlot& slot) {
-  slot.m = st.exp_avg().data_ptr<float>();
-  slot.v = st.exp_avg_sq().data_ptr<float>();
-  slot.step = st.step();
 }
 
 }  // namespace bigbatch::optim

@@ -74,19 +74,9 @@ torch::Tensor LARC::step(LossClosure closure) {
 kernels::cuda::Algorithm cuda_algorithm(const LARCOptions*) { return kernels::cuda::Algorithm::kLarc; }
 
 kernels::cuda::GroupOptions cuda_group_options(const LARCOptions& o) {
-  kernels::cuda::GroupOptions g;
-  g.lr = o.lr();
-  g.momentum = o.momentum();
-  g.eps = o.eps();
-  g.weight_decay = o.weight_decay();
-  g.trust_coefficient = o.trust_coefficient();
-  g.flags = (o.adapt() ? kernels::cuda::kAdapt : 0u) | (o.nesterov() ? kernels::cuda::kNesterov : 0u) |
-            (o.clip() ? kernels::cuda::kClip : 0u) | (o.skip_nonfinite() ? kernels::cuda::kSkipNonfinite : 0u);
+  kernels::cuda::GroupOptions g = momentum_group_options(o);
+  if (o.clip()) g.flags |= kernels::cuda::kClip;
   return g;
-}
-
-void cuda_bind_state(LARCParamState& st, kernels::cuda::TensorSlot& slot) {
-  slot.m = st.momentum_buffer().data_ptr<float>();
 }
 
 }  // namespace bigbatch::optim

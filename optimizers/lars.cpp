@@ -73,19 +73,7 @@ torch::Tensor LARS::step(LossClosure closure) {
 kernels::cuda::Algorithm cuda_algorithm(const LARSOptions*) { return kernels::cuda::Algorithm::kLars; }
 
 kernels::cuda::GroupOptions cuda_group_options(const LARSOptions& o) {
-  kernels::cuda::GroupOptions g;
-  g.lr = o.lr();
-  g.momentum = o.momentum();
-  g.eps = o.eps();
-  g.weight_decay = o.weight_decay();
-  g.trust_coefficient = o.trust_coefficient();
-  g.flags = (o.adapt() ? kernels::cuda::kAdapt : 0u) | (o.nesterov() ? kernels::cuda::kNesterov : 0u) |
-            (o.skip_nonfinite() ? kernels::cuda::kSkipNonfinite : 0u);
-  return g;
-}
-
-void cuda_bind_state(LARSParamState& st, kernels::cuda::TensorSlot& slot) {
-  slot.m = st.momentum_buffer().data_ptr<float>();
+  return momentum_group_options(o);
 }
 
 }  // namespace bigbatch::optim

@@ -87,20 +87,7 @@ torch::Tensor NovoGrad::step(LossClosure closure) {
 kernels::cuda::Algorithm cuda_algorithm(const NovoGradOptions*) { return kernels::cuda::Algorithm::kNovoGrad; }
 
 kernels::cuda::GroupOptions cuda_group_options(const NovoGradOptions& o) {
-  kernels::cuda::GroupOptions g;
-  g.lr = o.lr();
-  std::tie(g.beta1, g.beta2) = o.betas();
-  g.eps = o.eps();
-  g.weight_decay = o.weight_decay();
-  g.flags = (o.grad_averaging() ? kernels::cuda::kGradAveraging : 0u) |
-            (o.skip_nonfinite() ? kernels::cuda::kSkipNonfinite : 0u);
-  return g;
-}
-
-void cuda_bind_state(NovoGradParamState& st, kernels::cuda::TensorSlot& slot) {
-  slot.m = st.exp_avg().data_ptr<float>();
-  slot.v = st.exp_avg_sq().data_ptr<float>();
-  slot.step = st.step();
+  return moment_group_options(o);
 }
 
 }  // namespace bigbatch::optim

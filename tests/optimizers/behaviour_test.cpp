@@ -4,6 +4,7 @@
 #include "reference64.h"
 
 #include <bigbatch/bigbatch.h>
+#include <bigbatch/optimizers/cuda_hooks.h>  // internal: what the CUDA dispatch sends
 
 #include <gtest/gtest.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -274,6 +275,49 @@ TEST_P(NonFinite, HugeFiniteGradientsAreNotSkipped) {
 INSTANTIATE_TEST_SUITE_P(Paths, NonFinite, ::testing::Values(0, 1, 2), [](const auto& info) {
   return std::string(info.param == 0 ? "reference" : info.param == 1 ? "fused" : "fused_CUDA");
 });
+
+// --------------------------------------------------------------- CUDA hooks --
+// The options as the CUDA kernels receive them (compiled and checked without
+// a GPU): every option of FORMULAS.md lands in its field or flag.
+
+TEST(CudaHooks, OptionsReachTheKernelsAsFieldsAndFlags) {
+  namespace kc = bigbatch::kernels::cuda;
+  const auto lars = cuda_group_options(LARSOptions(0.5).momentum(0.8).weight_decay(1e-4).eps(1e-9));
+  EXPECT_EQ(lars.lr, 0.5);
+  EXPECT_EQ(lars.momentum, 0.8);
+  EXPECT_EQ(lars.weight_decay, 1e-4);
+  EXPECT_EQ(lars.eps, 1e-9);
+  EXPECT_EQ(lars.trust_coefficient, 1e-3);
+  EXPECT_EQ(lars.flags, kc::kAdapt | kc::kSkipNonfinite);
+
+  const auto larc = cuda_group_options(LARCOptions(0.1).clip(false).nesterov(true).skip_nonfinite(false));
+  EXPECT_EQ(larc.trust_coefficient, 0.02);
+  EXPECT_EQ(larc.flags, kc::kAdapt | kc::kNesterov);
+  EXPECT_EQ(cuda_group_options(LARCOptions(0.1).adapt(false)).flags, kc::kClip | kc::kSkipNonfinite);
+
+  const auto lamb = cuda_group_options(LAMBOptions(0.02).betas({0.8, 0.9}).max_grad_norm(1).min_trust(0.01).max_trust(10));
+  EXPECT_EQ(lamb.lr, 0.02);
+  EXPECT_EQ(lamb.beta1, 0.8);
+  EXPECT_EQ(lamb.beta2, 0.9);
+  EXPECT_EQ(lamb.eps, 1e-6);
+  EXPECT_EQ(lamb.weight_decay, 0.01);
+  EXPECT_EQ(lamb.max_grad_norm, 1.0);
+  EXPECT_EQ(lamb.min_trust, 0.01);
+  EXPECT_EQ(lamb.max_trust, 10.0);
+  EXPECT_EQ(lamb.flags, kc::kAdapt | kc::kBiasCorrection | kc::kGradAveraging | kc::kAdamW | kc::kSkipNonfinite);
+  EXPECT_EQ(cuda_group_options(LAMBOptions().bias_correction(false).grad_averaging(false).adam_w_mode(false)
+                                   .always_adapt(true).trust_clip(true).adapt(false).skip_nonfinite(false))
+                .flags,
+            kc::kAlwaysAdapt | kc::kTrustClip);
+
+  const auto novograd = cuda_group_options(NovoGradOptions(0.3).weight_decay(1e-3));
+  EXPECT_EQ(novograd.beta1, 0.95);
+  EXPECT_EQ(novograd.beta2, 0.98);
+  EXPECT_EQ(novograd.eps, 1e-8);
+  EXPECT_EQ(novograd.weight_decay, 1e-3);
+  EXPECT_EQ(novograd.flags, kc::kSkipNonfinite);
+  EXPECT_EQ(cuda_group_options(NovoGradOptions().grad_averaging(true)).flags, kc::kGradAveraging | kc::kSkipNonfinite);
+}
 
 // ---------------------------------------------------------------- bad input --
 
