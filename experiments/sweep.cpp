@@ -158,10 +158,19 @@ class ProgressBoard {
   std::map<std::string, TrialProgress> live_;
 };
 
-bool finished(const TrialConfig& t, const fs::path& dir) {
-  if (!fs::exists(dir / "summary.json") || !fs::exists(dir / "config.json")) return false;
+// Whether the trial folder's config.json is t's (false when missing or unreadable).
+bool same_config(const TrialConfig& t, const fs::path& dir) {
   try {
-    return read_json(dir / "config.json") == to_json(t) && read_json(dir / "summary.json").contains("status");
+    return fs::exists(dir / "config.json") && read_json(dir / "config.json") == to_json(t);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+bool finished(const TrialConfig& t, const fs::path& dir) {
+  if (!fs::exists(dir / "summary.json") || !same_config(t, dir)) return false;
+  try {
+    return read_json(dir / "summary.json").contains("status");
   } catch (const std::exception&) {
     return false;  // unreadable: redo it
   }
@@ -258,13 +267,7 @@ TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::st
   if (writer) {
     fs::create_directories(dir);
     fs::remove(fs::path(dir) / "summary.json");  // unfinished until the end
-    bool same_config = false;
-    try {
-      same_config = fs::exists(fs::path(dir) / "config.json") && read_json(fs::path(dir) / "config.json") == to_json(trial);
-    } catch (const std::exception&) {
-      same_config = false;  // unreadable: start over
-    }
-    if (trial.checkpoint_every > 0 && same_config && fs::exists(checkpoint)) {
+    if (trial.checkpoint_every > 0 && same_config(trial, dir) && fs::exists(checkpoint)) {
       saved = read_file(checkpoint);
     } else {
       fs::remove(checkpoint);  // another config's, or checkpoints are off
