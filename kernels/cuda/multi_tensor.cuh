@@ -312,17 +312,7 @@ struct SquaresPass {
   __device__ Op element_op(const Table&, int, const Slot&) const { return {}; }
 };
 
-#endif  // __CUDACC__
-
 /// Launches Pass's chunk kernel over every chunk of the table.
-template <typename Pass>
-void launch_chunks(const Table& table, const Pass& pass, cudaStream_t stream);
-
-/// Launches finalize with one warp per tensor.
-template <typename Fin>
-void launch_finalize(const Table& table, const Fin& fin, cudaStream_t stream);
-
-#if defined(__CUDACC__)
 template <typename Pass>
 void launch_chunks(const Table& table, const Pass& pass, cudaStream_t stream) {
   if (table.num_chunks == 0) return;
@@ -330,13 +320,15 @@ void launch_chunks(const Table& table, const Pass& pass, cudaStream_t stream) {
   BIGBATCH_CUDA_CHECK(cudaGetLastError());
 }
 
+/// Launches finalize with one warp per tensor.
 template <typename Fin>
 void launch_finalize(const Table& table, const Fin& fin, cudaStream_t stream) {
   const int blocks = (table.num_tensors + kWarps - 1) / kWarps;
   finalize_kernel<<<blocks, kThreads, 0, stream>>>(table, fin);
   BIGBATCH_CUDA_CHECK(cudaGetLastError());
 }
-#endif
+
+#endif  // __CUDACC__
 
 /// The step of each algorithm (kernels/cuda/<algorithm>.cu): its launches in
 /// order, and the arrays of each of its passes (for bytes_per_step).
