@@ -122,19 +122,20 @@ resume)
   # ends with the metrics of an uninterrupted run.
   derive long.json 'c["budget"] = {"steps": 20000}; c["checkpoint_every"] = 2000; c["batch_sizes"] = [64]
 c["target"] = {"metric": "val_loss", "threshold": 1e-9, "eval_every": 100}'
+  trial=e2e.train/b64_p0_s0  # the folder of its one trial under --out
   "$bigbatch" train long.json --out reference > /dev/null 2>&1
-  [ ! -e "reference/e2e.train/b64_p0_s0/checkpoint.pt" ] || fail "a finished trial kept its checkpoint"
+  [ ! -e reference/$trial/checkpoint.pt ] || fail "a finished trial kept its checkpoint"
   "$bigbatch" train long.json --out runs > /dev/null 2>&1 &
   pid=$!
-  for _ in $(seq 600); do [ -e runs/e2e.train/b64_p0_s0/checkpoint.pt ] && break; sleep 0.1; done
+  for _ in $(seq 600); do [ -e runs/$trial/checkpoint.pt ] && break; sleep 0.1; done
   kill -9 $pid 2>/dev/null || fail "the trial ended before it was killed"
   wait $pid || true
-  [ -e runs/e2e.train/b64_p0_s0/checkpoint.pt ] || fail "no checkpoint to resume from"
+  [ -e runs/$trial/checkpoint.pt ] || fail "no checkpoint to resume from"
   "$bigbatch" train long.json --out runs > long.txt 2> long.err
   grep -q "resuming b64_p0_s0 from its checkpoint at step [1-9]" long.err || fail "not resumed: $(head -3 long.err)"
-  cmp <(cut -d, -f1-8,10 reference/e2e.train/b64_p0_s0/metrics.csv) <(cut -d, -f1-8,10 runs/e2e.train/b64_p0_s0/metrics.csv) \
+  cmp <(cut -d, -f1-8,10 reference/$trial/metrics.csv) <(cut -d, -f1-8,10 runs/$trial/metrics.csv) \
     || fail "the resumed trial's metrics differ"
-  [ ! -e runs/e2e.train/b64_p0_s0/checkpoint.pt ] || fail "the finished trial kept its checkpoint"
+  [ ! -e runs/$trial/checkpoint.pt ] || fail "the finished trial kept its checkpoint"
   echo "resume ok"
   ;;
 bad_configs)
