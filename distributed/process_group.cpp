@@ -7,6 +7,7 @@
 
 #include <bigbatch/noise/noise_scale.h>
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/core/DeviceGuard.h>

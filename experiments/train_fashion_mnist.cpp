@@ -5,6 +5,7 @@
 #include <bigbatch/bigbatch.h>
 #include <bigbatch/experiments/idx.h>
 
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>

@@ -10,6 +10,7 @@
 #include <bigbatch/optimizers/novograd.h>
 #include <bigbatch/optimizers/param_groups.h>
 
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 #include <torch/serialize/input-archive.h>

@@ -1,6 +1,7 @@
 // Gradient noise injection (gradient_noise.h): FORMULAS.md "Gradient noise injection".
 #include <bigbatch/noise/gradient_noise.h>
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 

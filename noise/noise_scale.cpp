@@ -1,6 +1,7 @@
 // The gradient noise scale (noise_scale.h): FORMULAS.md "Gradient noise scale".
 #include <bigbatch/noise/noise_scale.h>
 
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
