@@ -1,7 +1,26 @@
 #!/usr/bin/env bash
-# Sets up, builds, and runs the whole test suite through ctest.
-set -euo pipefail
+# Sets up, builds, and runs the whole test suite through ctest in two lanes:
+# against Debian's LibTorch 1.13 (./build), then against the LibTorch of the
+# newest torch wheel on PyPI (./build-torch-VERSION, scripts/check_torch.sh).
+# Both lanes always run; the last line adds up their ctest summaries.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-export CCACHE_DIR="${CCACHE_DIR:-$HOME/.ccache}"
-ctest --test-dir build --output-on-failure --parallel 2 --timeout 900
+torch_pin=2.15.0  # the second lane's torch: the newest on PyPI, pinned here only
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+echo "== lane 1: Debian's LibTorch 1.13"
+{ scripts/setup.sh && CCACHE_DIR="${CCACHE_DIR:-$HOME/.ccache}" \
+    ctest --test-dir build --output-on-failure --parallel 2 --timeout 900; } 2>&1 | tee -a "$log" || status=1
+echo "== lane 2: PyPI's torch $torch_pin"
+scripts/check_torch.sh "$torch_pin" 2>&1 | tee -a "$log" || status=1
+
+# ctest: "100% tests passed, 0 tests failed out of 390" per lane.
+read -r total failed < <(awk '/tests passed, [0-9]+ tests? failed out of/ {f += $4; t += $NF} END {print t + 0, f + 0}' "$log")
+lanes=$(grep -c 'tests passed, [0-9]* tests\? failed out of' "$log")
+skipped=$(grep -cE '^[[:space:]]*[0-9]+ - .* \(Skipped\)$' "$log")
+if [ "$lanes" -ne 2 ] || [ "$total" -eq 0 ]; then status=1; fi
+echo "(two lanes; the skipped tests are the _CUDA ones, which need a GPU)"
+echo "total: $((total - failed - skipped)) passed, $failed failed, $skipped skipped"
+exit $status

@@ -8,6 +8,9 @@ work="$build/consumer-$mode"
 rm -rf "$work"
 args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBIGBATCH_SOURCE_DIR="$src" -DBIGBATCH_CONSUMER_MODE="$mode")
 if command -v ccache >/dev/null; then args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+# The consumer finds the LibTorch this build used (Debian's, or a --torch wheel's).
+torch_dir=$(sed -n 's/^Torch_DIR:[A-Z]*=//p' "$build/CMakeCache.txt")
+if [ -n "$torch_dir" ]; then args+=(-DTorch_DIR="$torch_dir"); fi
 if [ "$mode" = package ]; then
   cmake --install "$build" --prefix "$work/prefix" >/dev/null
   args+=(-DCMAKE_PREFIX_PATH="$work/prefix")
