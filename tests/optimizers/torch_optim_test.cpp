@@ -1,0 +1,248 @@
+// Cross-check against PyTorch's own torch.optim: in the configurations where
+// our optimizers reduce exactly to PyTorch's (the trust ratio off), they must
+// follow the trajectories torch_optim_reference.py recorded, on the fused CPU
+// path and on the reference ATen path:
+//   LARS adapt(false) = SGD(momentum, weight_decay, dampening 0), nesterov too
+//                       (our lr sits inside the buffer: v = lr * SGD's buffer)
+//   LARC adapt(false) = SGD(momentum, weight_decay), nesterov too
+//   LAMB adapt(false) = AdamW; with weight_decay 0 = Adam;
+//                       with adam_w_mode(false) = Adam(weight_decay) (L2 in the gradient)
+// The file's path: the environment variable BIGBATCH_TORCH_OPTIM_JSON if set,
+// else the compile definition of the same name (the TorchOptim.reference fixture).
+#include <bigbatch/bigbatch.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/types.h>  // torch::tensor
+#include <torch/utils.h>  // torch::NoGradGuard
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#ifndef BIGBATCH_TORCH_OPTIM_JSON
+#define BIGBATCH_TORCH_OPTIM_JSON ""
+#endif
+
+namespace {
+
+using namespace bigbatch::optim;
+using nlohmann::json;
+
+constexpr double kTolerance = 1e-6;  // ||ours - torch|| / ||torch|| per parameter
+constexpr int kSteps = 20;
+const std::vector<std::string> kCases = {"lars_sgd",   "lars_sgd_nesterov", "larc_sgd",    "larc_sgd_nesterov",
+                                         "lamb_adamw", "lamb_adam",         "lamb_adam_l2"};
+
+std::string reference_path() {
+  if (const char* env = std::getenv("BIGBATCH_TORCH_OPTIM_JSON")) return env;
+  return BIGBATCH_TORCH_OPTIM_JSON;
+}
+
+// The parsed file, read once; `error` says why there is none.
+struct Reference {
+  json doc;
+  std::string error;
+};
+
+const Reference& reference() {
+  static const Reference ref = [] {
+    Reference r;
+    const std::string path = reference_path();
+    if (path.empty()) {
+      r.error = "no reference file: set BIGBATCH_TORCH_OPTIM_JSON";
+      return r;
+    }
+    std::ifstream in(path);
+    if (!in) {
+      r.error = "cannot read " + path + " (written by the TorchOptim.reference test: "
+                "tests/optimizers/torch_optim_reference.py, which needs python3 with torch)";
+      return r;
+    }
+    try {
+      r.doc = json::parse(in);
+    } catch (const json::exception& e) {
+      r.error = path + " is not valid JSON: " + e.what();
+    }
+    return r;
+  }();
+  return ref;
+}
+
+// The case named `name`, or null with a test failure.
+const json* find_case(const std::string& name) {
+  const Reference& ref = reference();
+  if (!ref.error.empty()) {
+    ADD_FAILURE() << ref.error;
+    return nullptr;
+  }
+  for (const auto& c : ref.doc.at("cases")) {
+    if (c.at("name").get<std::string>() == name) return &c;
+  }
+  ADD_FAILURE() << "case " << name << " missing from " << reference_path();
+  return nullptr;
+}
+
+// A contiguous float32 tensor of `shape` holding `values` (exactly the
+// float32 values PyTorch had: the file holds them as exact doubles).
+at::Tensor tensor_of(const json& values, const json& shape) {
+  const auto v = values.get<std::vector<float>>();
+  return torch::tensor(v).reshape(shape.get<std::vector<std::int64_t>>()).clone();
+}
+
+std::vector<double> to_vec(const at::Tensor& t) {
+  const at::Tensor d = t.detach().to(at::kDouble).contiguous().reshape({-1});
+  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
+}
+
+// (torch's hyperparameters, fused) -> our optimizer over `params`.
+using MakeFn = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>,
+                                                                     const json&, bool)>;
+
+// Replays the case's gradients through our optimizer, on both CPU paths, and
+// checks every parameter against torch's final values.
+void expect_matches_torch(const std::string& name, const std::string& torch_optimizer, const MakeFn& make) {
+  const json* c = find_case(name);
+  if (c == nullptr) return;
+  ASSERT_EQ(c->at("optimizer").get<std::string>(), torch_optimizer) << name;
+  const json& shapes = c->at("shapes");
+  const json& grads = c->at("grads");
+  ASSERT_EQ(grads.size(), static_cast<std::size_t>(kSteps)) << name;
+
+  for (const bool fused : {true, false}) {
+    const std::string what = name + (fused ? " (fused)" : " (reference)");
+    std::vector<at::Tensor> params;
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      params.push_back(tensor_of(c->at("initial")[k], shapes[k]).requires_grad_(true));
+    }
+    auto opt = make(params, c->at("hyper"), fused);
+    for (const auto& step_grads : grads) {
+      {
+        torch::NoGradGuard no_grad;
+        for (std::size_t k = 0; k < params.size(); ++k) {
+          params[k].mutable_grad() = tensor_of(step_grads[k], shapes[k]);
+        }
+      }
+      opt->step();
+    }
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      const std::vector<double> ours = to_vec(params[k]);
+      const std::vector<double> theirs = to_vec(tensor_of(c->at("final")[k], shapes[k]));
+      ASSERT_EQ(ours.size(), theirs.size()) << what << ", parameter " << k;
+      double diff = 0;
+      double norm = 0;
+      for (std::size_t i = 0; i < ours.size(); ++i) {
+        diff += (ours[i] - theirs[i]) * (ours[i] - theirs[i]);
+        norm += theirs[i] * theirs[i];
+      }
+      const double rel = std::sqrt(diff) / std::sqrt(norm);
+      EXPECT_LE(rel, kTolerance) << what << ", parameter " << k << ": relative error " << rel
+                                 << " against torch.optim." << torch_optimizer;
+    }
+  }
+}
+
+double hyper(const json& h, const char* key) { return h.at(key).get<double>(); }
+
+MakeFn lars() {
+  return [](std::vector<at::Tensor> params, const json& h, bool fused) {
+    EXPECT_EQ(hyper(h, "dampening"), 0.0) << "LARS reduces to SGD only without dampening";
+    return std::make_unique<LARS>(std::move(params), LARSOptions(hyper(h, "lr"))
+                                                         .momentum(hyper(h, "momentum"))
+                                                         .weight_decay(hyper(h, "weight_decay"))
+                                                         .nesterov(h.at("nesterov").get<bool>())
+                                                         .adapt(false)
+                                                         .fused(fused));
+  };
+}
+
+MakeFn larc() {
+  return [](std::vector<at::Tensor> params, const json& h, bool fused) {
+    EXPECT_EQ(hyper(h, "dampening"), 0.0) << "LARC reduces to SGD only without dampening";
+    return std::make_unique<LARC>(std::move(params), LARCOptions(hyper(h, "lr"))
+                                                         .momentum(hyper(h, "momentum"))
+                                                         .weight_decay(hyper(h, "weight_decay"))
+                                                         .nesterov(h.at("nesterov").get<bool>())
+                                                         .adapt(false)
+                                                         .fused(fused));
+  };
+}
+
+// adam_w_mode: decoupled decay, as AdamW; false: L2 decay in the gradient, as Adam(weight_decay).
+MakeFn lamb(bool adam_w_mode) {
+  return [adam_w_mode](std::vector<at::Tensor> params, const json& h, bool fused) {
+    const auto betas = h.at("betas").get<std::vector<double>>();
+    EXPECT_EQ(betas.size(), 2u);
+    return std::make_unique<LAMB>(std::move(params), LAMBOptions(hyper(h, "lr"))
+                                                         .betas(std::make_tuple(betas.at(0), betas.at(1)))
+                                                         .eps(hyper(h, "eps"))
+                                                         .weight_decay(hyper(h, "weight_decay"))
+                                                         .bias_correction(true)
+                                                         .grad_averaging(true)
+                                                         .max_grad_norm(0)
+                                                         .adam_w_mode(adam_w_mode)
+                                                         .adapt(false)
+                                                         .fused(fused));
+  };
+}
+
+// A shrunken or stale file must fail, not pass with fewer checks.
+TEST(TorchOptim, ReferenceFileHoldsEveryCase) {
+  const Reference& ref = reference();
+  ASSERT_TRUE(ref.error.empty()) << ref.error;
+  EXPECT_EQ(ref.doc.at("steps").get<int>(), kSteps);
+  std::vector<std::string> names;
+  for (const auto& c : ref.doc.at("cases")) names.push_back(c.at("name").get<std::string>());
+  EXPECT_EQ(names, kCases) << "from torch " << ref.doc.value("torch_version", std::string("?"));
+  for (const auto& c : ref.doc.at("cases")) {
+    // The trajectories must move the weights, or the comparison proves little.
+    double moved = 0;
+    double size = 0;
+    for (std::size_t k = 0; k < c.at("shapes").size(); ++k) {
+      const auto a = c.at("initial")[k].get<std::vector<double>>();
+      const auto b = c.at("final")[k].get<std::vector<double>>();
+      ASSERT_EQ(a.size(), b.size()) << c.at("name");
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        moved += (b[i] - a[i]) * (b[i] - a[i]);
+        size += a[i] * a[i];
+      }
+    }
+    EXPECT_GT(std::sqrt(moved), 0.01 * std::sqrt(size)) << c.at("name") << " barely moves its weights";
+  }
+}
+
+TEST(TorchOptim, LarsWithoutTrustRatioIsSgdWithMomentum) {
+  expect_matches_torch("lars_sgd", "SGD", lars());
+}
+
+TEST(TorchOptim, LarsWithoutTrustRatioIsSgdWithNesterovMomentum) {
+  expect_matches_torch("lars_sgd_nesterov", "SGD", lars());
+}
+
+TEST(TorchOptim, LarcWithoutTrustRatioIsSgdWithMomentum) {
+  expect_matches_torch("larc_sgd", "SGD", larc());
+}
+
+TEST(TorchOptim, LarcWithoutTrustRatioIsSgdWithNesterovMomentum) {
+  expect_matches_torch("larc_sgd_nesterov", "SGD", larc());
+}
+
+TEST(TorchOptim, LambWithoutTrustRatioIsAdamW) {
+  expect_matches_torch("lamb_adamw", "AdamW", lamb(/*adam_w_mode=*/true));
+}
+
+// weight_decay 0: both decay modes add nothing; this is LAMB's default mode.
+TEST(TorchOptim, LambWithoutTrustRatioOrDecayIsAdam) {
+  expect_matches_torch("lamb_adam", "Adam", lamb(/*adam_w_mode=*/true));
+}
+
+TEST(TorchOptim, LambL2ModeWithoutTrustRatioIsAdamWithWeightDecay) {
+  expect_matches_torch("lamb_adam_l2", "Adam", lamb(/*adam_w_mode=*/false));
+}
+
+}  // namespace
