@@ -1,5 +1,11 @@
 // The LibTorch API differences between Debian's 1.13 and the 2.x shipped with
 // PyTorch, isolated here so that nothing else in bigbatch tests versions.
+// Built and tested against 1.13.1 (Debian), 2.11.0 and 2.15.0 (PyPI wheels;
+// scripts/check_torch.sh). What bigbatch uses of c10d (TCPStore and its
+// options, ProcessGroupGloo::Options and createDeviceForHostname,
+// ProcessGroupNCCL::Options, Work::wait) compiles unchanged on all three, so
+// nothing of c10d is here; neither is c10::optional (bigbatch uses std::optional
+// throughout, which 2.x's c10::optional is an alias of).
 #pragma once
 
 #include <torch/optim/optimizer.h>

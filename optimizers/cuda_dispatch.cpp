@@ -8,9 +8,9 @@
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <c10/util/Optional.h>
 
 #include <exception>
+#include <optional>
 
 namespace bigbatch::optim {
 
@@ -44,7 +44,7 @@ void rethrow_as_torch_error(const char* name, F&& f) {
 
 template <typename Options, typename ParamState>
 bool LayerwiseOptimizer<Options, ParamState>::step_cuda(const std::vector<Group>& groups) {
-  c10::optional<at::Device> device;
+  std::optional<at::Device> device;
   for (const auto& group : groups) {
     for (const auto& pg : group.params) {
       if (!group.options->fused() || !pg.param.is_cuda() || !pg.param.is_contiguous()) return false;
