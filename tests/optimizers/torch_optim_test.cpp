@@ -149,29 +149,21 @@ void expect_matches_torch(const std::string& name, const std::string& torch_opti
 
 double hyper(const json& h, const char* key) { return h.at(key).get<double>(); }
 
-MakeFn lars() {
+// LARS or LARC without the trust ratio, from SGD's hyperparameters.
+template <typename Opt, typename Options>
+MakeFn sgd_like() {
   return [](std::vector<at::Tensor> params, const json& h, bool fused) {
-    EXPECT_EQ(hyper(h, "dampening"), 0.0) << "LARS reduces to SGD only without dampening";
-    return std::make_unique<LARS>(std::move(params), LARSOptions(hyper(h, "lr"))
-                                                         .momentum(hyper(h, "momentum"))
-                                                         .weight_decay(hyper(h, "weight_decay"))
-                                                         .nesterov(h.at("nesterov").get<bool>())
-                                                         .adapt(false)
-                                                         .fused(fused));
+    EXPECT_EQ(hyper(h, "dampening"), 0.0) << "LARS and LARC reduce to SGD only without dampening";
+    return std::make_unique<Opt>(std::move(params), Options(hyper(h, "lr"))
+                                                        .momentum(hyper(h, "momentum"))
+                                                        .weight_decay(hyper(h, "weight_decay"))
+                                                        .nesterov(h.at("nesterov").get<bool>())
+                                                        .adapt(false)
+                                                        .fused(fused));
   };
 }
-
-MakeFn larc() {
-  return [](std::vector<at::Tensor> params, const json& h, bool fused) {
-    EXPECT_EQ(hyper(h, "dampening"), 0.0) << "LARC reduces to SGD only without dampening";
-    return std::make_unique<LARC>(std::move(params), LARCOptions(hyper(h, "lr"))
-                                                         .momentum(hyper(h, "momentum"))
-                                                         .weight_decay(hyper(h, "weight_decay"))
-                                                         .nesterov(h.at("nesterov").get<bool>())
-                                                         .adapt(false)
-                                                         .fused(fused));
-  };
-}
+MakeFn lars() { return sgd_like<LARS, LARSOptions>(); }
+MakeFn larc() { return sgd_like<LARC, LARCOptions>(); }
 
 // adam_w_mode: decoupled decay, as AdamW; false: L2 decay in the gradient, as Adam(weight_decay).
 MakeFn lamb(bool adam_w_mode) {
