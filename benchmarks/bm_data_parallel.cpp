@@ -19,6 +19,8 @@
 #include <string>
 #include <thread>
 
+#include <unistd.h>  // getpid
+
 #include <ATen/Parallel.h>
 
 namespace {
