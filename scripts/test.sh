@@ -17,8 +17,8 @@ echo "== lane 2: PyPI's torch $torch_pin"
 scripts/check_torch.sh "$torch_pin" 2>&1 | tee -a "$log" || status=1
 
 # ctest: "100% tests passed, 0 tests failed out of 390" per lane.
-read -r total failed < <(awk '/tests passed, [0-9]+ tests? failed out of/ {f += $4; t += $NF} END {print t + 0, f + 0}' "$log")
-lanes=$(grep -c 'tests passed, [0-9]* tests\? failed out of' "$log")
+read -r lanes total failed < <(awk '/tests passed, [0-9]+ tests? failed out of/ {n++; f += $4; t += $NF}
+                                    END {print n + 0, t + 0, f + 0}' "$log")
 skipped=$(grep -cE '^[[:space:]]*[0-9]+ - .* \(Skipped\)$' "$log")
 if [ "$lanes" -ne 2 ] || [ "$total" -eq 0 ]; then status=1; fi
 echo "(two lanes; the skipped tests are the _CUDA ones, which need a GPU)"
