@@ -23,7 +23,7 @@ export CCACHE_DIR="${CCACHE_DIR:-$HOME/.ccache}"
 export CCACHE_BASEDIR="$PWD"
 
 if ((cuda)); then
-  scripts/setup.sh >/dev/null  # the Debian packages (and the default build)
+  scripts/packages.sh
   /usr/bin/python3 scripts/fetch_torch.py "$version" ".torch/$version-cuda" --cuda
   build=build-torch-$version-cuda
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBIGBATCH_CUDA=ON \

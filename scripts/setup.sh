@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the Debian packages bigbatch needs (only those missing), then
+# Installs the Debian packages bigbatch needs (scripts/packages.sh), then
 # configures and builds it with ccache and at most 2 compile jobs.
 # Usage: scripts/setup.sh [--torch VERSION | --libtorch DIR] [extra cmake arguments...]
 #   (default)         Debian's LibTorch 1.13, in ./build
@@ -27,26 +27,7 @@ case ${1:-} in
     build=build-libtorch ;;
 esac
 
-# libopenblas0-openmp: Debian's LibTorch calls the system BLAS, which is the
-# slow reference one until an optimized one is installed (15x on the MLPs here);
-# the OpenMP build follows each thread's OpenMP setting, as ATen does.
-# python3-torch: PyTorch 1.13's torch.optim, the other side of the
-# torch.optim cross-check test; python3-pip fetches the --torch wheels.
-packages=(build-essential cmake ninja-build ccache git
-          libtorch-dev libgloo-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
-          libopenblas0-openmp python3-matplotlib python3-torch python3-pip
-          zlib1g-dev dataset-fashion-mnist)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+scripts/packages.sh
 
 if [ -n "${version:-}" ]; then
   # Debian's python3 (its pip), not a pyenv or venv one that PATH may list first.
