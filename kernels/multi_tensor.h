@@ -65,23 +65,6 @@ bool device_available();
 /// Elements per chunk: the unit of work of one block, and of the norm sums.
 constexpr std::int64_t kChunkElements = 1 << 14;
 
-/// The tensor that owns `chunk`, given chunk_start[t] = the first chunk of
-/// tensor t (non-decreasing, n entries; empty tensors own no chunk): the last
-/// t with chunk_start[t] <= chunk. A binary search, run by every block.
-BIGBATCH_HD inline int chunk_owner(const std::int64_t* chunk_start, int n, std::int64_t chunk) {
-  int lo = 0;
-  int hi = n - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (chunk_start[mid] <= chunk) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
-
 /// Bytes of tensor data one step moves per element of a tensor (docs/cuda.md):
 /// the passes of `algorithm` with the options that add one (LAMB's first pass
 /// runs with skip_nonfinite or clipping), for its storage dtype, with or
@@ -110,8 +93,9 @@ class MultiTensorStep {
   bool same_tensors(const std::vector<TensorSlot>& slots) const;
 
   /// Binds the tensors and options of the next steps, on `stream`'s device
-  /// (the current device). A rebuild (first call, or other tensors) allocates
-  /// the table and takes each tensor's step count from its slot; otherwise only
+  /// (the current device). A rebuild (first call, other tensors, or another
+  /// device) allocates the table on the current device and takes each
+  /// tensor's step count from its slot; otherwise only
   /// moved gradient pointers and changed options are sent, by small kernels
   /// that carry the bytes as arguments (no pinned memory, no host wait).
   /// Throws std::runtime_error on a CUDA error, or on a rebuild while `stream`
@@ -122,13 +106,21 @@ class MultiTensorStep {
   /// Enqueues one step of the bound tensors on `stream`.
   void run(cudaStream_t stream);
 
-  /// Each bound tensor's step count, read back (waits for `stream`).
-  std::vector<std::int64_t> steps(cudaStream_t stream) const;
+  /// Each bound tensor's step count, read back: waits for the last bind() or
+  /// run(), on whichever stream it was enqueued.
+  std::vector<std::int64_t> steps() const;
 
-  /// Steps skipped for non-finite gradients so far, read back (waits for `stream`).
-  std::int64_t skipped_steps(cudaStream_t stream) const;
+  /// Steps skipped for non-finite gradients so far, read back (waits as steps()).
+  std::int64_t skipped_steps() const;
 
-  /// Kernel launches one run() makes for the bound options.
+  /// Throws the std::runtime_error a rebuild under capture would throw, if
+  /// `stream` is being captured: a caller that must read back before a
+  /// rebuild (the step counts) asks first, so the capture fails with this
+  /// message instead of a CUDA error.
+  void check_rebuild_allowed(cudaStream_t stream) const;
+
+  /// Kernel launches of one step: those of the last bind() (the uploads of
+  /// moved gradients, changed options, or a whole new table) and of run().
   int launches_per_step() const;
 
   /// Bytes of tensor data one run() reads and writes (the norms and table

@@ -165,6 +165,9 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   void sync_cuda_state() const;
   /// The device's skipped-step counter; 0 before the first CUDA step.
   std::int64_t cuda_skipped_steps() const;
+  /// Ends the CUDA binding before a step on another path: its step counts go
+  /// to the states and its skipped steps to the host counter (waits for the device).
+  void release_cuda();
 
   const char* name_;
   std::shared_ptr<CudaStep> cuda_;

@@ -6,11 +6,12 @@ set -euo pipefail
 # libopenblas0-openmp: Debian's LibTorch calls the system BLAS, which is the
 # slow reference one until an optimized one is installed (15x on the MLPs here);
 # the OpenMP build follows each thread's OpenMP setting, as ATen does.
+# libboost-context-dev: the fibers of the SIMT executor (kernels/simt) the tests run the CUDA kernels on.
 # python3-torch: PyTorch 1.13's torch.optim, the other side of the
 # torch.optim cross-check test; python3-pip fetches the --torch wheels.
 packages=(build-essential cmake ninja-build ccache git
           libtorch-dev libgloo-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
-          libopenblas0-openmp python3-matplotlib python3-torch python3-pip
+          libopenblas0-openmp python3-matplotlib python3-torch python3-pip libboost-context-dev
           zlib1g-dev dataset-fashion-mnist)
 missing=()
 for p in "${packages[@]}"; do

@@ -59,21 +59,25 @@ __global__ void upload_kernel(unsigned char* dst, UploadPayload payload, unsigne
   for (unsigned i = threadIdx.x; i < size; i += blockDim.x) dst[i] = payload.bytes[i];
 }
 
-void upload(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
+/// Returns the number of kernels it launched.
+int upload(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
+  int launches = 0;
   auto* out = static_cast<unsigned char*>(dst);
   const auto* in = static_cast<const unsigned char*>(src);
   for (std::size_t done = 0; done < bytes; done += kUploadBytes) {
     const std::size_t n = std::min(kUploadBytes, bytes - done);
     UploadPayload payload;
     std::memcpy(payload.bytes, in + done, n);
-    upload_kernel<<<1, kThreads, 0, stream>>>(out + done, payload, static_cast<unsigned>(n));
+    launch_kernel(upload_kernel, dim3(1), dim3(kThreads), stream, out + done, payload, static_cast<unsigned>(n));
     BIGBATCH_CUDA_CHECK(cudaGetLastError());
+    ++launches;
   }
+  return launches;
 }
 
 template <typename T>
-void upload(T* dst, const std::vector<T>& src, cudaStream_t stream) {
-  upload(dst, src.data(), src.size() * sizeof(T), stream);
+int upload(T* dst, const std::vector<T>& src, cudaStream_t stream) {
+  return upload(dst, src.data(), src.size() * sizeof(T), stream);
 }
 
 std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -95,24 +99,48 @@ struct MultiTensorStep::Impl {
   Table table{};
   void* arena = nullptr;                // the table and its work arrays
   std::size_t arena_bytes = 0;
-  Scalars* scalars = nullptr;           // kept across rebuilds
-  int device = -1;
+  Scalars* scalars = nullptr;           // kept across rebuilds on one device
+  int device = -1;                      // where arena and scalars live
+  cudaEvent_t done = nullptr;           // recorded after each bind() and run()
+  int bind_launches = 0;                // uploads of the last bind()
 
   ~Impl() {
     // A destructor must not throw: errors here (a device already torn down) are ignored.
     if (arena != nullptr) cudaFree(arena);
     if (scalars != nullptr) cudaFree(scalars);
+    if (done != nullptr) cudaEventDestroy(done);
+  }
+
+  // Marks the end of the work just enqueued, for the read-backs.
+  void record(cudaStream_t stream) {
+    if (done == nullptr) BIGBATCH_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    BIGBATCH_CUDA_CHECK(cudaEventRecord(done, stream));
+  }
+
+  // Copies device bytes back once the last bind() or run() has finished,
+  // whatever stream it ran on (the current one may be another).
+  void read_back(void* dst, const void* src, std::size_t bytes) const {
+    if (done != nullptr) BIGBATCH_CUDA_CHECK(cudaEventSynchronize(done));
+    BIGBATCH_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
   }
 
   void rebuild(const std::vector<TensorSlot>& new_slots, std::size_t num_groups, cudaStream_t stream) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    BIGBATCH_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    if (capture != cudaStreamCaptureStatusNone) {
-      throw std::runtime_error(
-          "bigbatch: a CUDA graph captured an optimizer step whose tensors changed since the last "
-          "step; run one step outside the capture first (its table is built then)");
+    check_not_capturing(stream);
+    int current = -1;
+    BIGBATCH_CUDA_CHECK(cudaGetDevice(&current));
+    long long skipped = 0;
+    if (current != device && (arena != nullptr || scalars != nullptr)) {
+      // The tensors moved to another device: so do the table and the scalars
+      // (the skipped-step count goes with them).
+      if (scalars != nullptr) read_back(&skipped, &scalars->skipped_steps, sizeof(skipped));
+      BIGBATCH_CUDA_CHECK(cudaFree(arena));
+      BIGBATCH_CUDA_CHECK(cudaFree(scalars));
+      arena = nullptr;
+      arena_bytes = 0;
+      scalars = nullptr;
     }
-    BIGBATCH_CUDA_CHECK(cudaGetDevice(&device));
+    device = current;
+    bind_launches = 0;
     const std::size_t t = new_slots.size();
     std::vector<std::int64_t> chunk_start(t + 1, 0);
     for (std::size_t i = 0; i < t; ++i) {
@@ -120,6 +148,11 @@ struct MultiTensorStep::Impl {
     }
     const std::int64_t chunks = chunk_start[t];
     if (chunks > 0x7fffffff) throw std::runtime_error("bigbatch: more than 2^31 - 1 chunks in one CUDA step");
+    std::vector<std::int32_t> chunk_tensor(static_cast<std::size_t>(chunks));
+    for (std::size_t i = 0; i < t; ++i) {
+      std::fill(chunk_tensor.begin() + chunk_start[i], chunk_tensor.begin() + chunk_start[i + 1],
+                static_cast<std::int32_t>(i));
+    }
 
     // One allocation, carved in this order.
     const std::size_t sizes[] = {
@@ -127,9 +160,9 @@ struct MultiTensorStep::Impl {
         round_up((t + 1) * sizeof(std::int64_t)), round_up(num_groups * sizeof(GroupOptions)),
         round_up(2 * chunks * sizeof(double)), round_up(2 * t * sizeof(double)),
         round_up(t * sizeof(float)),         round_up(t * sizeof(std::int64_t)),
-        round_up(num_groups * sizeof(float))};
+        round_up(num_groups * sizeof(float)), round_up(chunks * sizeof(std::int32_t))};
     std::size_t total = 0;
-    for (const std::size_t s : sizes) total += s;
+    for (const std::size_t size : sizes) total += size;
     if (total > arena_bytes) {
       if (arena != nullptr) BIGBATCH_CUDA_CHECK(cudaFree(arena));
       arena = nullptr;
@@ -138,7 +171,8 @@ struct MultiTensorStep::Impl {
     }
     if (scalars == nullptr) {
       BIGBATCH_CUDA_CHECK(cudaMalloc(&scalars, sizeof(Scalars)));
-      BIGBATCH_CUDA_CHECK(cudaMemsetAsync(scalars, 0, sizeof(Scalars), stream));
+      const Scalars initial{0, 0u, skipped};
+      bind_launches += upload(scalars, &initial, sizeof(initial), stream);
     }
     auto* base = static_cast<unsigned char*>(arena);
     std::size_t offset = 0;
@@ -161,6 +195,8 @@ struct MultiTensorStep::Impl {
     table.coef = static_cast<float*>(carve(6));
     table.steps = static_cast<std::int64_t*>(carve(7));
     table.group_scale = static_cast<float*>(carve(8));
+    auto* dev_chunk_tensor = static_cast<std::int32_t*>(carve(9));
+    table.chunk_tensor = dev_chunk_tensor;
     table.scalars = scalars;
     table.num_tensors = static_cast<int>(t);
     table.num_groups = static_cast<int>(num_groups);
@@ -170,18 +206,29 @@ struct MultiTensorStep::Impl {
     std::vector<const void*> grads(t);
     std::vector<std::int64_t> steps(t);
     for (std::size_t i = 0; i < t; ++i) {
-      const TensorSlot& s = new_slots[i];
-      host_slots[i] = Slot{s.param, s.master, s.m, s.v, s.numel, s.group, s.dtype};
-      grads[i] = s.grad;
-      steps[i] = s.step;
+      const TensorSlot& slot = new_slots[i];
+      host_slots[i] = Slot{slot.param, slot.master, slot.m, slot.v, slot.numel, slot.group, slot.dtype};
+      grads[i] = slot.grad;
+      steps[i] = slot.step;
     }
-    upload(dev_slots, host_slots, stream);
-    upload(dev_grads, grads, stream);
-    upload(dev_chunk_start, chunk_start, stream);
-    upload(table.steps, steps, stream);
-    upload(table.group_scale, std::vector<float>(num_groups, 1.0f), stream);
+    bind_launches += upload(dev_slots, host_slots, stream);
+    bind_launches += upload(dev_grads, grads, stream);
+    bind_launches += upload(dev_chunk_start, chunk_start, stream);
+    bind_launches += upload(dev_chunk_tensor, chunk_tensor, stream);
+    bind_launches += upload(table.steps, steps, stream);
+    bind_launches += upload(table.group_scale, std::vector<float>(num_groups, 1.0f), stream);
     slots = new_slots;
     groups.clear();  // uploaded by bind()
+  }
+
+  static void check_not_capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    BIGBATCH_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) {
+      throw std::runtime_error(
+          "bigbatch: a CUDA graph captured an optimizer step whose tensors changed since the last "
+          "step; run one step outside the capture first (its table is built then)");
+    }
   }
 };
 
@@ -206,20 +253,18 @@ void MultiTensorStep::bind(const std::vector<TensorSlot>& slots, const std::vect
                                   std::to_string(groups.size()));
     }
   }
+  d.bind_launches = 0;
   if (slots.empty()) {
     d.slots.clear();
     return;
   }
-  const bool rebuild = !same_tensors(slots) || groups.size() != static_cast<std::size_t>(d.table.num_groups);
+  int device = -1;
+  BIGBATCH_CUDA_CHECK(cudaGetDevice(&device));
+  const bool rebuild = !same_tensors(slots) || device != d.device ||
+                       groups.size() != static_cast<std::size_t>(d.table.num_groups);
   if (rebuild) {
     d.rebuild(slots, groups.size(), stream);
   } else {
-    int device = -1;
-    BIGBATCH_CUDA_CHECK(cudaGetDevice(&device));
-    if (device != d.device) {
-      throw std::invalid_argument("bigbatch: a multi-tensor step bound on CUDA device " +
-                                  std::to_string(d.device) + " was run on device " + std::to_string(device));
-    }
     // Gradients may be new tensors each step (zero_grad(set_to_none)): send the moved pointers.
     bool moved = false;
     for (std::size_t i = 0; i < slots.size() && !moved; ++i) moved = slots[i].grad != d.slots[i].grad;
@@ -229,47 +274,48 @@ void MultiTensorStep::bind(const std::vector<TensorSlot>& slots, const std::vect
         grads[i] = slots[i].grad;
         d.slots[i].grad = slots[i].grad;
       }
-      upload(const_cast<const void**>(d.table.grads), grads, stream);
+      d.bind_launches += upload(const_cast<const void**>(d.table.grads), grads, stream);
     }
   }
   if (groups != d.groups) {
-    upload(const_cast<GroupOptions*>(d.table.groups), groups, stream);
+    d.bind_launches += upload(const_cast<GroupOptions*>(d.table.groups), groups, stream);
     d.groups = groups;
     d.launch.check_skip = std::any_of(groups.begin(), groups.end(),
                                       [](const GroupOptions& o) { return (o.flags & kSkipNonfinite) != 0; });
     d.launch.clip = std::any_of(groups.begin(), groups.end(),
                                 [](const GroupOptions& o) { return o.max_grad_norm > 0; });
   }
+  d.record(stream);
 }
+
+void MultiTensorStep::check_rebuild_allowed(cudaStream_t stream) const { Impl::check_not_capturing(stream); }
 
 void MultiTensorStep::run(cudaStream_t stream) {
-  const Impl& d = *impl_;
+  Impl& d = *impl_;
   if (d.slots.empty()) return;
   switch (d.algorithm) {
-    case Algorithm::kLars: run_lars_larc(d.table, d.launch, /*larc=*/false, stream); return;
-    case Algorithm::kLarc: run_lars_larc(d.table, d.launch, /*larc=*/true, stream); return;
-    case Algorithm::kLamb: run_lamb(d.table, d.launch, stream); return;
-    case Algorithm::kNovoGrad: run_novograd(d.table, d.launch, stream); return;
+    case Algorithm::kLars: run_lars_larc(d.table, d.launch, /*larc=*/false, stream); break;
+    case Algorithm::kLarc: run_lars_larc(d.table, d.launch, /*larc=*/true, stream); break;
+    case Algorithm::kLamb: run_lamb(d.table, d.launch, stream); break;
+    case Algorithm::kNovoGrad: run_novograd(d.table, d.launch, stream); break;
   }
+  d.record(stream);
 }
 
-std::vector<std::int64_t> MultiTensorStep::steps(cudaStream_t stream) const {
+std::vector<std::int64_t> MultiTensorStep::steps() const {
   const Impl& d = *impl_;
   std::vector<std::int64_t> out(d.slots.size());
   if (out.empty()) return out;
-  BIGBATCH_CUDA_CHECK(cudaMemcpyAsync(out.data(), d.table.steps, out.size() * sizeof(std::int64_t),
-                                      cudaMemcpyDeviceToHost, stream));
-  BIGBATCH_CUDA_CHECK(cudaStreamSynchronize(stream));
+  d.read_back(out.data(), d.table.steps, out.size() * sizeof(std::int64_t));
   return out;
 }
 
-std::int64_t MultiTensorStep::skipped_steps(cudaStream_t stream) const {
+std::int64_t MultiTensorStep::skipped_steps() const {
   const Impl& d = *impl_;
   if (d.scalars == nullptr) return 0;
-  Scalars host{};
-  BIGBATCH_CUDA_CHECK(cudaMemcpyAsync(&host, d.scalars, sizeof(Scalars), cudaMemcpyDeviceToHost, stream));
-  BIGBATCH_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return host.skipped_steps;
+  long long skipped = 0;
+  d.read_back(&skipped, &d.scalars->skipped_steps, sizeof(skipped));
+  return skipped;
 }
 
 namespace {
@@ -298,7 +344,7 @@ int MultiTensorStep::launches_per_step() const {
   if (d.slots.empty()) return 0;
   const auto passes = passes_of(d.algorithm, d.launch);
   // Every pass but the last is followed by its finalize.
-  return 2 * static_cast<int>(passes.size()) - 1;
+  return d.bind_launches + 2 * static_cast<int>(passes.size()) - 1;
 }
 
 std::int64_t MultiTensorStep::bytes_per_step() const {

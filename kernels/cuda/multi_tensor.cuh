@@ -7,9 +7,14 @@
 
 #include <bigbatch/kernels/multi_tensor.h>
 
+#if defined(BIGBATCH_SIMT)
+#include <bigbatch/kernels/simt/cuda.h>  // the device code on the CPU executor (tests)
+#include <math.h>
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 
@@ -47,6 +52,7 @@ struct Table {
   const Slot* slots;                 ///< [T]
   const void* const* grads;          ///< [T]
   const std::int64_t* chunk_start;   ///< [T + 1]: tensor t owns chunks [start[t], start[t+1])
+  const std::int32_t* chunk_tensor;  ///< [chunks]: the tensor that owns each chunk
   const GroupOptions* groups;        ///< [G]
   double* partial;                   ///< [chunks][2] each chunk's two sums
   double* sums;                      ///< [T][2] each tensor's two sums
@@ -73,8 +79,19 @@ struct PassArrays {
 std::int64_t pass_bytes(PassArrays pass, DType dtype, bool master);
 
 // ------------------------------------------------------------ device side ----
+// Compiled by nvcc, and by g++ against the SIMT executor (BIGBATCH_SIMT).
 
+#if defined(__CUDACC__) || defined(BIGBATCH_SIMT)
+
+/// The one place a kernel is launched: `<<<>>>` under nvcc, the executor under BIGBATCH_SIMT.
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, const Args&... args) {
 #if defined(__CUDACC__)
+  kernel<<<grid, block, 0, stream>>>(args...);
+#else
+  simt::launch(grid, block, stream, [kernel, args...] { kernel(args...); });
+#endif
+}
 
 __device__ inline float to_float(float x) { return x; }
 __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -196,6 +213,30 @@ __device__ inline double block_sum(double x) {
   return result;
 }
 
+/// Sums a and b over the block in the fixed tree of block_sum; the results
+/// are valid in thread 0 only (one barrier instead of block_sum's three).
+__device__ inline void block_sums_to_thread0(double& a, double& b) {
+  __shared__ double warp_sums[2][kWarps];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    a += __shfl_down_sync(0xffffffffu, a, offset);
+    b += __shfl_down_sync(0xffffffffu, b, offset);
+  }
+  if (threadIdx.x % 32 == 0) {
+    warp_sums[0][threadIdx.x / 32] = a;
+    warp_sums[1][threadIdx.x / 32] = b;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    a = 0;
+    b = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      a += warp_sums[0][w];
+      b += warp_sums[1][w];
+    }
+  }
+}
+
 /// The element kernel of a pass: one block per chunk. Pass provides
 ///   static constexpr PassArrays kArrays; static constexpr bool kReduce;
 ///   bool check_skip;  and  Op element_op(const Table&, int tensor, const Slot&) const
@@ -205,11 +246,21 @@ template <typename Pass>
 __global__ void __launch_bounds__(kThreads) chunk_kernel(Table table, Pass pass) {
   if (pass.check_skip && table.scalars->skip) return;  // the step was abandoned
   const std::int64_t chunk = blockIdx.x;
-  const int t = chunk_owner(table.chunk_start, table.num_tensors, chunk);
+  const int t = table.chunk_tensor[chunk];
   const Slot s = table.slots[t];
   const std::int64_t begin = (chunk - table.chunk_start[t]) * kChunk;
   const std::int64_t end = begin + kChunk < s.numel ? begin + kChunk : s.numel;
-  const auto op = pass.element_op(table, t, s);
+  // The tensor's coefficients (LAMB's bias corrections: two fp64 pow) are
+  // worked out once per block by thread 0 and read by all from shared memory.
+  using Op = decltype(pass.element_op(table, t, s));
+  __shared__ __align__(16) unsigned char op_bytes[sizeof(Op)];
+  if (threadIdx.x == 0) {
+    const Op first = pass.element_op(table, t, s);
+    memcpy(op_bytes, &first, sizeof(Op));
+  }
+  __syncthreads();
+  Op op;
+  memcpy(&op, op_bytes, sizeof(Op));
   double acc[2] = {0, 0};
   constexpr unsigned kRead = Pass::kArrays.read;
   constexpr unsigned kWrite = Pass::kArrays.write;
@@ -225,11 +276,10 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(Table table, Pass pass)
       break;
   }
   if constexpr (Pass::kReduce) {
-    const double a = block_sum(acc[0]);
-    const double b = block_sum(acc[1]);
+    block_sums_to_thread0(acc[0], acc[1]);
     if (threadIdx.x == 0) {
-      table.partial[2 * chunk] = a;
-      table.partial[2 * chunk + 1] = b;
+      table.partial[2 * chunk] = acc[0];
+      table.partial[2 * chunk + 1] = acc[1];
     }
   }
 }
@@ -316,7 +366,7 @@ struct SquaresPass {
 template <typename Pass>
 void launch_chunks(const Table& table, const Pass& pass, cudaStream_t stream) {
   if (table.num_chunks == 0) return;
-  chunk_kernel<<<static_cast<unsigned>(table.num_chunks), kThreads, 0, stream>>>(table, pass);
+  launch_kernel(chunk_kernel<Pass>, dim3(static_cast<unsigned>(table.num_chunks)), dim3(kThreads), stream, table, pass);
   BIGBATCH_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -324,11 +374,11 @@ void launch_chunks(const Table& table, const Pass& pass, cudaStream_t stream) {
 template <typename Fin>
 void launch_finalize(const Table& table, const Fin& fin, cudaStream_t stream) {
   const int blocks = (table.num_tensors + kWarps - 1) / kWarps;
-  finalize_kernel<<<blocks, kThreads, 0, stream>>>(table, fin);
+  launch_kernel(finalize_kernel<Fin>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream, table, fin);
   BIGBATCH_CUDA_CHECK(cudaGetLastError());
 }
 
-#endif  // __CUDACC__
+#endif  // __CUDACC__ || BIGBATCH_SIMT
 
 /// The step of each algorithm (kernels/cuda/<algorithm>.cu): its launches in
 /// order, and the arrays of each of its passes (for bytes_per_step).

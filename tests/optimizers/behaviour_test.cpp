@@ -1,6 +1,7 @@
 // How the optimizers behave as torch::optim::Optimizers: per-group options,
 // the two-group helper, save/load continuation, non-finite skipping, bad
 // input, LibTorch schedulers, and fused against reference on a network.
+#include "engine_device.h"
 #include "reference64.h"
 
 #include <bigbatch/bigbatch.h>
@@ -177,8 +178,8 @@ TEST(SaveLoad, KeepsTheSkippedStepCounter) {
 // ---------------------------------------------------------------- non-finite --
 
 // The paths a step can take: 0 the reference, 1 fused on the CPU, 2 fused on
-// CUDA (named _CUDA, skipped without a GPU).
-at::Device path_device(int path) { return path == 2 ? at::Device(at::kCUDA) : at::Device(at::kCPU); }
+// CUDA (named _CUDA, skipped without a GPU; on the SIMT executor in simt_optimizers_tests).
+at::Device path_device(int path) { return path == 2 ? engine_device() : at::Device(at::kCPU); }
 bool path_fused(int path) { return path != 0; }
 
 template <typename Opt, typename Options>
@@ -224,7 +225,7 @@ void expect_nonfinite_step_skipped(const Options& options, float bad, at::Device
 class NonFinite : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    if (path_device(GetParam()).is_cuda() && !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+    if (GetParam() == 2 && !engine_available()) GTEST_SKIP() << "no CUDA device";
   }
   bool fused() const { return path_fused(GetParam()); }
   at::Device device() const { return path_device(GetParam()); }
@@ -250,7 +251,7 @@ TEST_P(NonFinite, AFirstStepSkippedCreatesNoState) {
   w.mutable_grad() = torch::tensor({1.0f, NAN, 2.0f}).to(device());
   opt.step();
   EXPECT_EQ(opt.skipped_steps(), 1);
-  if (device().is_cuda()) {
+  if (GetParam() == 2) {
     // The device decides after the state exists: it stays, zero, at step 0,
     // which the next step cannot tell from no state.
     const auto* st = opt.param_state(w);

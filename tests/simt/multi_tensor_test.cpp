@@ -1,0 +1,133 @@
+// The multi-tensor CUDA step (kernels/multi_tensor.h) with its device code on
+// the SIMT executor: what its host side promises about devices, streams and
+// launches, checked against what the executor saw.
+#include <bigbatch/kernels/multi_tensor.h>
+#include <bigbatch/kernels/simt/cuda.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using namespace bigbatch::kernels;
+using namespace bigbatch::kernels::cuda;
+
+// fp32 tensors with the state of a LAMB step, in host memory (the executor's device memory).
+struct Tensors {
+  std::vector<std::vector<float>> w, g, m, v;
+
+  explicit Tensors(const std::vector<std::int64_t>& sizes) {
+    for (const std::int64_t n : sizes) {
+      w.emplace_back(n, 1.0f);
+      g.emplace_back(n, 0.5f);
+      m.emplace_back(n, 0.0f);
+      v.emplace_back(n, 0.0f);
+    }
+  }
+  std::vector<TensorSlot> slots() {
+    std::vector<TensorSlot> out;
+    for (std::size_t k = 0; k < w.size(); ++k) {
+      TensorSlot s;
+      s.param = w[k].data();
+      s.grad = g[k].data();
+      s.m = m[k].data();
+      s.v = v[k].data();
+      s.numel = static_cast<std::int64_t>(w[k].size());
+      out.push_back(s);
+    }
+    return out;
+  }
+};
+
+GroupOptions lamb_options(double lr) {
+  GroupOptions o;
+  o.lr = lr;
+  o.beta1 = 0.9;
+  o.beta2 = 0.999;
+  o.eps = 1e-6;
+  o.weight_decay = 0.01;
+  o.max_trust = INFINITY;
+  o.flags = kAdapt | kBiasCorrection | kGradAveraging | kAdamW | kSkipNonfinite;
+  return o;
+}
+
+class SimtEngine : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  }
+};
+
+TEST_F(SimtEngine, ReadBacksWaitForTheStreamTheStepsRanOn) {
+  cudaStream_t ran = nullptr;
+  cudaStream_t other = nullptr;
+  // Non-blocking, as LibTorch's streams: a synchronous copy does not wait for them.
+  ASSERT_EQ(cudaStreamCreateWithFlags(&ran, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  {
+    Tensors t({5, 40000});
+    std::vector<float> bad = t.g[1];
+    bad[7] = NAN;  // the first step is skipped (its gradient is another buffer: nothing has run yet)
+    auto first = t.slots();
+    first[1].grad = bad.data();
+    MultiTensorStep step(Algorithm::kLamb);
+    step.bind(first, {lamb_options(0.1)}, ran);
+    step.run(ran);
+    step.bind(t.slots(), {lamb_options(0.1)}, ran);
+    step.run(ran);
+    // Nothing waited for `ran`: the read-backs must, whatever the current stream.
+    EXPECT_EQ(step.steps(), (std::vector<std::int64_t>{1, 1}));
+    EXPECT_EQ(step.skipped_steps(), 1);
+    EXPECT_LT(t.w[1][3], 1.0f) << "the applied step";
+  }
+  EXPECT_EQ(cudaStreamDestroy(ran), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
+}
+
+TEST_F(SimtEngine, TensorsOnAnotherDeviceGetATableThere) {
+  Tensors a({100, 3});
+  Tensors b({100, 3});
+  a.g[0][0] = NAN;
+  MultiTensorStep step(Algorithm::kLamb);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  step.bind(a.slots(), {lamb_options(0.1)}, nullptr);
+  step.run(nullptr);  // skipped: counted on device 0
+  EXPECT_GT(bigbatch::simt::allocations_on(0), 0);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  step.bind(b.slots(), {lamb_options(0.1)}, nullptr);
+  step.run(nullptr);
+  EXPECT_EQ(bigbatch::simt::allocations_on(0), 0) << "the table stayed on device 0";
+  EXPECT_GT(bigbatch::simt::allocations_on(1), 0);
+  EXPECT_EQ(step.skipped_steps(), 1) << "the skipped-step count moves with the table";
+  EXPECT_EQ(step.steps(), (std::vector<std::int64_t>{1, 1}));
+}
+
+TEST_F(SimtEngine, LaunchesPerStepCountsEveryLaunch) {
+  Tensors t({70000, 5, 0, 9});
+  for (const Algorithm algorithm : {Algorithm::kLars, Algorithm::kLarc, Algorithm::kLamb, Algorithm::kNovoGrad}) {
+    std::vector<float> novograd_v(t.w.size(), 0.0f);
+    auto slots = t.slots();
+    if (algorithm == Algorithm::kNovoGrad) {
+      for (std::size_t k = 0; k < slots.size(); ++k) slots[k].v = &novograd_v[k];
+    }
+    GroupOptions o = lamb_options(0.1);
+    o.momentum = 0.9;
+    o.trust_coefficient = 0.02;
+    MultiTensorStep step(algorithm);
+    for (int s = 0; s < 4; ++s) {
+      if (s == 2) o.lr = 0.05;  // a schedule: the options are sent again
+      if (s == 3) slots[1].grad = t.g[3].data();  // a moved gradient pointer
+      const std::int64_t before = bigbatch::simt::launches();
+      step.bind(slots, {o}, nullptr);
+      step.run(nullptr);
+      EXPECT_EQ(step.launches_per_step(), bigbatch::simt::launches() - before)
+          << "algorithm " << static_cast<int>(algorithm) << ", step " << s;
+    }
+  }
+}
+
+}  // namespace
