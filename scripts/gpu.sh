@@ -30,8 +30,9 @@ generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 
 # The embedded Fashion-MNIST is found through the dataset package's path.
+# The SIMT executor's tests are CI's stand-in for this machine: not built here.
 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DBIGBATCH_CUDA=ON \
-  -DCMAKE_CUDA_COMPILER="$nvcc" \
+  -DBIGBATCH_SIMT_TESTS=OFF -DCMAKE_CUDA_COMPILER="$nvcc" \
   -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr;$deps/usr/lib/x86_64-linux-gnu/cmake;$deps/usr/share/cmake" \
   -DCMAKE_INCLUDE_PATH="$deps/usr/include" -DCMAKE_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu"
 cmake --build "$build" --parallel "$(nproc)"

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 namespace bigbatch::kernels::cuda {
 
@@ -17,12 +18,18 @@ void check(cudaError_t err, const char* call, const char* file, int line) {
                            std::to_string(line));
 }
 
-bool operator==(const GroupOptions& a, const GroupOptions& b) {
-  return a.lr == b.lr && a.momentum == b.momentum && a.beta1 == b.beta1 && a.beta2 == b.beta2 &&
-         a.eps == b.eps && a.weight_decay == b.weight_decay && a.trust_coefficient == b.trust_coefficient &&
-         a.max_grad_norm == b.max_grad_norm && a.min_trust == b.min_trust && a.max_trust == b.max_trust &&
-         a.flags == b.flags;
+namespace {
+// Every member of GroupOptions, by a structured binding: a field added to the
+// struct and not here is a compile error, not an option change bind() misses.
+auto fields(const GroupOptions& o) {
+  const auto& [lr, momentum, beta1, beta2, eps, weight_decay, trust_coefficient, max_grad_norm, min_trust,
+               max_trust, flags] = o;
+  return std::tie(lr, momentum, beta1, beta2, eps, weight_decay, trust_coefficient, max_grad_norm, min_trust,
+                  max_trust, flags);
 }
+}  // namespace
+
+bool operator==(const GroupOptions& a, const GroupOptions& b) { return fields(a) == fields(b); }
 
 bool device_available() {
   int count = 0;
