@@ -193,28 +193,9 @@ __device__ void for_each_element(const Slot& s, const void* grad_ptr, std::int64
   }
 }
 
-/// Sums one double over the block in a fixed tree (the same bits every run);
-/// the result is valid in every thread. The block must be kThreads wide.
-__device__ inline double block_sum(double x) {
-  __shared__ double warp_sums[kWarps];
-  __shared__ double total;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_down_sync(0xffffffffu, x, offset);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = x;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double s = 0;
-    for (int w = 0; w < kWarps; ++w) s += warp_sums[w];
-    total = s;
-  }
-  __syncthreads();
-  const double result = total;
-  __syncthreads();  // total and warp_sums may be reused by the next call
-  return result;
-}
-
-/// Sums a and b over the block in the fixed tree of block_sum; the results
-/// are valid in thread 0 only (one barrier instead of block_sum's three).
+/// Sums a and b over the block in a fixed tree (the same bits every run):
+/// warp shuffles, then thread 0 adds the warps' sums in order. The results
+/// are valid in thread 0 only. The block must be kThreads wide.
 __device__ inline void block_sums_to_thread0(double& a, double& b) {
   __shared__ double warp_sums[2][kWarps];
 #pragma unroll
@@ -235,6 +216,19 @@ __device__ inline void block_sums_to_thread0(double& a, double& b) {
       b += warp_sums[1][w];
     }
   }
+}
+
+/// Sums one double over the block in the tree of block_sums_to_thread0; the
+/// result is valid in every thread.
+__device__ inline double block_sum(double x) {
+  __shared__ double total;
+  double unused = 0;
+  block_sums_to_thread0(x, unused);
+  if (threadIdx.x == 0) total = x;
+  __syncthreads();
+  const double result = total;
+  __syncthreads();  // total and the warp sums may be reused by the next call
+  return result;
 }
 
 /// The element kernel of a pass: one block per chunk. Pass provides

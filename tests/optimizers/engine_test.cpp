@@ -3,7 +3,7 @@
 // a step on the CPU or reference path between CUDA steps continues from the
 // step counts the device kept, and goes back to the device from its own.
 #include "engine_device.h"
-#include "reference64.h"
+#include "golden_check.h"
 
 #include <bigbatch/bigbatch.h>
 
@@ -19,12 +19,8 @@
 namespace {
 
 using namespace bigbatch::optim;
+using golden::to_vec;
 using ref64::Vec;
-
-Vec to_vec(const at::Tensor& t) {
-  const at::Tensor d = t.to(at::kCPU).to(at::kDouble).contiguous();
-  return Vec(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
-}
 
 class EngineHandOver : public ::testing::Test {
  protected:
@@ -46,6 +42,7 @@ void expect_counts_survive_path_switches(Options options, Ref ref, const std::st
     params.push_back(at::randn({n}).to(engine_device()));
     ws.push_back(to_vec(params.back()));
   }
+  const std::vector<Vec> start = ws;
   Opt opt(params, options);
   auto& group_options = static_cast<Options&>(opt.param_groups()[0].options());
   std::vector<ref64::State> state(sizes.size());
@@ -61,13 +58,8 @@ void expect_counts_survive_path_switches(Options options, Ref ref, const std::st
   }
   for (std::size_t k = 0; k < sizes.size(); ++k) {
     EXPECT_EQ(opt.param_state(params[k])->step(), 5) << name << ", tensor " << k;
-    const Vec got = to_vec(params[k]);
-    double scale = 0;
-    for (double e : ws[k]) scale = std::max(scale, std::abs(e));
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      ASSERT_NEAR(got[i], ws[k][i], 2e-5 * scale + 1e-6) << name << ", tensor " << k << ", element " << i;
-    }
   }
+  golden::expect_fp32_close({params, ws, start, nullptr}, name);
 }
 
 TEST_F(EngineHandOver, LAMBStepCountsSurviveAReferenceStep_CUDA) {

@@ -3,6 +3,7 @@
 // Tensors of odd sizes, one element, empty, all-zero weights, all-zero
 // gradients, and one larger than a kernel chunk (parallel, several chunks).
 #include "engine_device.h"
+#include "golden_check.h"
 #include "reference64.h"
 
 #include <bigbatch/bigbatch.h>
@@ -18,6 +19,9 @@ namespace {
 
 using namespace bigbatch::optim;
 using ref64::Vec;
+using golden::expect_fp32_close;
+using golden::GoldenRun;
+using golden::to_vec;
 
 // (params, fused, master_weights) -> the optimizer of a variant.
 using MakeFn = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>, bool, bool)>;
@@ -119,18 +123,6 @@ const std::vector<std::int64_t> kSizes = {0, 1, 7, 33, 1000, 20000, 5, 3};
 constexpr std::size_t kZeroWeights = 6;
 constexpr std::size_t kZeroGrads = 7;
 
-Vec to_vec(const at::Tensor& t) {
-  const at::Tensor d = t.to(at::kCPU).to(at::kDouble).contiguous();
-  return Vec(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
-}
-
-struct GoldenRun {
-  std::vector<at::Tensor> params;
-  std::vector<Vec> ref;
-  std::vector<Vec> start;
-  std::unique_ptr<torch::optim::Optimizer> opt;
-};
-
 // Where and how the library's tensors live in a run.
 struct Placement {
   at::Device device = at::kCPU;
@@ -176,24 +168,6 @@ GoldenRun run(const Variant& variant, bool fused, at::ScalarType dtype, int step
     variant.ref(r.ref, grads, state);
   }
   return r;
-}
-
-// Asserts that every element is within fp32 rounding of the float64
-// reference, and that the steps moved the weights (else the check is empty).
-void expect_fp32_close(const GoldenRun& r, const std::string& what) {
-  double moved = 0;
-  double total = 0;
-  for (std::size_t k = 0; k < r.params.size(); ++k) {
-    const Vec got = to_vec(r.params[k]);
-    double scale = 0;
-    for (double e : r.ref[k]) scale = std::max(scale, std::abs(e));
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      ASSERT_NEAR(got[i], r.ref[k][i], 2e-5 * scale + 1e-6) << what << ", tensor " << k << ", element " << i;
-      moved += std::abs(r.ref[k][i] - r.start[k][i]);
-      total += std::abs(r.start[k][i]);
-    }
-  }
-  EXPECT_GT(moved, 1e-3 * total) << what;
 }
 
 // Asserts that every element is the float64 result rounded once to a type
