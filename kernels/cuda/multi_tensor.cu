@@ -108,7 +108,8 @@ struct MultiTensorStep::Impl {
   std::size_t arena_bytes = 0;
   Scalars* scalars = nullptr;           // kept across rebuilds on one device
   int device = -1;                      // where arena and scalars live
-  cudaEvent_t done = nullptr;           // recorded after each bind() and run()
+  cudaEvent_t done = nullptr;           // recorded after each eager bind() and run()
+  bool captured = false;                // a step was captured: its replays are not ours to see
   int bind_launches = 0;                // uploads of the last bind()
 
   ~Impl() {
@@ -118,16 +119,28 @@ struct MultiTensorStep::Impl {
     if (done != nullptr) cudaEventDestroy(done);
   }
 
-  // Marks the end of the work just enqueued, for the read-backs.
+  // Marks the end of the work just enqueued, for the read-backs. Not under
+  // capture: an event last recorded in a capture cannot be waited on.
   void record(cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    BIGBATCH_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) {
+      captured = true;
+      return;
+    }
     if (done == nullptr) BIGBATCH_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     BIGBATCH_CUDA_CHECK(cudaEventRecord(done, stream));
   }
 
   // Copies device bytes back once the last bind() or run() has finished,
-  // whatever stream it ran on (the current one may be another).
+  // whatever stream it ran on (the current one may be another). Once a step
+  // was captured, its graph may replay on any stream: then the whole device.
   void read_back(void* dst, const void* src, std::size_t bytes) const {
-    if (done != nullptr) BIGBATCH_CUDA_CHECK(cudaEventSynchronize(done));
+    if (captured) {
+      BIGBATCH_CUDA_CHECK(cudaDeviceSynchronize());
+    } else if (done != nullptr) {
+      BIGBATCH_CUDA_CHECK(cudaEventSynchronize(done));
+    }
     BIGBATCH_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
   }
 

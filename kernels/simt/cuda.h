@@ -52,6 +52,7 @@ enum cudaError_t {
   cudaErrorLaunchFailure = 719,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorCapturedEvent = 907,
 };
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,

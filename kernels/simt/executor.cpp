@@ -49,6 +49,7 @@ struct Stream {
 struct Event {
   Stream* stream = nullptr;  // null: recorded on the default stream (already complete)
   std::int64_t position = 0; // the stream's enqueued count at the record
+  bool captured = false;     // last recorded in a capturing stream
 };
 
 struct Runtime {
@@ -505,6 +506,7 @@ const char* error_name(cudaError_t err) {
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
   }
   return "cudaErrorUnknown";
 }
@@ -646,6 +648,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   auto* e = reinterpret_cast<bigbatch::simt::Event*>(event);
+  e->captured = stream_of(stream)->capturing;
   e->stream = stream == nullptr ? nullptr : stream_of(stream);
   e->position = stream == nullptr ? 0 : stream_of(stream)->enqueued;
   return cudaSuccess;
@@ -653,6 +656,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   auto* e = reinterpret_cast<bigbatch::simt::Event*>(event);
+  if (e->captured) return fail(cudaErrorCapturedEvent, "simt: waiting on an event last recorded in a capture");
   auto& r = runtime();
   const std::lock_guard<std::recursive_mutex> lock(r.mutex);
   if (e->stream != nullptr && r.streams.count(e->stream) != 0) bigbatch::simt::flush(e->stream, e->position);

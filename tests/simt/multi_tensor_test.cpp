@@ -88,6 +88,18 @@ TEST_F(SimtEngine, ReadBacksWaitForTheStreamTheStepsRanOn) {
   EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
 }
 
+TEST_F(SimtEngine, ReadBacksAfterACapturedStepNeedNoCapturedEvent) {
+  Tensors t({5, 3});
+  MultiTensorStep step(Algorithm::kLamb);
+  step.bind(t.slots(), {lamb_options(0.1)}, nullptr);
+  step.run(nullptr);
+  bigbatch::simt::set_capturing(nullptr, true);  // a step captured into a graph (not run)
+  step.bind(t.slots(), {lamb_options(0.1)}, nullptr);
+  step.run(nullptr);
+  bigbatch::simt::set_capturing(nullptr, false);
+  EXPECT_EQ(step.steps(), (std::vector<std::int64_t>{1, 1}));
+}
+
 TEST_F(SimtEngine, TensorsOnAnotherDeviceGetATableThere) {
   Tensors a({100, 3});
   Tensors b({100, 3});
