@@ -8,7 +8,7 @@
 #include "optimizer_bench.h"
 
 #include <bigbatch/bigbatch.h>
-#include <bigbatch/kernels/multi_tensor.h>
+#include <bigbatch/kernels/engine.h>
 
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -21,6 +21,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -160,21 +161,25 @@ struct Optimizer {
   double bytes_per_param;
 };
 
-// The bytes a step moves per fp32 parameter, as the kernels count them
-// (skip_nonfinite on, the default; clip: LAMB's max_grad_norm).
-double fp32_bytes(bigbatch::kernels::cuda::Algorithm algorithm, bool clip = false) {
-  return static_cast<double>(bigbatch::kernels::cuda::step_bytes_per_element(
-      algorithm, /*skip_nonfinite=*/true, clip, bigbatch::kernels::DType::kFloat32, /*master=*/false));
+// The bytes a step moves per fp32 parameter, as the plans count them
+// (skip_nonfinite on, the default; LAMB's max_grad_norm where `clip`).
+template <typename Plan>
+double fp32_bytes(bool clip = false) {
+  typename Plan::Group group;
+  group.skip_nonfinite = true;
+  if constexpr (std::is_same_v<Plan, bigbatch::kernels::LambPlan>) group.max_grad_norm = clip ? 1.0 : 0.0;
+  return static_cast<double>(
+      bigbatch::kernels::step_bytes_per_element<Plan>({group}, bigbatch::kernels::DType::kFloat32, /*master=*/false));
 }
 
 int register_all() {
-  using bigbatch::kernels::cuda::Algorithm;
+  namespace k = bigbatch::kernels;
   const Optimizer optimizers[] = {
-      {"LAMB", maker<LAMB>(LAMBOptions(1e-3)), fp32_bytes(Algorithm::kLamb)},
-      {"LAMB_clip", maker<LAMB>(LAMBOptions(1e-3).max_grad_norm(1.0)), fp32_bytes(Algorithm::kLamb, true)},
-      {"LARS", maker<LARS>(LARSOptions(0.1).weight_decay(1e-4)), fp32_bytes(Algorithm::kLars)},
-      {"LARC", maker<LARC>(LARCOptions(0.1).weight_decay(1e-4)), fp32_bytes(Algorithm::kLarc)},
-      {"NovoGrad", maker<NovoGrad>(NovoGradOptions(1e-2)), fp32_bytes(Algorithm::kNovoGrad)},
+      {"LAMB", maker<LAMB>(LAMBOptions(1e-3)), fp32_bytes<k::LambPlan>()},
+      {"LAMB_clip", maker<LAMB>(LAMBOptions(1e-3).max_grad_norm(1.0)), fp32_bytes<k::LambPlan>(true)},
+      {"LARS", maker<LARS>(LARSOptions(0.1).weight_decay(1e-4)), fp32_bytes<k::LarsPlan>()},
+      {"LARC", maker<LARC>(LARCOptions(0.1).weight_decay(1e-4)), fp32_bytes<k::LarcPlan>()},
+      {"NovoGrad", maker<NovoGrad>(NovoGradOptions(1e-2)), fp32_bytes<k::NovoGradPlan>()},
   };
   std::set<double> copy_bytes;  // one copy per distinct byte count
   for (const Optimizer& o : optimizers) copy_bytes.insert(o.bytes_per_param);

@@ -1,5 +1,5 @@
 # Without a CUDA-enabled LibTorch (CI), still compile, not link, the C++ that
-# only a BIGBATCH_CUDA build uses: the optimizers' CUDA dispatch point, the
+# only a BIGBATCH_CUDA build uses: the optimizers' engine dispatch with its CUDA runner, the
 # process group with NCCL, the CUDA graph test and the CUDA benchmark, against
 # LibTorch's c10/cuda and c10d headers and the toolkit's (CUDA, NCCL). A CPU-only LibTorch lacks the one header its CUDA build
 # generates (c10/cuda/impl/cuda_cmake_macros.h); an empty one stands in.
@@ -13,7 +13,7 @@ if(NOT EXISTS ${BIGBATCH_C10_CUDA_INCLUDE}/c10/cuda/impl/cuda_cmake_macros.h)
   file(WRITE ${shim}/c10/cuda/impl/cuda_cmake_macros.h "#pragma once\n")
 endif()
 
-set(sources optimizers/cuda_dispatch.cpp distributed/process_group.cpp)
+set(sources optimizers/engine_dispatch.cpp distributed/process_group.cpp)
 set(libs bigbatch_kernels bigbatch_noise bigbatch_compat)
 if(BIGBATCH_BUILD_TESTS)
   find_package(GTest REQUIRED)

@@ -1,9 +1,9 @@
-// LAMB (lamb.h): options, state, and the step with its fused CPU path
-// (kernels/lamb.h) and its reference path in plain ATen ops.
+// LAMB (lamb.h): options, state, the reference path of its step in plain
+// ATen ops, and its options as its fused plan takes them (kernels/lamb.h).
 #include <bigbatch/optimizers/lamb.h>
 
 #include <bigbatch/kernels/common.h>
-#include <bigbatch/optimizers/cuda_hooks.h>
+#include <bigbatch/optimizers/engine_hooks.h>
 #include <bigbatch/optimizers/internal.h>
 
 #include <algorithm>
@@ -54,13 +54,6 @@ double trust_ratio(const LAMBOptions& o, double w_norm, double u_norm) {
                                    o.min_trust(), o.max_trust(), o.trust_clip());
 }
 
-// The per-tensor coefficients of step t, rounded to fp32 once.
-kernels::LambStep kernel_step(const LAMBOptions& o, std::int64_t t, double grad_scale) {
-  const auto [b1, b2] = o.betas();
-  return kernels::lamb_step(b1, b2, o.grad_averaging(), o.bias_correction(), o.eps(),
-                            o.weight_decay(), o.adam_w_mode(), t, grad_scale);
-}
-
 }  // namespace
 
 LAMB::LAMB(std::vector<torch::optim::OptimizerParamGroup> param_groups, LAMBOptions defaults)
@@ -69,81 +62,24 @@ LAMB::LAMB(std::vector<torch::optim::OptimizerParamGroup> param_groups, LAMBOpti
 LAMB::LAMB(std::vector<torch::Tensor> params, LAMBOptions defaults)
     : LAMB({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
-torch::Tensor LAMB::step(LossClosure closure) {
-  at::NoGradGuard no_grad;
-  const torch::Tensor loss = run_closure(closure);
-  const auto groups = gather();
-  if (step_cuda(groups)) return loss;
-  std::vector<bool> finite(groups.size(), true);
-
-  // G, the L2 norm of every gradient of every group, when some group clips.
-  double global_norm = 0;
+// The formulas of lamb.h in ATen ops: G and the non-finite check over every
+// group first, then each tensor.
+void LAMB::step_reference(const std::vector<Group>& groups) {
   const bool clipping = std::any_of(groups.begin(), groups.end(),
                                     [](const Group& g) { return g.options->max_grad_norm() > 0; });
-  if (clipping) {
-    double sum = 0;
-    for (std::size_t i = 0; i < groups.size(); ++i) {
-      const bool fused = runs_fused(groups[i]);
-      for (const auto& pg : groups[i].params) {
-        const double sq = fused
-            ? kernels::sum_squares_cpu(pg.grad.data_ptr(), nullptr, kernel_dtype(pg.grad),
-                                       pg.grad.numel()).x
-            : std::pow(internal::norm_of(pg.grad), 2);
-        finite[i] = finite[i] && std::isfinite(sq);
-        sum += sq;
-      }
-    }
-    global_norm = std::sqrt(sum);
-  }
-
-  // Norm pass: ||w||, ||g||, ||u|| per tensor, writing nothing.
-  std::vector<std::vector<kernels::LambNorms>> norms(groups.size());
+  std::vector<bool> finite(groups.size(), true);
+  double sum = 0;  // G^2, the squared L2 norm of every gradient of every group (when some group clips)
   for (std::size_t i = 0; i < groups.size(); ++i) {
-    const LAMBOptions& o = *groups[i].options;
-    const bool fused = runs_fused(groups[i]);
     for (const auto& pg : groups[i].params) {
-      if (!fused) {
-        finite[i] = finite[i] && internal::all_finite(pg.grad);
-        continue;
-      }
-      auto& st = state_of(pg.param);
-      const auto n = kernels::lamb_norms_cpu(
-          pg.param.data_ptr(), pg.grad.data_ptr(), st.exp_avg().data_ptr<float>(),
-          st.exp_avg_sq().data_ptr<float>(), kernel_dtype(pg.param), pg.param.numel(),
-          kernel_step(o, st.step() + 1, clip_scale(o, global_norm)));
-      finite[i] = finite[i] && std::isfinite(n.g_sq);
-      norms[i].push_back(n);
+      finite[i] = finite[i] && internal::all_finite(pg.grad);
+      if (clipping) sum += std::pow(internal::norm_of(pg.grad), 2);
     }
   }
-  if (skip_nonfinite(groups, finite)) return loss;
-
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    const double grad_scale = clip_scale(*groups[i].options, global_norm);
-    if (runs_fused(groups[i])) {
-      step_fused(groups[i], grad_scale, norms[i]);
-    } else {
-      step_reference(groups[i], grad_scale);
-    }
-  }
-  return loss;
+  if (skip_nonfinite(groups, finite)) return;
+  for (const Group& group : groups) step_reference(group, clip_scale(*group.options, std::sqrt(sum)));
 }
 
-void LAMB::step_fused(const Group& group, double grad_scale,
-                      const std::vector<kernels::LambNorms>& norms) {
-  const LAMBOptions& o = *group.options;
-  for (std::size_t j = 0; j < group.params.size(); ++j) {
-    const auto& pg = group.params[j];
-    auto& st = state_of(pg.param);
-    st.step(st.step() + 1);
-    const double ratio = trust_ratio(o, std::sqrt(norms[j].w_sq), std::sqrt(norms[j].u_sq));
-    kernels::lamb_update_cpu(pg.param.data_ptr(), pg.grad.data_ptr(), st.exp_avg().data_ptr<float>(),
-                             st.exp_avg_sq().data_ptr<float>(), kernel_dtype(pg.param),
-                             pg.param.numel(), kernel_step(o, st.step(), grad_scale),
-                             static_cast<float>(o.lr() * ratio));
-  }
-}
-
-// The specification in ATen ops, one tensor at a time.
+// One group of the reference step, one tensor at a time.
 void LAMB::step_reference(const Group& group, double grad_scale) {
   const LAMBOptions& o = *group.options;
   const auto [b1, b2] = o.betas();
@@ -169,19 +105,24 @@ void LAMB::step_reference(const Group& group, double grad_scale) {
   }
 }
 
-// ------------------------------------------------------------- CUDA hooks ----
+// ----------------------------------------------------------- engine hooks ----
 
-kernels::cuda::Algorithm cuda_algorithm(const LAMBOptions*) { return kernels::cuda::Algorithm::kLamb; }
-
-kernels::cuda::GroupOptions cuda_group_options(const LAMBOptions& o) {
-  kernels::cuda::GroupOptions g = moment_group_options(o);
+kernels::LambGroup kernel_group(const LAMBOptions& o) {
+  kernels::LambGroup g;
+  g.lr = o.lr();
+  std::tie(g.beta1, g.beta2) = o.betas();
+  g.eps = o.eps();
+  g.weight_decay = o.weight_decay();
   g.max_grad_norm = o.max_grad_norm();
   g.min_trust = o.min_trust();
   g.max_trust = o.max_trust();
-  using namespace kernels::cuda;
-  g.flags |= (o.adapt() ? kAdapt : 0u) | (o.bias_correction() ? kBiasCorrection : 0u) |
-             (o.adam_w_mode() ? kAdamW : 0u) | (o.always_adapt() ? kAlwaysAdapt : 0u) |
-             (o.trust_clip() ? kTrustClip : 0u);
+  g.bias_correction = o.bias_correction();
+  g.grad_averaging = o.grad_averaging();
+  g.adam_w_mode = o.adam_w_mode();
+  g.always_adapt = o.always_adapt();
+  g.trust_clip = o.trust_clip();
+  g.adapt = o.adapt();
+  g.skip_nonfinite = o.skip_nonfinite();
   return g;
 }
 

@@ -73,10 +73,10 @@ class LAMB : public LayerwiseOptimizer<LAMBOptions, LAMBParamState> {
                 LAMBOptions defaults = {});
   explicit LAMB(std::vector<torch::Tensor> params, LAMBOptions defaults = {});
 
-  torch::Tensor step(LossClosure closure = nullptr) override;
+ protected:
+  void step_reference(const std::vector<Group>& groups) override;
 
  private:
-  void step_fused(const Group& group, double grad_scale, const std::vector<kernels::LambNorms>& norms);
   void step_reference(const Group& group, double grad_scale);
 };
 

@@ -1,8 +1,8 @@
-// LARC (larc.h): options, state, and the step with its fused CPU path
-// (kernels/momentum.h) and its reference path in plain ATen ops.
+// LARC (larc.h): options, state, the reference path of its step in plain
+// ATen ops, and its options as its fused plan takes them (kernels/momentum.h).
 #include <bigbatch/optimizers/larc.h>
 
-#include <bigbatch/optimizers/cuda_hooks.h>
+#include <bigbatch/optimizers/engine_hooks.h>
 #include <bigbatch/optimizers/internal.h>
 
 namespace bigbatch::optim {
@@ -41,41 +41,45 @@ LARC::LARC(std::vector<torch::optim::OptimizerParamGroup> param_groups, LARCOpti
 LARC::LARC(std::vector<torch::Tensor> params, LARCOptions defaults)
     : LARC({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
-torch::Tensor LARC::step(LossClosure closure) {
-  return norm_pass_then_update(closure, /*with_weight=*/true, [this](const LARCOptions& o,
-                                                                   const ParamGrad& pg,
-                                                                   const TensorNorms& n,
-                                                                   bool fused) {
+// The formulas of larc.h in ATen ops, one tensor at a time.
+void LARC::step_reference(const std::vector<Group>& groups) {
+  std::vector<std::vector<TensorNorms>> norms;
+  if (!reference_norms(groups, /*with_weight=*/true, norms)) return;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const LARCOptions& o = *groups[i].options;
     const double wd = o.weight_decay();
-    const double scale = kernels::larc_scale(n.w_norm, n.g_norm, o.adapt(), o.clip(), o.lr(),
-                                             o.trust_coefficient(), wd, o.eps());
-    auto& v = state_of(pg.param).momentum_buffer();
-    if (fused) {
-      // scale = the clipped local rate, step_size = lr: the rate outside the buffer.
-      momentum_update_fused(pg, v, {static_cast<float>(scale), static_cast<float>(o.lr()),
-                                    static_cast<float>(o.momentum()), static_cast<float>(wd), o.nesterov()});
-      return;
+    for (std::size_t j = 0; j < groups[i].params.size(); ++j) {
+      const ParamGrad& pg = groups[i].params[j];
+      const TensorNorms& n = norms[i][j];
+      const double scale = kernels::larc_scale(n.w_norm, n.g_norm, o.adapt(), o.clip(), o.lr(),
+                                               o.trust_coefficient(), wd, o.eps());
+      auto& v = state_of(pg.param).momentum_buffer();
+      at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
+      const at::Tensor d = (pg.grad.to(at::kFloat) + wd * w) * scale;
+      v.mul_(o.momentum()).add_(d);
+      if (o.nesterov()) {
+        w.sub_((d + v * o.momentum()) * o.lr());
+      } else {
+        w.sub_(v * o.lr());
+      }
+      if (!w.is_same(pg.param)) pg.param.copy_(w);
     }
-    // Reference: the formulas of larc.h in ATen ops.
-    at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
-    const at::Tensor d = (pg.grad.to(at::kFloat) + wd * w) * scale;
-    v.mul_(o.momentum()).add_(d);
-    if (o.nesterov()) {
-      w.sub_((d + v * o.momentum()) * o.lr());
-    } else {
-      w.sub_(v * o.lr());
-    }
-    if (!w.is_same(pg.param)) pg.param.copy_(w);
-  });
+  }
 }
 
-// ------------------------------------------------------------- CUDA hooks ----
+// ----------------------------------------------------------- engine hooks ----
 
-kernels::cuda::Algorithm cuda_algorithm(const LARCOptions*) { return kernels::cuda::Algorithm::kLarc; }
-
-kernels::cuda::GroupOptions cuda_group_options(const LARCOptions& o) {
-  kernels::cuda::GroupOptions g = momentum_group_options(o);
-  if (o.clip()) g.flags |= kernels::cuda::kClip;
+kernels::LarcGroup kernel_group(const LARCOptions& o) {
+  kernels::LarcGroup g;
+  g.lr = o.lr();
+  g.momentum = o.momentum();
+  g.weight_decay = o.weight_decay();
+  g.trust_coefficient = o.trust_coefficient();
+  g.eps = o.eps();
+  g.nesterov = o.nesterov();
+  g.adapt = o.adapt();
+  g.clip = o.clip();
+  g.skip_nonfinite = o.skip_nonfinite();
   return g;
 }
 

@@ -55,7 +55,8 @@ class LARC : public LayerwiseOptimizer<LARCOptions, LARCParamState> {
   explicit LARC(std::vector<torch::optim::OptimizerParamGroup> param_groups, LARCOptions defaults);
   explicit LARC(std::vector<torch::Tensor> params, LARCOptions defaults);
 
-  torch::Tensor step(LossClosure closure = nullptr) override;
+ protected:
+  void step_reference(const std::vector<Group>& groups) override;
 };
 
 }  // namespace bigbatch::optim

@@ -1,8 +1,8 @@
-// LARS (lars.h): options, state, and the step with its fused CPU path
-// (kernels/momentum.h) and its reference path in plain ATen ops.
+// LARS (lars.h): options, state, the reference path of its step in plain
+// ATen ops, and its options as its fused plan takes them (kernels/momentum.h).
 #include <bigbatch/optimizers/lars.h>
 
-#include <bigbatch/optimizers/cuda_hooks.h>
+#include <bigbatch/optimizers/engine_hooks.h>
 #include <bigbatch/optimizers/internal.h>
 
 namespace bigbatch::optim {
@@ -40,40 +40,45 @@ LARS::LARS(std::vector<torch::optim::OptimizerParamGroup> param_groups, LARSOpti
 LARS::LARS(std::vector<torch::Tensor> params, LARSOptions defaults)
     : LARS({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
-torch::Tensor LARS::step(LossClosure closure) {
-  return norm_pass_then_update(closure, /*with_weight=*/true, [this](const LARSOptions& o,
-                                                                   const ParamGrad& pg,
-                                                                   const TensorNorms& n,
-                                                                   bool fused) {
+// The formulas of lars.h in ATen ops, one tensor at a time.
+void LARS::step_reference(const std::vector<Group>& groups) {
+  std::vector<std::vector<TensorNorms>> norms;
+  if (!reference_norms(groups, /*with_weight=*/true, norms)) return;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const LARSOptions& o = *groups[i].options;
     const double wd = o.weight_decay();
-    const double ratio = kernels::lars_trust_ratio(n.w_norm, n.g_norm, o.adapt(),
-                                                   o.trust_coefficient(), wd, o.eps());
-    auto& v = state_of(pg.param).momentum_buffer();
-    if (fused) {
-      // scale = lr*ratio, step_size = 1: the rate sits inside the buffer.
-      momentum_update_fused(pg, v, {static_cast<float>(o.lr() * ratio), 1.0f,
-                                    static_cast<float>(o.momentum()), static_cast<float>(wd), o.nesterov()});
-      return;
+    for (std::size_t j = 0; j < groups[i].params.size(); ++j) {
+      const ParamGrad& pg = groups[i].params[j];
+      const TensorNorms& n = norms[i][j];
+      const double ratio = kernels::lars_trust_ratio(n.w_norm, n.g_norm, o.adapt(), o.trust_coefficient(), wd,
+                                                     o.eps());
+      auto& v = state_of(pg.param).momentum_buffer();
+      at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
+      const at::Tensor d = pg.grad.to(at::kFloat) + wd * w;
+      v.mul_(o.momentum()).add_(d * (o.lr() * ratio));
+      if (o.nesterov()) {
+        w.sub_(v * o.momentum() + d * (o.lr() * ratio));
+      } else {
+        w.sub_(v);
+      }
+      if (!w.is_same(pg.param)) pg.param.copy_(w);
     }
-    // Reference: the formulas of lars.h in ATen ops.
-    at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
-    const at::Tensor d = pg.grad.to(at::kFloat) + wd * w;
-    v.mul_(o.momentum()).add_(d * (o.lr() * ratio));
-    if (o.nesterov()) {
-      w.sub_(v * o.momentum() + d * (o.lr() * ratio));
-    } else {
-      w.sub_(v);
-    }
-    if (!w.is_same(pg.param)) pg.param.copy_(w);
-  });
+  }
 }
 
-// ------------------------------------------------------------- CUDA hooks ----
+// ----------------------------------------------------------- engine hooks ----
 
-kernels::cuda::Algorithm cuda_algorithm(const LARSOptions*) { return kernels::cuda::Algorithm::kLars; }
-
-kernels::cuda::GroupOptions cuda_group_options(const LARSOptions& o) {
-  return momentum_group_options(o);
+kernels::LarsGroup kernel_group(const LARSOptions& o) {
+  kernels::LarsGroup g;
+  g.lr = o.lr();
+  g.momentum = o.momentum();
+  g.weight_decay = o.weight_decay();
+  g.trust_coefficient = o.trust_coefficient();
+  g.eps = o.eps();
+  g.nesterov = o.nesterov();
+  g.adapt = o.adapt();
+  g.skip_nonfinite = o.skip_nonfinite();
+  return g;
 }
 
 }  // namespace bigbatch::optim

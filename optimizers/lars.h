@@ -52,7 +52,8 @@ class LARS : public LayerwiseOptimizer<LARSOptions, LARSParamState> {
   explicit LARS(std::vector<torch::optim::OptimizerParamGroup> param_groups, LARSOptions defaults);
   explicit LARS(std::vector<torch::Tensor> params, LARSOptions defaults);
 
-  torch::Tensor step(LossClosure closure = nullptr) override;
+ protected:
+  void step_reference(const std::vector<Group>& groups) override;
 };
 
 }  // namespace bigbatch::optim

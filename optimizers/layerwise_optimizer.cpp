@@ -35,27 +35,6 @@ at::Tensor fp32_zeros_like(const at::Tensor& param) {
   return at::zeros_like(param, param.options().dtype(at::kFloat));
 }
 
-void momentum_update_fused(const ParamGrad& pg, at::Tensor& v, const kernels::MomentumStep& step) {
-  kernels::momentum_update_cpu(pg.param.data_ptr(), pg.grad.data_ptr(), v.data_ptr<float>(),
-                               kernel_dtype(pg.param), pg.param.numel(), step);
-}
-
-TensorNorms tensor_norms(const at::Tensor& grad, const at::Tensor& weight, bool fused) {
-  TensorNorms n;
-  if (fused) {
-    const auto sums = kernels::sum_squares_cpu(grad.data_ptr(), weight.defined() ? weight.data_ptr() : nullptr,
-                                               kernel_dtype(grad), grad.numel());
-    n.g_norm = std::sqrt(sums.x);
-    n.w_norm = std::sqrt(sums.y);
-    n.finite = std::isfinite(sums.x);
-  } else {
-    n.g_norm = internal::norm_of(grad);
-    n.w_norm = weight.defined() ? internal::norm_of(weight) : 0.0;
-    n.finite = internal::all_finite(grad);
-  }
-  return n;
-}
-
 template <typename Options, typename ParamState>
 LayerwiseOptimizer<Options, ParamState>::LayerwiseOptimizer(
     std::vector<torch::optim::OptimizerParamGroup> groups, const Options& defaults,
@@ -86,13 +65,13 @@ void LayerwiseOptimizer<Options, ParamState>::add_param_group(
 
 template <typename Options, typename ParamState>
 std::int64_t LayerwiseOptimizer<Options, ParamState>::skipped_steps() const {
-  return skipped_steps_ + cuda_skipped_steps();
+  return skipped_steps_ + engine_skipped_steps();
 }
 
 template <typename Options, typename ParamState>
 const ParamState* LayerwiseOptimizer<Options, ParamState>::param_state(
     const at::Tensor& param) const {
-  sync_cuda_state();
+  sync_engine_state();
   const auto it = state_.find(compat::optimizer_state_key(param));
   return it == state_.end() ? nullptr : static_cast<const ParamState*>(it->second.get());
 }
@@ -151,31 +130,35 @@ bool LayerwiseOptimizer<Options, ParamState>::skip_nonfinite(const std::vector<G
 }
 
 template <typename Options, typename ParamState>
-bool LayerwiseOptimizer<Options, ParamState>::runs_fused(const Group& group) {
-  return group.options->fused() &&
-         std::all_of(group.params.begin(), group.params.end(), [&](const ParamGrad& pg) {
-           return pg.param.device().is_cpu() && pg.param.is_contiguous() &&
-                  !uses_master(*group.options, pg.param);
-         });
+torch::Tensor LayerwiseOptimizer<Options, ParamState>::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  const torch::Tensor loss = run_closure(closure);
+  const auto groups = gather();
+  if (!step_engine(groups)) step_reference(groups);
+  return loss;
 }
 
-#ifndef BIGBATCH_WITH_CUDA
-// Without BIGBATCH_CUDA every group takes the CPU or reference path.
 template <typename Options, typename ParamState>
-bool LayerwiseOptimizer<Options, ParamState>::step_cuda(const std::vector<Group>&) {
-  return false;
+bool LayerwiseOptimizer<Options, ParamState>::reference_norms(const std::vector<Group>& groups, bool with_weight,
+                                                              std::vector<std::vector<TensorNorms>>& norms) {
+  std::vector<bool> finite(groups.size(), true);
+  norms.assign(groups.size(), {});
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    for (const auto& pg : groups[i].params) {
+      TensorNorms n;
+      n.g_norm = internal::norm_of(pg.grad);
+      n.w_norm = with_weight ? internal::norm_of(fp32_weights(*groups[i].options, pg.param)) : 0.0;
+      n.finite = internal::all_finite(pg.grad);
+      finite[i] = finite[i] && n.finite;
+      norms[i].push_back(n);
+    }
+  }
+  return !skip_nonfinite(groups, finite);
 }
-template <typename Options, typename ParamState>
-void LayerwiseOptimizer<Options, ParamState>::sync_cuda_state() const {}
-template <typename Options, typename ParamState>
-std::int64_t LayerwiseOptimizer<Options, ParamState>::cuda_skipped_steps() const {
-  return 0;
-}
-#endif
 
 template <typename Options, typename ParamState>
 void LayerwiseOptimizer<Options, ParamState>::save(torch::serialize::OutputArchive& archive) const {
-  sync_cuda_state();
+  sync_engine_state();
   torch::optim::serialize<ParamState, Options>(archive, *this);
   archive.write("bigbatch/skipped_steps", at::scalar_tensor(skipped_steps(), at::kLong));
 }
@@ -184,7 +167,7 @@ template <typename Options, typename ParamState>
 void LayerwiseOptimizer<Options, ParamState>::load(torch::serialize::InputArchive& archive) {
   skipped_steps_ = skipped_steps();  // kept if the archive has no count
   torch::optim::serialize<ParamState, Options>(archive, *this);
-  cuda_.reset();  // the loaded states replace what the device held; the next step rebuilds
+  engine_.reset();  // the loaded states replace what the engine held; the next step rebuilds
   at::Tensor skipped;
   if (archive.try_read("bigbatch/skipped_steps", skipped)) skipped_steps_ = skipped.item<std::int64_t>();
 }

@@ -1,11 +1,12 @@
 // What LARS, LARC, LAMB and NovoGrad share as torch::optim::Optimizer
 // subclasses: per-group options that survive construction, lazily created
-// fp32 state, the non-finite-gradient skip of FORMULAS.md, and save/load.
+// fp32 state, the non-finite-gradient skip of FORMULAS.md, save/load, and the
+// step itself: gather the gradients, then the fused engine (kernels/engine.h,
+// CPU or CUDA runner) or the reference path in plain ATen ops.
 #pragma once
 
 #include <bigbatch/compat/torch_compat.h>
 #include <bigbatch/kernels/common.h>
-#include <bigbatch/kernels/momentum.h>
 
 #include <ATen/core/grad_mode.h>
 
@@ -18,7 +19,7 @@
 
 namespace bigbatch::optim {
 
-class CudaStep;  // the bound multi-tensor CUDA step (optimizers/cuda_dispatch.cpp)
+class EngineBinding;  // the bound multi-tensor step (optimizers/engine_dispatch.cpp)
 
 /// A parameter that has a gradient in this step.
 struct ParamGrad {
@@ -29,7 +30,7 @@ struct ParamGrad {
 /// Storage type tag of a parameter for the raw-pointer kernels.
 kernels::DType kernel_dtype(const at::Tensor& t);
 
-/// What the norm pass of LARS, LARC and NovoGrad learns about one tensor.
+/// What the reference path's norm pass learns about one tensor.
 struct TensorNorms {
   double w_norm = 0;    ///< ||w|| (0 when not asked for)
   double g_norm = 0;    ///< ||g||
@@ -43,14 +44,6 @@ at::Tensor run_closure(const std::function<at::Tensor()>& closure);
 /// Zeroed fp32 state shaped like `param`, on its device.
 at::Tensor fp32_zeros_like(const at::Tensor& param);
 
-/// The fused LARS/LARC update of one tensor (kernels/momentum.h) on its fp32
-/// momentum buffer `v`.
-void momentum_update_fused(const ParamGrad& pg, at::Tensor& v, const kernels::MomentumStep& step);
-
-/// Norm pass of one tensor: ||grad|| and, if `weight` is defined, ||weight||;
-/// by the fused kernel (reading each once, in double) or by ATen (the reference path).
-TensorNorms tensor_norms(const at::Tensor& grad, const at::Tensor& weight, bool fused);
-
 /// Base class of the four optimizers. `Options` is an
 /// OptimizerCloneableOptions with lr, skip_nonfinite, fused and validate();
 /// `ParamState` is an OptimizerCloneableParamState with a static
@@ -58,18 +51,25 @@ TensorNorms tensor_norms(const at::Tensor& grad, const at::Tensor& weight, bool 
 template <typename Options, typename ParamState>
 class LayerwiseOptimizer : public torch::optim::Optimizer {
  public:
+  /// One step: the gradients of every group, then the fused engine when
+  /// every group is fused(true) and every parameter with a gradient is a
+  /// contiguous tensor on one device the engine runs on (the CPU; a CUDA
+  /// device in builds with BIGBATCH_CUDA, where the step is only enqueued on
+  /// the current stream); else the reference path.
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
   /// Adds a group of parameters. The group keeps its own options (validated
   /// here); LibTorch 2.x's own add_param_group would replace options of a
   /// type it does not know by a copy of the defaults, so this one restores them.
   void add_param_group(const torch::optim::OptimizerParamGroup& group);
 
   /// Steps that changed nothing because a gradient was inf or NaN
-  /// (options skip_nonfinite). After CUDA steps this reads the device's counter
-  /// (waiting for the stream).
+  /// (options skip_nonfinite). After fused CUDA steps this reads the device's
+  /// counter (waiting for the stream).
   std::int64_t skipped_steps() const;
 
-  /// The state of `param`, or nullptr before its first step. After CUDA steps
-  /// this first copies the step counts the device keeps into the states.
+  /// The state of `param`, or nullptr before its first step. After fused steps
+  /// this first copies the step counts the engine keeps into the states.
   const ParamState* param_state(const at::Tensor& param) const;
 
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -115,62 +115,34 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
     return st.master();
   }
 
-  /// The step of LARS, LARC and NovoGrad: a norm pass over every tensor
-  /// (||g||, and ||w|| if with_weight), the non-finite check, then
-  /// update(options, param_grad, norms, fused) for each tensor.
-  template <typename Update>
-  torch::Tensor norm_pass_then_update(const LossClosure& closure, bool with_weight,
-                                      const Update& update) {
-    at::NoGradGuard no_grad;
-    const torch::Tensor loss = run_closure(closure);
-    const auto groups = gather();
-    if (step_cuda(groups)) return loss;
-    std::vector<bool> finite(groups.size(), true);
-    std::vector<std::vector<TensorNorms>> norms(groups.size());
-    for (std::size_t i = 0; i < groups.size(); ++i) {
-      const bool fused = runs_fused(groups[i]);
-      for (const auto& pg : groups[i].params) {
-        const at::Tensor weight = !with_weight ? at::Tensor()
-                                  : fused      ? pg.param
-                                               : fp32_weights(*groups[i].options, pg.param);
-        norms[i].push_back(tensor_norms(pg.grad, weight, fused));
-        finite[i] = finite[i] && norms[i].back().finite;
-      }
-    }
-    if (skip_nonfinite(groups, finite)) return loss;
-    for (std::size_t i = 0; i < groups.size(); ++i) {
-      const bool fused = runs_fused(groups[i]);
-      for (std::size_t j = 0; j < groups[i].params.size(); ++j) {
-        update(*groups[i].options, groups[i].params[j], norms[i][j], fused);
-      }
-    }
-    return loss;
-  }
+  /// The step in plain ATen ops, one tensor at a time: the readable
+  /// specification the fused engine is tested against. Runs between gather()
+  /// and the end of the step; calls skip_nonfinite() itself.
+  virtual void step_reference(const std::vector<Group>& groups) = 0;
 
-  /// Whether the fused CPU kernels run this group: options fused(true) and
-  /// every parameter a contiguous CPU tensor without a master copy. (Groups on
-  /// CUDA run fused through step_cuda; where that does not apply, the reference path.)
-  static bool runs_fused(const Group& group);
-
-  /// The whole step on bigbatch's multi-tensor CUDA kernels (builds with
-  /// BIGBATCH_CUDA): taken when every group is fused and every parameter with
-  /// a gradient is a contiguous CUDA tensor on one device; the step is only
-  /// enqueued on the current stream. Returns false, doing nothing, otherwise.
-  /// On the device a skipped first step leaves its (zero) state in place.
-  bool step_cuda(const std::vector<Group>& groups);
+  /// The reference path's norm pass: ||g|| and, with_weight, ||w|| (of the
+  /// fp32 weights) of every tensor, accumulated in double; then the
+  /// non-finite check. Returns false when the step must change nothing.
+  bool reference_norms(const std::vector<Group>& groups, bool with_weight,
+                       std::vector<std::vector<TensorNorms>>& norms);
 
  private:
-  /// Copies the step counts the device keeps into the bound states (waits for
-  /// the stream); nothing before the first CUDA step.
-  void sync_cuda_state() const;
-  /// The device's skipped-step counter; 0 before the first CUDA step.
-  std::int64_t cuda_skipped_steps() const;
-  /// Ends the CUDA binding before a step on another path: its step counts go
-  /// to the states and its skipped steps to the host counter (waits for the device).
-  void release_cuda();
+  /// The whole step on the engine, if it takes it (see step()); returns false,
+  /// doing nothing, otherwise. A step the engine skips leaves the states it
+  /// created in place (zero, at step 0: the next step cannot tell them apart).
+  bool step_engine(const std::vector<Group>& groups);
+  /// Copies the step counts the engine keeps into the bound states (waits for
+  /// the stream on CUDA); nothing before the first fused step.
+  void sync_engine_state() const;
+  /// The engine's skipped-step counter; 0 before the first fused step.
+  std::int64_t engine_skipped_steps() const;
+  /// Ends the engine binding before a step on the reference path (or the other
+  /// runner): its step counts go to the states and its skipped steps to the
+  /// host counter (waits for the device).
+  void release_engine();
 
   const char* name_;
-  std::shared_ptr<CudaStep> cuda_;
+  std::shared_ptr<EngineBinding> engine_;
   std::int64_t skipped_steps_ = 0;
   bool in_norm_pass_ = false;  // between gather() and skip_nonfinite()
   std::vector<compat::OptimizerStateKey> created_in_norm_pass_;

@@ -1,8 +1,8 @@
-// NovoGrad (novograd.h): options, state, and the step with its fused CPU path
-// (kernels/novograd.h) and its reference path in plain ATen ops.
+// NovoGrad (novograd.h): options, state, the reference path of its step in
+// plain ATen ops, and its options as its fused plan takes them (kernels/novograd.h).
 #include <bigbatch/optimizers/novograd.h>
 
-#include <bigbatch/optimizers/cuda_hooks.h>
+#include <bigbatch/optimizers/engine_hooks.h>
 #include <bigbatch/optimizers/internal.h>
 
 #include <cmath>
@@ -42,52 +42,48 @@ NovoGrad::NovoGrad(std::vector<torch::optim::OptimizerParamGroup> param_groups,
 NovoGrad::NovoGrad(std::vector<torch::Tensor> params, NovoGradOptions defaults)
     : NovoGrad({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
-torch::Tensor NovoGrad::step(LossClosure closure) {
-  return norm_pass_then_update(closure, /*with_weight=*/false, [this](const NovoGradOptions& o,
-                                                                    const ParamGrad& pg,
-                                                                    const TensorNorms& n,
-                                                                    bool fused) {
+// The formulas of novograd.h in ATen ops, one tensor at a time.
+void NovoGrad::step_reference(const std::vector<Group>& groups) {
+  std::vector<std::vector<TensorNorms>> norms;
+  if (!reference_norms(groups, /*with_weight=*/false, norms)) return;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const NovoGradOptions& o = *groups[i].options;
     const auto [b1, b2] = o.betas();
     const double wd = o.weight_decay();
-    const double grad_factor = o.grad_averaging() ? 1 - b1 : 1.0;
-    auto& st = state_of(pg.param);
-    st.step(st.step() + 1);
-    // The layer's second moment, a scalar: v = n at the first step, else b2*v + (1-b2)*n.
-    const double sq = n.g_norm * n.g_norm;
-    auto& v = st.exp_avg_sq();
-    if (st.step() == 1) {
-      v.fill_(sq);
-    } else {
-      v.mul_(b2).add_(sq * (1 - b2));
+    for (std::size_t j = 0; j < groups[i].params.size(); ++j) {
+      const ParamGrad& pg = groups[i].params[j];
+      auto& st = state_of(pg.param);
+      st.step(st.step() + 1);
+      // The layer's second moment, a scalar: v = n at the first step, else b2*v + (1-b2)*n.
+      const double sq = norms[i][j].g_norm * norms[i][j].g_norm;
+      auto& v = st.exp_avg_sq();
+      if (st.step() == 1) {
+        v.fill_(sq);
+      } else {
+        v.mul_(b2).add_(sq * (1 - b2));
+      }
+      at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
+      at::Tensor d = pg.grad.to(at::kFloat) / (v.sqrt() + o.eps()) + wd * w;
+      if (o.grad_averaging()) d = d * (1 - b1);
+      auto& m = st.exp_avg();
+      m.mul_(b1).add_(d);
+      w.sub_(m * o.lr());
+      if (!w.is_same(pg.param)) pg.param.copy_(w);
     }
-    auto& m = st.exp_avg();
-    if (fused) {
-      kernels::NovoGradStep s;
-      s.beta1 = static_cast<float>(b1);
-      s.denom = std::sqrt(v.item<float>()) + static_cast<float>(o.eps());
-      s.weight_decay = static_cast<float>(wd);
-      s.grad_factor = static_cast<float>(grad_factor);
-      s.lr = static_cast<float>(o.lr());
-      kernels::novograd_update_cpu(pg.param.data_ptr(), pg.grad.data_ptr(), m.data_ptr<float>(),
-                                   kernel_dtype(pg.param), pg.param.numel(), s);
-      return;
-    }
-    // Reference: the formulas of novograd.h in ATen ops.
-    at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
-    at::Tensor d = pg.grad.to(at::kFloat) / (v.sqrt() + o.eps()) + wd * w;
-    if (o.grad_averaging()) d = d * grad_factor;
-    m.mul_(b1).add_(d);
-    w.sub_(m * o.lr());
-    if (!w.is_same(pg.param)) pg.param.copy_(w);
-  });
+  }
 }
 
-// ------------------------------------------------------------- CUDA hooks ----
+// ----------------------------------------------------------- engine hooks ----
 
-kernels::cuda::Algorithm cuda_algorithm(const NovoGradOptions*) { return kernels::cuda::Algorithm::kNovoGrad; }
-
-kernels::cuda::GroupOptions cuda_group_options(const NovoGradOptions& o) {
-  return moment_group_options(o);
+kernels::NovoGradGroup kernel_group(const NovoGradOptions& o) {
+  kernels::NovoGradGroup g;
+  g.lr = o.lr();
+  std::tie(g.beta1, g.beta2) = o.betas();
+  g.eps = o.eps();
+  g.weight_decay = o.weight_decay();
+  g.grad_averaging = o.grad_averaging();
+  g.skip_nonfinite = o.skip_nonfinite();
+  return g;
 }
 
 }  // namespace bigbatch::optim

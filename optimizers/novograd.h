@@ -57,7 +57,8 @@ class NovoGrad : public LayerwiseOptimizer<NovoGradOptions, NovoGradParamState> 
                     NovoGradOptions defaults = {});
   explicit NovoGrad(std::vector<torch::Tensor> params, NovoGradOptions defaults = {});
 
-  torch::Tensor step(LossClosure closure = nullptr) override;
+ protected:
+  void step_reference(const std::vector<Group>& groups) override;
 };
 
 }  // namespace bigbatch::optim

@@ -1,11 +1,13 @@
-// The multi-tensor plumbing every CUDA optimizer kernel shares (apex's
-// multi_tensor_apply, with a device table instead of kernel-argument lists):
-// chunks of 16384 elements, one block each; dtype dispatch; one element loop
-// (16-byte vector path for aligned tensors, scalar path otherwise); the
-// deterministic per-chunk and per-tensor sums; the last-block finalize.
+// The CUDA runner's device side (apex's multi_tensor_apply, with a device
+// table instead of kernel-argument lists): chunks of 16384 elements, one block
+// each; dtype dispatch; one element loop (16-byte vector path for aligned
+// tensors, scalar path otherwise); the deterministic per-chunk and per-tensor
+// sums; the last-block finalize; and the runner that launches a plan
+// (kernels/plan.h) pass by pass.
 #pragma once
 
-#include <bigbatch/kernels/multi_tensor.h>
+#include <bigbatch/kernels/engine.h>
+#include <bigbatch/kernels/plan.h>
 
 #if defined(BIGBATCH_SIMT)
 #include <bigbatch/kernels/simt/cuda.h>  // the device code on the CPU executor (tests)
@@ -28,55 +30,9 @@ constexpr int kThreads = 256;                // every kernel here: block_sum nee
 constexpr int kWarps = kThreads / 32;
 constexpr std::int64_t kChunk = kChunkElements;  // elements per block (a multiple of 4)
 
-/// A tensor as the device table holds it (its gradient pointer is apart:
-/// it may move every step, the rest only when the tensors change).
-struct Slot {
-  void* param;
-  float* master;
-  float* m;
-  float* v;
-  std::int64_t numel;
-  std::int32_t group;
-  DType dtype;
-};
-
-/// Device scalars that outlive table rebuilds.
-struct Scalars {
-  int skip;                   ///< this step changes nothing (set by the first finalize)
-  unsigned int blocks_done;   ///< finalize's last-block count; back to 0 after each
-  long long skipped_steps;    ///< steps skipped so far
-};
-
-/// Views of the device arena, passed by value to every kernel.
-struct Table {
-  const Slot* slots;                 ///< [T]
-  const void* const* grads;          ///< [T]
-  const std::int64_t* chunk_start;   ///< [T + 1]: tensor t owns chunks [start[t], start[t+1])
-  const std::int32_t* chunk_tensor;  ///< [chunks]: the tensor that owns each chunk
-  const GroupOptions* groups;        ///< [G]
-  double* partial;                   ///< [chunks][2] each chunk's two sums
-  double* sums;                      ///< [T][2] each tensor's two sums
-  float* coef;                       ///< [T] the per-tensor coefficient of the update pass
-  std::int64_t* steps;               ///< [T] step counts (LAMB, NovoGrad)
-  float* group_scale;                ///< [G] LAMB's clipping factor
-  Scalars* scalars;
-  int num_tensors;
-  int num_groups;
-  std::int64_t num_chunks;
-};
-
-/// What a pass reads and writes of each tensor, for the element loop and
-/// for the byte count of the benchmarks.
-enum Array : unsigned { kParam = 1, kGrad = 2, kM = 4, kV = 8 };
-
-struct PassArrays {
-  unsigned read;
-  unsigned write;
-};
-
-/// Bytes per element a pass moves for one tensor (a master copy replaces
-/// the parameter read and adds an fp32 write).
-std::int64_t pass_bytes(PassArrays pass, DType dtype, bool master);
+/// Uploads host bytes to the device by kernel arguments, ordered on `stream`
+/// (multi_tensor.cu). Returns the number of kernels it launched.
+int upload(void* dst, const void* src, std::size_t bytes, cudaStream_t stream);
 
 // ------------------------------------------------------------ device side ----
 // Compiled by nvcc, and by g++ against the SIMT executor (BIGBATCH_SIMT).
@@ -127,16 +83,23 @@ __device__ inline void store4(T* p, const float (&in)[4]) {
   *reinterpret_cast<Pack4<T>*>(p) = pack;
 }
 
+/// acc[k] += sq[k]^2 in double: a sum of squares is finite iff every value is.
+__device__ inline void add_squares(const float (&sq)[2], double (&acc)[2]) {
+  acc[0] += static_cast<double>(sq[0]) * sq[0];
+  acc[1] += static_cast<double>(sq[1]) * sq[1];
+}
+
 __device__ inline bool aligned_to(const void* p, std::uintptr_t bytes) {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }
 
-/// Applies op(p, g, m, v, acc) to elements [begin, end) of one tensor, with
-/// `Pass::kArrays.read` loaded and `.write` stored. p is the master copy when
+/// Applies op(p, g, m, v, sq) to elements [begin, end) of one tensor, adding
+/// the squares of the two sq values to acc in double (kReduce), with
+/// `kRead` loaded and `.write` stored. p is the master copy when
 /// the tensor has one (and then both copies are written). The vector path
 /// needs every array it touches aligned to its 4-element access; chunks start
 /// at multiples of 4 elements, so one test per block decides.
-template <unsigned kRead, unsigned kWrite, typename T, typename Op>
+template <unsigned kRead, unsigned kWrite, bool kReduce, typename T, typename Op>
 __device__ void for_each_element(const Slot& s, const void* grad_ptr, std::int64_t begin,
                                  std::int64_t end, const Op& op, double (&acc)[2]) {
   T* param = static_cast<T*>(s.param);
@@ -168,7 +131,11 @@ __device__ void for_each_element(const Slot& s, const void* grad_ptr, std::int64
     if (kRead & kM) load4(m + i, mm);
     if (kRead & kV) load4(v + i, vv);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) op(p[k], g[k], mm[k], vv[k], acc);
+    for (int k = 0; k < 4; ++k) {
+      float sq[2] = {0, 0};
+      op(p[k], g[k], mm[k], vv[k], sq);
+      if (kReduce) add_squares(sq, acc);
+    }
     if (kWrite & kParam) {
       if (master != nullptr) store4(master + i, p);
       store4(param + i, p);
@@ -183,7 +150,9 @@ __device__ void for_each_element(const Slot& s, const void* grad_ptr, std::int64
     if (kRead & kGrad) g = to_float(grad[i]);
     if (kRead & kM) mm = m[i];
     if (kRead & kV) vv = v[i];
-    op(p, g, mm, vv, acc);
+    float sq[2] = {0, 0};
+    op(p, g, mm, vv, sq);
+    if (kReduce) add_squares(sq, acc);
     if (kWrite & kParam) {
       if (master != nullptr) master[i] = p;
       param[i] = from_float<T>(p);
@@ -231,13 +200,10 @@ __device__ inline double block_sum(double x) {
   return result;
 }
 
-/// The element kernel of a pass: one block per chunk. Pass provides
-///   static constexpr PassArrays kArrays; static constexpr bool kReduce;
-///   bool check_skip;  and  Op element_op(const Table&, int tensor, const Slot&) const
-/// where Op is callable as op(float& p, float& g, float& m, float& v, double (&acc)[2]).
-/// With kReduce each chunk's two sums go to table.partial.
-template <typename Pass>
-__global__ void __launch_bounds__(kThreads) chunk_kernel(Table table, Pass pass) {
+/// The element kernel of a pass (kernels/plan.h): one block per chunk. With
+/// Pass::kReduce each chunk's two sums go to table.partial.
+template <typename Group, typename Pass>
+__global__ void __launch_bounds__(kThreads) chunk_kernel(Table<Group> table, Pass pass) {
   if (pass.check_skip && table.scalars->skip) return;  // the step was abandoned
   const std::int64_t chunk = blockIdx.x;
   const int t = table.chunk_tensor[chunk];
@@ -260,13 +226,13 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(Table table, Pass pass)
   constexpr unsigned kWrite = Pass::kArrays.write;
   switch (s.dtype) {
     case DType::kFloat32:
-      for_each_element<kRead, kWrite, float>(s, table.grads[t], begin, end, op, acc);
+      for_each_element<kRead, kWrite, Pass::kReduce, float>(s, table.grads[t], begin, end, op, acc);
       break;
     case DType::kBFloat16:
-      for_each_element<kRead, kWrite, __nv_bfloat16>(s, table.grads[t], begin, end, op, acc);
+      for_each_element<kRead, kWrite, Pass::kReduce, __nv_bfloat16>(s, table.grads[t], begin, end, op, acc);
       break;
     case DType::kFloat16:
-      for_each_element<kRead, kWrite, __half>(s, table.grads[t], begin, end, op, acc);
+      for_each_element<kRead, kWrite, Pass::kReduce, __half>(s, table.grads[t], begin, end, op, acc);
       break;
   }
   if constexpr (Pass::kReduce) {
@@ -278,12 +244,23 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(Table table, Pass pass)
   }
 }
 
+/// The finalizer's view of a block: its threads visit the tensors in turn.
+struct DeviceBlock {
+  __device__ int first() const { return threadIdx.x; }
+  __device__ int stride() const { return kThreads; }
+  __device__ bool any(bool x) const { return __syncthreads_or(x) != 0; }
+  __device__ double sum(double x) const { return block_sum(x); }
+  __device__ bool leader() const { return threadIdx.x == 0; }
+  /// Read past L1: other blocks wrote the sums.
+  __device__ double read(const double* p) const { return __ldcg(p); }
+};
+
 /// Finalize: every warp adds one tensor's chunk sums in chunk order into
-/// table.sums; then the last block to finish runs fin(table) (whole block),
-/// which makes the step-wide decisions and the per-tensor coefficients.
-/// Deterministic: each sum has a fixed order, whatever the scheduling.
-template <typename Fin>
-__global__ void __launch_bounds__(kThreads) finalize_kernel(Table table, Fin fin) {
+/// table.sums; then the last block to finish runs fin(table, block) (whole
+/// block), which makes the step-wide decisions and the per-tensor
+/// coefficients. Deterministic: each sum has a fixed order, whatever the scheduling.
+template <typename Group, typename Fin>
+__global__ void __launch_bounds__(kThreads) finalize_kernel(Table<Group> table, Fin fin) {
   const int warp = (blockIdx.x * kThreads + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (warp < table.num_tensors) {
@@ -311,81 +288,34 @@ __global__ void __launch_bounds__(kThreads) finalize_kernel(Table table, Fin fin
   __syncthreads();
   if (!last) return;
   __threadfence();
-  fin(table);
+  fin(table, DeviceBlock{});
   if (threadIdx.x == 0) table.scalars->blocks_done = 0;
 }
 
-/// A tensor's two sums, read past L1 (other blocks wrote them).
-__device__ inline double tensor_sum(const Table& table, int t, int k) {
-  return __ldcg(table.sums + 2 * t + k);
-}
+/// Runs a plan on the device: each pass one chunk kernel over every chunk,
+/// each finalizer one finalize kernel with a warp per tensor; all on `stream`.
+template <typename Group>
+struct DeviceRunner {
+  const Table<Group>& table;
+  cudaStream_t stream;
 
-/// Inside fin: whether some tensor whose group asks for skip_nonfinite has a
-/// non-finite sum k (a sum of squares in double is finite iff every element
-/// is). Sets table.scalars->skip and counts the skipped step. Whole block.
-__device__ inline bool decide_skip(const Table& table, int k) {
-  bool bad = false;
-  for (int t = threadIdx.x; t < table.num_tensors; t += kThreads) {
-    const double s = tensor_sum(table, t, k);
-    const std::uint32_t flags = table.groups[table.slots[t].group].flags;
-    bad = bad || ((flags & kSkipNonfinite) != 0 && !isfinite(s));
+  template <typename Pass>
+  void pass(const Pass& pass) const {
+    if (table.num_chunks == 0) return;
+    launch_kernel(chunk_kernel<Group, Pass>, dim3(static_cast<unsigned>(table.num_chunks)), dim3(kThreads), stream,
+                  table, pass);
+    BIGBATCH_CUDA_CHECK(cudaGetLastError());
   }
-  const bool skip = __syncthreads_or(bad) != 0;
-  if (threadIdx.x == 0) {
-    table.scalars->skip = skip ? 1 : 0;
-    if (skip) table.scalars->skipped_steps += 1;
+
+  template <typename Fin>
+  void finalize(const Fin& fin) const {
+    const int blocks = (table.num_tensors + kWarps - 1) / kWarps;
+    launch_kernel(finalize_kernel<Group, Fin>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream, table,
+                  fin);
+    BIGBATCH_CUDA_CHECK(cudaGetLastError());
   }
-  return skip;
-}
-
-/// The norm pass LARS, LARC and NovoGrad start with, and LAMB's first pass:
-/// per chunk, the sum of g^2 (sum 0) and, kWithWeight, of w^2 (sum 1).
-/// Writes nothing, so a non-finite step can still be abandoned after it.
-template <bool kWithWeight>
-struct SquaresPass {
-  static constexpr PassArrays kArrays{kWithWeight ? (kParam | kGrad) : kGrad, 0};
-  static constexpr bool kReduce = true;
-  bool check_skip = false;
-
-  struct Op {
-    __device__ void operator()(float& w, float& g, float&, float&, double (&acc)[2]) const {
-      acc[0] += static_cast<double>(g) * g;                // ||g||^2, in double: finite iff g is
-      if (kWithWeight) acc[1] += static_cast<double>(w) * w;  // ||w||^2
-    }
-  };
-  __device__ Op element_op(const Table&, int, const Slot&) const { return {}; }
 };
-
-/// Launches Pass's chunk kernel over every chunk of the table.
-template <typename Pass>
-void launch_chunks(const Table& table, const Pass& pass, cudaStream_t stream) {
-  if (table.num_chunks == 0) return;
-  launch_kernel(chunk_kernel<Pass>, dim3(static_cast<unsigned>(table.num_chunks)), dim3(kThreads), stream, table, pass);
-  BIGBATCH_CUDA_CHECK(cudaGetLastError());
-}
-
-/// Launches finalize with one warp per tensor.
-template <typename Fin>
-void launch_finalize(const Table& table, const Fin& fin, cudaStream_t stream) {
-  const int blocks = (table.num_tensors + kWarps - 1) / kWarps;
-  launch_kernel(finalize_kernel<Fin>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream, table, fin);
-  BIGBATCH_CUDA_CHECK(cudaGetLastError());
-}
 
 #endif  // __CUDACC__ || BIGBATCH_SIMT
-
-/// The step of each algorithm (kernels/cuda/<algorithm>.cu): its launches in
-/// order, and the arrays of each of its passes (for bytes_per_step).
-struct Launch {
-  bool check_skip;   ///< some group has skip_nonfinite
-  bool clip;         ///< LAMB: some group has max_grad_norm > 0
-};
-void run_lars_larc(const Table& table, const Launch& launch, bool larc, cudaStream_t stream);
-void run_lamb(const Table& table, const Launch& launch, cudaStream_t stream);
-void run_novograd(const Table& table, const Launch& launch, cudaStream_t stream);
-
-std::vector<PassArrays> lars_larc_passes(const Launch& launch);
-std::vector<PassArrays> lamb_passes(const Launch& launch);
-std::vector<PassArrays> novograd_passes(const Launch& launch);
 
 }  // namespace bigbatch::kernels::cuda

@@ -5,7 +5,7 @@
 #include "reference64.h"
 
 #include <bigbatch/bigbatch.h>
-#include <bigbatch/optimizers/cuda_hooks.h>  // internal: what the CUDA dispatch sends
+#include <bigbatch/optimizers/engine_hooks.h>  // internal: what the engine dispatch sends
 
 #include <gtest/gtest.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -251,8 +251,8 @@ TEST_P(NonFinite, AFirstStepSkippedCreatesNoState) {
   w.mutable_grad() = torch::tensor({1.0f, NAN, 2.0f}).to(device());
   opt.step();
   EXPECT_EQ(opt.skipped_steps(), 1);
-  if (GetParam() == 2) {
-    // The device decides after the state exists: it stays, zero, at step 0,
+  if (fused()) {
+    // The engine decides after the state exists: it stays, zero, at step 0,
     // which the next step cannot tell from no state.
     const auto* st = opt.param_state(w);
     ASSERT_NE(st, nullptr);
@@ -277,26 +277,27 @@ INSTANTIATE_TEST_SUITE_P(Paths, NonFinite, ::testing::Values(0, 1, 2), [](const 
   return std::string(info.param == 0 ? "reference" : info.param == 1 ? "fused" : "fused_CUDA");
 });
 
-// --------------------------------------------------------------- CUDA hooks --
-// The options as the CUDA kernels receive them (compiled and checked without
-// a GPU): every option of FORMULAS.md lands in its field or flag.
+// ------------------------------------------------------------- engine hooks --
+// The options as the engine's plans receive them: every option of
+// FORMULAS.md lands in its member (a member a plan adds and the optimizer
+// does not fill keeps its zero default, which these values tell apart).
 
-TEST(CudaHooks, OptionsReachTheKernelsAsFieldsAndFlags) {
-  namespace kc = bigbatch::kernels::cuda;
-  const auto lars = cuda_group_options(LARSOptions(0.5).momentum(0.8).weight_decay(1e-4).eps(1e-9));
+TEST(EngineHooks, OptionsReachThePlansMemberByMember) {
+  const auto lars = kernel_group(LARSOptions(0.5).momentum(0.8).weight_decay(1e-4).eps(1e-9));
   EXPECT_EQ(lars.lr, 0.5);
   EXPECT_EQ(lars.momentum, 0.8);
   EXPECT_EQ(lars.weight_decay, 1e-4);
   EXPECT_EQ(lars.eps, 1e-9);
   EXPECT_EQ(lars.trust_coefficient, 1e-3);
-  EXPECT_EQ(lars.flags, kc::kAdapt | kc::kSkipNonfinite);
+  EXPECT_TRUE(lars.adapt && lars.skip_nonfinite && !lars.nesterov);
 
-  const auto larc = cuda_group_options(LARCOptions(0.1).clip(false).nesterov(true).skip_nonfinite(false));
+  const auto larc = kernel_group(LARCOptions(0.1).clip(false).nesterov(true).skip_nonfinite(false));
   EXPECT_EQ(larc.trust_coefficient, 0.02);
-  EXPECT_EQ(larc.flags, kc::kAdapt | kc::kNesterov);
-  EXPECT_EQ(cuda_group_options(LARCOptions(0.1).adapt(false)).flags, kc::kClip | kc::kSkipNonfinite);
+  EXPECT_TRUE(larc.adapt && larc.nesterov && !larc.clip && !larc.skip_nonfinite);
+  const auto larc_plain = kernel_group(LARCOptions(0.1).adapt(false));
+  EXPECT_TRUE(!larc_plain.adapt && larc_plain.clip && larc_plain.skip_nonfinite && !larc_plain.nesterov);
 
-  const auto lamb = cuda_group_options(LAMBOptions(0.02).betas({0.8, 0.9}).max_grad_norm(1).min_trust(0.01).max_trust(10));
+  const auto lamb = kernel_group(LAMBOptions(0.02).betas({0.8, 0.9}).max_grad_norm(1).min_trust(0.01).max_trust(10));
   EXPECT_EQ(lamb.lr, 0.02);
   EXPECT_EQ(lamb.beta1, 0.8);
   EXPECT_EQ(lamb.beta2, 0.9);
@@ -305,19 +306,22 @@ TEST(CudaHooks, OptionsReachTheKernelsAsFieldsAndFlags) {
   EXPECT_EQ(lamb.max_grad_norm, 1.0);
   EXPECT_EQ(lamb.min_trust, 0.01);
   EXPECT_EQ(lamb.max_trust, 10.0);
-  EXPECT_EQ(lamb.flags, kc::kAdapt | kc::kBiasCorrection | kc::kGradAveraging | kc::kAdamW | kc::kSkipNonfinite);
-  EXPECT_EQ(cuda_group_options(LAMBOptions().bias_correction(false).grad_averaging(false).adam_w_mode(false)
-                                   .always_adapt(true).trust_clip(true).adapt(false).skip_nonfinite(false))
-                .flags,
-            kc::kAlwaysAdapt | kc::kTrustClip);
+  EXPECT_TRUE(lamb.adapt && lamb.bias_correction && lamb.grad_averaging && lamb.adam_w_mode && lamb.skip_nonfinite);
+  EXPECT_TRUE(!lamb.always_adapt && !lamb.trust_clip);
+  const auto lamb_flipped = kernel_group(LAMBOptions().bias_correction(false).grad_averaging(false).adam_w_mode(false)
+                                             .always_adapt(true).trust_clip(true).adapt(false).skip_nonfinite(false));
+  EXPECT_TRUE(lamb_flipped.always_adapt && lamb_flipped.trust_clip);
+  EXPECT_TRUE(!lamb_flipped.adapt && !lamb_flipped.bias_correction && !lamb_flipped.grad_averaging &&
+              !lamb_flipped.adam_w_mode && !lamb_flipped.skip_nonfinite);
 
-  const auto novograd = cuda_group_options(NovoGradOptions(0.3).weight_decay(1e-3));
+  const auto novograd = kernel_group(NovoGradOptions(0.3).weight_decay(1e-3));
+  EXPECT_EQ(novograd.lr, 0.3);
   EXPECT_EQ(novograd.beta1, 0.95);
   EXPECT_EQ(novograd.beta2, 0.98);
   EXPECT_EQ(novograd.eps, 1e-8);
   EXPECT_EQ(novograd.weight_decay, 1e-3);
-  EXPECT_EQ(novograd.flags, kc::kSkipNonfinite);
-  EXPECT_EQ(cuda_group_options(NovoGradOptions().grad_averaging(true)).flags, kc::kGradAveraging | kc::kSkipNonfinite);
+  EXPECT_TRUE(novograd.skip_nonfinite && !novograd.grad_averaging);
+  EXPECT_TRUE(kernel_group(NovoGradOptions().grad_averaging(true)).grad_averaging);
 }
 
 // ---------------------------------------------------------------- bad input --

@@ -1,0 +1,183 @@
+// The multi-tensor step of one optimizer, one API for two runners: the CPU
+// runner (kernels/cpu/engine.h) and the CUDA runner (kernels/cuda/engine.cuh)
+// execute the same plan (kernels/plan.h) of LARS, LARC, LAMB or NovoGrad.
+// Plain C++: no CUDA or LibTorch headers.
+#pragma once
+
+#include <bigbatch/kernels/lamb.h>
+#include <bigbatch/kernels/momentum.h>
+#include <bigbatch/kernels/novograd.h>
+#include <bigbatch/kernels/plan.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+typedef struct CUstream_st* cudaStream_t;  // as cuda_runtime_api.h declares it
+
+namespace bigbatch::kernels {
+
+/// One tensor of a step: pointers to its storage and fp32 state (device
+/// pointers for the CUDA runner, host pointers for the CPU runner).
+struct TensorSlot {
+  void* param = nullptr;        ///< numel elements of dtype
+  const void* grad = nullptr;   ///< numel elements of dtype
+  float* master = nullptr;      ///< fp32 copy of a 16-bit parameter, or null
+  float* m = nullptr;           ///< LARS/LARC momentum buffer; LAMB/NovoGrad first moment
+  float* v = nullptr;           ///< LAMB second moment (numel floats); NovoGrad one float; else null
+  std::int64_t numel = 0;
+  std::int64_t step = 0;        ///< steps taken before this one (read on a rebuild)
+  std::int32_t group = 0;       ///< index into the groups
+  DType dtype = DType::kFloat32;
+};
+
+/// The multi-tensor step of one optimizer. bind() describes the tensors and
+/// the options of each group; run() executes (CPU) or enqueues (CUDA) one
+/// step. The engine keeps each tensor's step count and the skipped-step
+/// counter from one bind() to the next; they are read back by steps() and
+/// skipped_steps(). The same tensors bound again keep the table; gradient
+/// pointers and options may change every step.
+template <typename Plan>
+class MultiTensorStep {
+ public:
+  using Group = typename Plan::Group;
+
+  virtual ~MultiTensorStep() = default;
+
+  /// Whether bind(slots, ...) would keep the current table: the same tensors
+  /// (parameters, masters, states, sizes, groups, dtypes) in the same order.
+  virtual bool same_tensors(const std::vector<TensorSlot>& slots) const = 0;
+
+  /// Binds the tensors and options of the next steps. A rebuild (first call,
+  /// other tensors, another device) takes each tensor's step count from its
+  /// slot. CUDA: on `stream`'s device (the current one); throws
+  /// std::runtime_error on a CUDA error or on a rebuild under capture.
+  virtual void bind(const std::vector<TensorSlot>& slots, const std::vector<Group>& groups,
+                    cudaStream_t stream) = 0;
+
+  /// One step of the bound tensors: done on return (CPU), enqueued on `stream` (CUDA).
+  virtual void run(cudaStream_t stream) = 0;
+
+  /// Each bound tensor's step count (CUDA: waits for the last bind() or run()).
+  virtual std::vector<std::int64_t> steps() const = 0;
+
+  /// Steps skipped for non-finite gradients so far (CUDA: waits as steps()).
+  virtual std::int64_t skipped_steps() const = 0;
+
+  /// Throws the std::runtime_error a rebuild would throw now (CUDA: `stream`
+  /// is being captured), so that a caller that must read back before a
+  /// rebuild can fail with that message first. Never throws on the CPU.
+  virtual void check_rebuild_allowed(cudaStream_t stream) const = 0;
+
+  /// Kernel launches of one step: those of the last bind() (uploads) and of
+  /// run(). 0 on the CPU.
+  virtual int launches_per_step() const = 0;
+
+  /// Bytes of tensor data one run() reads and writes (the sums and table add a
+  /// few bytes per 16384 elements): the numerator of achieved bandwidth.
+  virtual std::int64_t bytes_per_step() const = 0;
+};
+
+/// The CPU runner: chunks of every tensor spread over ATen's threads.
+template <typename Plan>
+std::unique_ptr<MultiTensorStep<Plan>> make_cpu_step();
+
+namespace cuda {
+/// Whether this process sees a CUDA device (false without BIGBATCH_CUDA).
+bool device_available();
+
+/// The CUDA runner (builds with BIGBATCH_CUDA, or the SIMT executor in tests).
+template <typename Plan>
+std::unique_ptr<MultiTensorStep<Plan>> make_step();
+}  // namespace cuda
+
+// ------------------------------------------------------ what plans move ----
+
+/// Records a plan's passes and finalizers without running them.
+struct CountingRunner {
+  std::vector<PassArrays> passes;
+  int finalizers = 0;
+
+  template <typename Pass>
+  void pass(const Pass&) { passes.push_back(Pass::kArrays); }
+  template <typename Fin>
+  void finalize(const Fin&) { ++finalizers; }
+};
+
+/// The passes of one step of `Plan` with `config`.
+template <typename Plan>
+CountingRunner count_plan(const typename Plan::Config& config) {
+  CountingRunner counter;
+  Plan::run(counter, config);
+  return counter;
+}
+
+/// Bytes of tensor data one step moves per element of a tensor (docs/cuda.md)
+/// for the options `groups`, its storage dtype, with or without a master copy.
+template <typename Plan>
+std::int64_t step_bytes_per_element(const std::vector<typename Plan::Group>& groups, DType dtype, bool master) {
+  std::int64_t bytes = 0;
+  const auto config = Plan::configure(groups.data(), static_cast<int>(groups.size()));
+  for (const PassArrays& pass : count_plan<Plan>(config).passes) bytes += pass_bytes(pass, dtype, master);
+  return bytes;
+}
+
+// ------------------------------------------------ what runners share (host) ----
+
+/// Where each tensor's chunks start, and which tensor owns each chunk.
+struct ChunkLayout {
+  std::vector<std::int64_t> chunk_start;   ///< [T + 1]
+  std::vector<std::int32_t> chunk_tensor;  ///< [chunks]
+};
+
+inline ChunkLayout chunk_layout(const std::vector<TensorSlot>& slots) {
+  ChunkLayout layout;
+  layout.chunk_start.assign(slots.size() + 1, 0);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    layout.chunk_start[i + 1] = layout.chunk_start[i] + (slots[i].numel + kChunkElements - 1) / kChunkElements;
+  }
+  if (layout.chunk_start.back() > 0x7fffffff) {
+    throw std::runtime_error("bigbatch: more than 2^31 - 1 chunks in one multi-tensor step");
+  }
+  layout.chunk_tensor.reserve(static_cast<std::size_t>(layout.chunk_start.back()));
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    layout.chunk_tensor.insert(layout.chunk_tensor.end(), layout.chunk_start[i + 1] - layout.chunk_start[i],
+                               static_cast<std::int32_t>(i));
+  }
+  return layout;
+}
+
+/// A slot as the runners keep it (its gradient and step count apart).
+inline Slot runner_slot(const TensorSlot& s) {
+  return Slot{s.param, s.master, s.m, s.v, s.numel, s.group, s.dtype};
+}
+
+/// Whether two slots describe the same tensor (the gradient may differ).
+inline bool same_tensor(const TensorSlot& a, const TensorSlot& b) {
+  return a.param == b.param && a.master == b.master && a.m == b.m && a.v == b.v && a.numel == b.numel &&
+         a.group == b.group && a.dtype == b.dtype;
+}
+
+/// Throws std::invalid_argument when a slot names a group that does not exist.
+inline void check_slot_groups(const std::vector<TensorSlot>& slots, std::size_t num_groups) {
+  for (const TensorSlot& s : slots) {
+    if (s.group < 0 || static_cast<std::size_t>(s.group) >= num_groups) {
+      throw std::invalid_argument("bigbatch: a tensor slot names group " + std::to_string(s.group) + " of " +
+                                  std::to_string(num_groups));
+    }
+  }
+}
+
+/// Whether two lists of group options are equal, member by member (fields()).
+template <typename Group>
+bool same_groups(const std::vector<Group>& a, const std::vector<Group>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (fields(a[i]) != fields(b[i])) return false;
+  }
+  return true;
+}
+
+}  // namespace bigbatch::kernels
