@@ -1,5 +1,5 @@
 // The multi-tensor step of one optimizer, one API for two runners: the CPU
-// runner (kernels/cpu/engine.h) and the CUDA runner (kernels/cuda/engine.cuh)
+// runner (kernels/cpu/engine.cpp) and the CUDA runner (kernels/cuda/engine.cuh)
 // execute the same plan (kernels/plan.h) of LARS, LARC, LAMB or NovoGrad.
 // Plain C++: no CUDA or LibTorch headers.
 #pragma once

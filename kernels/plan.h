@@ -1,5 +1,5 @@
 // The shape of every fused optimizer step, shared by the CPU runner
-// (kernels/cpu/engine.h) and the CUDA runner (kernels/cuda/engine.cuh).
+// (kernels/cpu/engine.cpp) and the CUDA runner (kernels/cuda/engine.cuh).
 //
 // A step is a plan: a fixed sequence of passes over every element of every
 // tensor and of finalizers between them. A pass reads and writes named arrays
