@@ -9,6 +9,7 @@
 #include <bigbatch/kernels/novograd.h>
 #include <bigbatch/kernels/plan.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -158,6 +159,22 @@ inline Slot runner_slot(const TensorSlot& s) {
 inline bool same_tensor(const TensorSlot& a, const TensorSlot& b) {
   return a.param == b.param && a.master == b.master && a.m == b.m && a.v == b.v && a.numel == b.numel &&
          a.group == b.group && a.dtype == b.dtype;
+}
+
+/// Whether two slot lists describe the same tensors in the same order.
+inline bool same_tensors(const std::vector<TensorSlot>& a, const std::vector<TensorSlot>& b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), same_tensor);
+}
+
+/// Bytes of tensor data one step of `Plan` with `config` moves over `slots`.
+template <typename Plan>
+std::int64_t plan_bytes(const std::vector<TensorSlot>& slots, const typename Plan::Config& config) {
+  std::int64_t bytes = 0;
+  const auto passes = count_plan<Plan>(config).passes;
+  for (const TensorSlot& s : slots) {
+    for (const PassArrays& pass : passes) bytes += s.numel * pass_bytes(pass, s.dtype, s.master != nullptr);
+  }
+  return bytes;
 }
 
 /// Throws std::invalid_argument when a slot names a group that does not exist.

@@ -99,6 +99,12 @@ class PlanBinding final : public EngineBinding {
 template <typename Options>
 using BindingOf = PlanBinding<typename PlanOf<Options>::type>;
 
+/// The engine of an optimizer's binding, of its own plan.
+template <typename Options>
+kernels::MultiTensorStep<typename PlanOf<Options>::type>& engine_step(const EngineBinding& binding) {
+  return *static_cast<const BindingOf<Options>&>(binding).step;
+}
+
 }  // namespace
 
 template <typename Options, typename ParamState>
@@ -151,18 +157,18 @@ bool LayerwiseOptimizer<Options, ParamState>::step_engine(const std::vector<Grou
 
   const cudaStream_t stream = current_stream(*device);
   rethrow_as_torch_error(name_, [&] {
-    if (engine_ && !static_cast<BindingOf<Options>&>(*engine_).step->same_tensors(slots)) {
+    if (engine_ && !engine_step<Options>(*engine_).same_tensors(slots)) {
       // Other tensors: the old binding's step counts go back to its states first,
       // and the new binding starts from the states. Reading them back cannot be
       // captured, and neither can the rebuild: say so before trying.
-      static_cast<BindingOf<Options>&>(*engine_).step->check_rebuild_allowed(stream);
+      engine_step<Options>(*engine_).check_rebuild_allowed(stream);
       sync_engine_state();
       for (std::size_t k = 0; k < slots.size(); ++k) bind_state(static_cast<ParamState&>(*states[k]), slots[k]);
     }
     if (!engine_) engine_ = std::make_shared<BindingOf<Options>>(cuda);
     engine_->device = *device;
     engine_->states = std::move(states);
-    auto& step = *static_cast<BindingOf<Options>&>(*engine_).step;
+    auto& step = engine_step<Options>(*engine_);
     step.bind(slots, options, stream);
     step.run(stream);
   });
@@ -174,7 +180,7 @@ void LayerwiseOptimizer<Options, ParamState>::sync_engine_state() const {
   if (!engine_ || engine_->states.empty()) return;
   const DeviceGuard guard(engine_->device);
   std::vector<std::int64_t> steps;
-  rethrow_as_torch_error(name_, [&] { steps = static_cast<const BindingOf<Options>&>(*engine_).step->steps(); });
+  rethrow_as_torch_error(name_, [&] { steps = engine_step<Options>(*engine_).steps(); });
   for (std::size_t k = 0; k < steps.size() && k < engine_->states.size(); ++k) {
     set_step(static_cast<ParamState&>(*engine_->states[k]), steps[k]);
   }
@@ -185,7 +191,7 @@ std::int64_t LayerwiseOptimizer<Options, ParamState>::engine_skipped_steps() con
   if (!engine_) return 0;
   const DeviceGuard guard(engine_->device);
   std::int64_t skipped = 0;
-  rethrow_as_torch_error(name_, [&] { skipped = static_cast<const BindingOf<Options>&>(*engine_).step->skipped_steps(); });
+  rethrow_as_torch_error(name_, [&] { skipped = engine_step<Options>(*engine_).skipped_steps(); });
   return skipped;
 }
 

@@ -43,28 +43,22 @@ LARC::LARC(std::vector<torch::Tensor> params, LARCOptions defaults)
 
 // The formulas of larc.h in ATen ops, one tensor at a time.
 void LARC::step_reference(const std::vector<Group>& groups) {
-  std::vector<std::vector<TensorNorms>> norms;
-  if (!reference_norms(groups, /*with_weight=*/true, norms)) return;
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    const LARCOptions& o = *groups[i].options;
+  reference_norms_then_update(groups, /*with_weight=*/true, [this](const LARCOptions& o, const ParamGrad& pg,
+                                                                  const TensorNorms& n) {
     const double wd = o.weight_decay();
-    for (std::size_t j = 0; j < groups[i].params.size(); ++j) {
-      const ParamGrad& pg = groups[i].params[j];
-      const TensorNorms& n = norms[i][j];
-      const double scale = kernels::larc_scale(n.w_norm, n.g_norm, o.adapt(), o.clip(), o.lr(),
-                                               o.trust_coefficient(), wd, o.eps());
-      auto& v = state_of(pg.param).momentum_buffer();
-      at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
-      const at::Tensor d = (pg.grad.to(at::kFloat) + wd * w) * scale;
-      v.mul_(o.momentum()).add_(d);
-      if (o.nesterov()) {
-        w.sub_((d + v * o.momentum()) * o.lr());
-      } else {
-        w.sub_(v * o.lr());
-      }
-      if (!w.is_same(pg.param)) pg.param.copy_(w);
+    const double scale = kernels::larc_scale(n.w_norm, n.g_norm, o.adapt(), o.clip(), o.lr(), o.trust_coefficient(),
+                                             wd, o.eps());
+    auto& v = state_of(pg.param).momentum_buffer();
+    at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
+    const at::Tensor d = (pg.grad.to(at::kFloat) + wd * w) * scale;
+    v.mul_(o.momentum()).add_(d);
+    if (o.nesterov()) {
+      w.sub_((d + v * o.momentum()) * o.lr());
+    } else {
+      w.sub_(v * o.lr());
     }
-  }
+    if (!w.is_same(pg.param)) pg.param.copy_(w);
+  });
 }
 
 // ----------------------------------------------------------- engine hooks ----

@@ -42,28 +42,21 @@ LARS::LARS(std::vector<torch::Tensor> params, LARSOptions defaults)
 
 // The formulas of lars.h in ATen ops, one tensor at a time.
 void LARS::step_reference(const std::vector<Group>& groups) {
-  std::vector<std::vector<TensorNorms>> norms;
-  if (!reference_norms(groups, /*with_weight=*/true, norms)) return;
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    const LARSOptions& o = *groups[i].options;
+  reference_norms_then_update(groups, /*with_weight=*/true, [this](const LARSOptions& o, const ParamGrad& pg,
+                                                                  const TensorNorms& n) {
     const double wd = o.weight_decay();
-    for (std::size_t j = 0; j < groups[i].params.size(); ++j) {
-      const ParamGrad& pg = groups[i].params[j];
-      const TensorNorms& n = norms[i][j];
-      const double ratio = kernels::lars_trust_ratio(n.w_norm, n.g_norm, o.adapt(), o.trust_coefficient(), wd,
-                                                     o.eps());
-      auto& v = state_of(pg.param).momentum_buffer();
-      at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
-      const at::Tensor d = pg.grad.to(at::kFloat) + wd * w;
-      v.mul_(o.momentum()).add_(d * (o.lr() * ratio));
-      if (o.nesterov()) {
-        w.sub_(v * o.momentum() + d * (o.lr() * ratio));
-      } else {
-        w.sub_(v);
-      }
-      if (!w.is_same(pg.param)) pg.param.copy_(w);
+    const double ratio = kernels::lars_trust_ratio(n.w_norm, n.g_norm, o.adapt(), o.trust_coefficient(), wd, o.eps());
+    auto& v = state_of(pg.param).momentum_buffer();
+    at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
+    const at::Tensor d = pg.grad.to(at::kFloat) + wd * w;
+    v.mul_(o.momentum()).add_(d * (o.lr() * ratio));
+    if (o.nesterov()) {
+      w.sub_(v * o.momentum() + d * (o.lr() * ratio));
+    } else {
+      w.sub_(v);
     }
-  }
+    if (!w.is_same(pg.param)) pg.param.copy_(w);
+  });
 }
 
 // ----------------------------------------------------------- engine hooks ----

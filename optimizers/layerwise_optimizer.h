@@ -120,9 +120,22 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   /// and the end of the step; calls skip_nonfinite() itself.
   virtual void step_reference(const std::vector<Group>& groups) = 0;
 
-  /// The reference path's norm pass: ||g|| and, with_weight, ||w|| (of the
-  /// fp32 weights) of every tensor, accumulated in double; then the
-  /// non-finite check. Returns false when the step must change nothing.
+  /// The reference step of LARS, LARC and NovoGrad: the norm pass (||g||
+  /// and, with_weight, ||w|| of the fp32 weights, accumulated in double), the
+  /// non-finite check, then update(options, param_grad, norms) for each tensor.
+  template <typename Update>
+  void reference_norms_then_update(const std::vector<Group>& groups, bool with_weight, const Update& update) {
+    std::vector<std::vector<TensorNorms>> norms;
+    if (!reference_norms(groups, with_weight, norms)) return;
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      for (std::size_t j = 0; j < groups[i].params.size(); ++j) {
+        update(*groups[i].options, groups[i].params[j], norms[i][j]);
+      }
+    }
+  }
+
+  /// The reference path's norm pass and non-finite check (above). Returns
+  /// false when the step must change nothing.
   bool reference_norms(const std::vector<Group>& groups, bool with_weight,
                        std::vector<std::vector<TensorNorms>>& norms);
 

@@ -44,33 +44,27 @@ NovoGrad::NovoGrad(std::vector<torch::Tensor> params, NovoGradOptions defaults)
 
 // The formulas of novograd.h in ATen ops, one tensor at a time.
 void NovoGrad::step_reference(const std::vector<Group>& groups) {
-  std::vector<std::vector<TensorNorms>> norms;
-  if (!reference_norms(groups, /*with_weight=*/false, norms)) return;
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    const NovoGradOptions& o = *groups[i].options;
+  reference_norms_then_update(groups, /*with_weight=*/false, [this](const NovoGradOptions& o, const ParamGrad& pg,
+                                                                   const TensorNorms& n) {
     const auto [b1, b2] = o.betas();
-    const double wd = o.weight_decay();
-    for (std::size_t j = 0; j < groups[i].params.size(); ++j) {
-      const ParamGrad& pg = groups[i].params[j];
-      auto& st = state_of(pg.param);
-      st.step(st.step() + 1);
-      // The layer's second moment, a scalar: v = n at the first step, else b2*v + (1-b2)*n.
-      const double sq = norms[i][j].g_norm * norms[i][j].g_norm;
-      auto& v = st.exp_avg_sq();
-      if (st.step() == 1) {
-        v.fill_(sq);
-      } else {
-        v.mul_(b2).add_(sq * (1 - b2));
-      }
-      at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
-      at::Tensor d = pg.grad.to(at::kFloat) / (v.sqrt() + o.eps()) + wd * w;
-      if (o.grad_averaging()) d = d * (1 - b1);
-      auto& m = st.exp_avg();
-      m.mul_(b1).add_(d);
-      w.sub_(m * o.lr());
-      if (!w.is_same(pg.param)) pg.param.copy_(w);
+    auto& st = state_of(pg.param);
+    st.step(st.step() + 1);
+    // The layer's second moment, a scalar: v = n at the first step, else b2*v + (1-b2)*n.
+    const double sq = n.g_norm * n.g_norm;
+    auto& v = st.exp_avg_sq();
+    if (st.step() == 1) {
+      v.fill_(sq);
+    } else {
+      v.mul_(b2).add_(sq * (1 - b2));
     }
-  }
+    at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
+    at::Tensor d = pg.grad.to(at::kFloat) / (v.sqrt() + o.eps()) + o.weight_decay() * w;
+    if (o.grad_averaging()) d = d * (1 - b1);
+    auto& m = st.exp_avg();
+    m.mul_(b1).add_(d);
+    w.sub_(m * o.lr());
+    if (!w.is_same(pg.param)) pg.param.copy_(w);
+  });
 }
 
 // ----------------------------------------------------------- engine hooks ----

@@ -154,8 +154,7 @@ class CpuStep final : public MultiTensorStep<Plan> {
   using Group = typename Plan::Group;
 
   bool same_tensors(const std::vector<TensorSlot>& slots) const override {
-    if (!built_ && !slots.empty()) return false;
-    return slots.size() == slots_.size() && std::equal(slots.begin(), slots.end(), slots_.begin(), same_tensor);
+    return kernels::same_tensors(slots, slots_);
   }
 
   void bind(const std::vector<TensorSlot>& slots, const std::vector<Group>& groups, cudaStream_t) override {
@@ -165,11 +164,11 @@ class CpuStep final : public MultiTensorStep<Plan> {
     if (!same_groups(groups, groups_)) {
       groups_ = groups;
       config_ = Plan::configure(groups_.data(), static_cast<int>(groups_.size()));
+      group_coef_.assign(groups_.size(), 1.0f);
+      table_.groups = groups_.data();
+      table_.group_coef = group_coef_.data();
+      table_.num_groups = static_cast<int>(groups_.size());
     }
-    group_coef_.assign(groups_.size(), 1.0f);
-    table_.groups = groups_.data();
-    table_.group_coef = group_coef_.data();
-    table_.num_groups = static_cast<int>(groups_.size());
   }
 
   void run(cudaStream_t) override {
@@ -184,14 +183,7 @@ class CpuStep final : public MultiTensorStep<Plan> {
   void check_rebuild_allowed(cudaStream_t) const override {}
   int launches_per_step() const override { return 0; }
 
-  std::int64_t bytes_per_step() const override {
-    std::int64_t bytes = 0;
-    const auto passes = count_plan<Plan>(config_).passes;
-    for (const TensorSlot& s : slots_) {
-      for (const PassArrays& pass : passes) bytes += s.numel * pass_bytes(pass, s.dtype, s.master != nullptr);
-    }
-    return bytes;
-  }
+  std::int64_t bytes_per_step() const override { return plan_bytes<Plan>(slots_, config_); }
 
  private:
   void rebuild(const std::vector<TensorSlot>& slots) {
@@ -225,10 +217,8 @@ class CpuStep final : public MultiTensorStep<Plan> {
     table_.scalars = &scalars_;
     table_.num_tensors = static_cast<int>(slots.size());
     table_.num_chunks = static_cast<std::int64_t>(chunks);
-    built_ = true;
   }
 
-  bool built_ = false;
   std::vector<TensorSlot> slots_;
   std::vector<Group> groups_;
   typename Plan::Config config_{};

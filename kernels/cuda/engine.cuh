@@ -45,8 +45,7 @@ class CudaStep final : public MultiTensorStep<Plan> {
   }
 
   bool same_tensors(const std::vector<TensorSlot>& slots) const override {
-    if (arena_ == nullptr && !slots.empty()) return false;
-    return slots.size() == slots_.size() && std::equal(slots.begin(), slots.end(), slots_.begin(), same_tensor);
+    return kernels::same_tensors(slots, slots_);
   }
 
   void bind(const std::vector<TensorSlot>& slots, const std::vector<Group>& groups, cudaStream_t stream) override {
@@ -110,14 +109,7 @@ class CudaStep final : public MultiTensorStep<Plan> {
     return bind_launches_ + static_cast<int>(counted.passes.size()) + counted.finalizers;
   }
 
-  std::int64_t bytes_per_step() const override {
-    std::int64_t bytes = 0;
-    const auto passes = count_plan<Plan>(config_).passes;
-    for (const TensorSlot& s : slots_) {
-      for (const PassArrays& pass : passes) bytes += s.numel * pass_bytes(pass, s.dtype, s.master != nullptr);
-    }
-    return bytes;
-  }
+  std::int64_t bytes_per_step() const override { return plan_bytes<Plan>(slots_, config_); }
 
  private:
   // Marks the end of the work just enqueued, for the read-backs. Not under

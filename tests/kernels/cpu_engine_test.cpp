@@ -3,6 +3,8 @@
 // step against a float64 re-derivation, finiteness decided in double, the
 // same bits for any thread count, and moved gradients and options taken up
 // without a rebuild. The optimizer tests cover the four plans end to end.
+#include "host_tensors.h"
+
 #include <bigbatch/kernels/engine.h>
 
 #include <ATen/Parallel.h>
@@ -18,11 +20,10 @@ namespace {
 
 using namespace bigbatch::kernels;
 
-// fp32 tensors and their state, in host memory.
-struct Tensors {
-  std::vector<std::vector<float>> w, g, m, v;
-
-  explicit Tensors(const std::vector<std::int64_t>& sizes, std::uint32_t seed = 1) {
+// fp32 tensors in host memory with pseudo-random weights in [-1, 1) and
+// gradients in [-0.1, 0.1), zero state.
+struct Tensors : bigbatch::test::HostTensors {
+  explicit Tensors(const std::vector<std::int64_t>& sizes, std::uint32_t seed = 1) : HostTensors(sizes, 0, 0) {
     std::uint32_t x = seed;
     auto next = [&x] {  // xorshift: values in [-1, 1)
       x ^= x << 13;
@@ -30,29 +31,12 @@ struct Tensors {
       x ^= x << 5;
       return static_cast<float>(x % 2000000) / 1e6f - 1.0f;
     };
-    for (const std::int64_t n : sizes) {
-      w.emplace_back(n);
-      g.emplace_back(n);
-      for (std::int64_t i = 0; i < n; ++i) {
-        w.back()[i] = next();
-        g.back()[i] = 0.1f * next();
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      for (std::int64_t i = 0; i < sizes[k]; ++i) {
+        w[k][i] = next();
+        g[k][i] = 0.1f * next();
       }
-      m.emplace_back(n, 0.0f);
-      v.emplace_back(n, 0.0f);
     }
-  }
-  std::vector<TensorSlot> slots() {
-    std::vector<TensorSlot> out;
-    for (std::size_t k = 0; k < w.size(); ++k) {
-      TensorSlot s;
-      s.param = w[k].data();
-      s.grad = g[k].data();
-      s.m = m[k].data();
-      s.v = v[k].data();
-      s.numel = static_cast<std::int64_t>(w[k].size());
-      out.push_back(s);
-    }
-    return out;
   }
 };
 

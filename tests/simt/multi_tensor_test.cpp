@@ -1,6 +1,8 @@
 // The CUDA runner of the multi-tensor step (kernels/engine.h) with its device code on
 // the SIMT executor: what its host side promises about devices, streams and
 // launches, checked against what the executor saw.
+#include "../kernels/host_tensors.h"
+
 #include <bigbatch/kernels/engine.h>
 #include <bigbatch/kernels/simt/cuda.h>
 
@@ -14,31 +16,10 @@ namespace {
 
 using namespace bigbatch::kernels;
 
-// fp32 tensors with the state of a LAMB step, in host memory (the executor's device memory).
-struct Tensors {
-  std::vector<std::vector<float>> w, g, m, v;
-
-  explicit Tensors(const std::vector<std::int64_t>& sizes) {
-    for (const std::int64_t n : sizes) {
-      w.emplace_back(n, 1.0f);
-      g.emplace_back(n, 0.5f);
-      m.emplace_back(n, 0.0f);
-      v.emplace_back(n, 0.0f);
-    }
-  }
-  std::vector<TensorSlot> slots() {
-    std::vector<TensorSlot> out;
-    for (std::size_t k = 0; k < w.size(); ++k) {
-      TensorSlot s;
-      s.param = w[k].data();
-      s.grad = g[k].data();
-      s.m = m[k].data();
-      s.v = v[k].data();
-      s.numel = static_cast<std::int64_t>(w[k].size());
-      out.push_back(s);
-    }
-    return out;
-  }
+// fp32 tensors with the state of a LAMB step, in host memory (the executor's
+// device memory): weights 1, gradients 0.5.
+struct Tensors : bigbatch::test::HostTensors {
+  explicit Tensors(const std::vector<std::int64_t>& sizes) : HostTensors(sizes, 1.0f, 0.5f) {}
 };
 
 LambGroup lamb_options(double lr) {
