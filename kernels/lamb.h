@@ -19,8 +19,8 @@ struct LambStep {
   float beta2 = 0.999f;
   float beta3 = 0.1f;              ///< grad_averaging ? 1 - beta1 : 1
   float one_minus_beta2 = 0.001f;  ///< 1 - beta2, rounded once
-  float bias_correction1 = 1;      ///< 1 - beta1^t, or 1 without bias correction
-  float bias_correction2 = 1;      ///< 1 - beta2^t, or 1
+  float inv_bias_correction1 = 1;  ///< 1 / (1 - beta1^t), or 1 without bias correction
+  float inv_bias_correction2 = 1;  ///< 1 / (1 - beta2^t), or 1
   float eps = 1e-6f;
   float l2_decay = 0;              ///< wd without adam_w_mode, else 0 (enters the moments)
   float decoupled_decay = 0;       ///< wd in adam_w_mode, else 0 (added to the update)
@@ -34,8 +34,9 @@ struct LambNorms {
 };
 
 /// The coefficients of a tensor's step number t (1-based), rounded to fp32
-/// once from double: beta3 = grad_averaging ? 1 - b1 : 1; bias corrections
-/// 1 - b^t, or 1 without bias correction; grad_scale from global clipping.
+/// once from double: beta3 = grad_averaging ? 1 - b1 : 1; the bias
+/// corrections as reciprocals 1 / (1 - b^t), or 1 without bias correction;
+/// grad_scale from global clipping.
 BIGBATCH_HD inline LambStep lamb_step(double beta1, double beta2, bool grad_averaging,
                                       bool bias_correction, double eps, double weight_decay,
                                       bool adam_w_mode, std::int64_t t, double grad_scale) {
@@ -44,8 +45,8 @@ BIGBATCH_HD inline LambStep lamb_step(double beta1, double beta2, bool grad_aver
   s.beta2 = static_cast<float>(beta2);
   s.beta3 = static_cast<float>(grad_averaging ? 1 - beta1 : 1.0);
   s.one_minus_beta2 = static_cast<float>(1 - beta2);
-  s.bias_correction1 = static_cast<float>(bias_correction ? 1 - pow(beta1, static_cast<double>(t)) : 1.0);
-  s.bias_correction2 = static_cast<float>(bias_correction ? 1 - pow(beta2, static_cast<double>(t)) : 1.0);
+  s.inv_bias_correction1 = static_cast<float>(bias_correction ? 1 / (1 - pow(beta1, static_cast<double>(t))) : 1.0);
+  s.inv_bias_correction2 = static_cast<float>(bias_correction ? 1 / (1 - pow(beta2, static_cast<double>(t))) : 1.0);
   s.eps = static_cast<float>(eps);
   // Both decays as factors, one of them 0, rather than a branch on
   // adam_w_mode per element: x + 0*w is x for finite w, and the loop stays
@@ -58,9 +59,13 @@ BIGBATCH_HD inline LambStep lamb_step(double beta1, double beta2, bool grad_aver
 
 /// The update direction u of FORMULAS.md from the moments already updated:
 ///   u = (m / bc1) / (sqrt(v / bc2) + eps)  (+ wd*w in adam_w_mode)
+/// with the bias corrections multiplied as reciprocals rounded once: one
+/// division and one square root per element instead of three and one (the
+/// divider is what bounds a LAMB step on the CPU), at most an ulp or two from
+/// the reference path's divisions.
 BIGBATCH_HD inline float lamb_direction(float m, float v, float w, const LambStep& s) {
-  const float u = (m / s.bias_correction1) /              // mh / (sqrt(vh) + eps)
-                  (sqrtf(v / s.bias_correction2) + s.eps);
+  const float u = (m * s.inv_bias_correction1) /          // mh / (sqrt(vh) + eps)
+                  (sqrtf(v * s.inv_bias_correction2) + s.eps);
   return u + s.decoupled_decay * w;                       // decoupled decay (adam_w_mode)
 }
 
