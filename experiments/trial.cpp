@@ -1,4 +1,4 @@
-// The training loop of one trial (trial.h), following FORMULAS.md "Steps to
+// The training loop of one trial (trial.h), following docs/formulas.md "Steps to
 // result": steps-to-target is the first evaluation step at which the
 // validation metric reaches the target.
 #include <bigbatch/experiments/trial.h>

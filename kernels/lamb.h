@@ -1,4 +1,4 @@
-// LAMB (You et al. 2019, arXiv:1904.00962, Algorithm 2), as FORMULAS.md:
+// LAMB (You et al. 2019, arXiv:1904.00962, Algorithm 2), as docs/formulas.md:
 //   g' = g*grad_scale (+ wd*w unless adam_w_mode)
 //   m = b1*m + b3*g';  v = b2*v + (1-b2)*g'^2
 //   u = (m/bc1) / (sqrt(v/bc2) + eps) (+ wd*w in adam_w_mode)
@@ -57,7 +57,7 @@ BIGBATCH_HD inline LambStep lamb_step(double beta1, double beta2, bool grad_aver
   return s;
 }
 
-/// The update direction u of FORMULAS.md from the moments already updated:
+/// The update direction u of docs/formulas.md from the moments already updated:
 ///   u = (m / bc1) / (sqrt(v / bc2) + eps)  (+ wd*w in adam_w_mode)
 /// with the bias corrections multiplied as reciprocals rounded once: one
 /// division and one square root per element instead of three and one (the
@@ -86,7 +86,7 @@ BIGBATCH_HD inline LambElement lamb_element(float g, float w, float m, float v, 
   return {m, v, lamb_direction(m, v, w, s)};
 }
 
-/// The trust ratio of FORMULAS.md from ||w|| and ||u|| (in double):
+/// The trust ratio of docs/formulas.md from ||w|| and ||u|| (in double):
 /// ||w|| / ||u|| where `use_ratio` (adapt, and wd != 0 or always_adapt), 1 where
 /// either norm is 0; clamped to [min_trust, max_trust], and to <= 1 with trust_clip.
 BIGBATCH_HD inline double lamb_trust_ratio(double w_norm, double u_norm, bool use_ratio,
@@ -99,7 +99,7 @@ BIGBATCH_HD inline double lamb_trust_ratio(double w_norm, double u_norm, bool us
 
 // ------------------------------------------------------------ the plan ----
 
-/// One parameter group's options as the LAMB plan takes them (FORMULAS.md).
+/// One parameter group's options as the LAMB plan takes them (docs/formulas.md).
 /// Doubles, so that every runner rounds the per-tensor coefficients as the
 /// reference path does.
 struct LambGroup {

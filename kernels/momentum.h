@@ -1,4 +1,4 @@
-// The momentum update shared by LARS and LARC (FORMULAS.md). Both are
+// The momentum update shared by LARS and LARC (docs/formulas.md). Both are
 //   d = g + wd*w;  v = momentum*v + scale*d;  w = w - step_size*(nesterov ? momentum*v + scale*d : v)
 // LARS: scale = lr*ratio, step_size = 1 (the rate sits inside the buffer).
 // LARC: scale = min(local/lr, 1) or local, step_size = lr (PyTorch's SGD form).
@@ -34,7 +34,7 @@ BIGBATCH_HD inline MomentumElement momentum_element(float g, float w, float v, c
 }
 
 /// LARS's trust ratio (double): tc*||w|| / (||g|| + wd*||w|| + eps) where
-/// `adapt`, 1 where ||w|| or ||g|| is 0 (FORMULAS.md). LARS scales by lr*ratio.
+/// `adapt`, 1 where ||w|| or ||g|| is 0 (docs/formulas.md). LARS scales by lr*ratio.
 BIGBATCH_HD inline double lars_trust_ratio(double w_norm, double g_norm, bool adapt, double tc,
                                            double wd, double eps) {
   if (!adapt || w_norm == 0 || g_norm == 0) return 1.0;
@@ -53,7 +53,7 @@ BIGBATCH_HD inline double larc_scale(double w_norm, double g_norm, bool adapt, b
 
 // ----------------------------------------------------------- the plans ----
 
-/// One parameter group's options as the LARS plan takes them (FORMULAS.md).
+/// One parameter group's options as the LARS plan takes them (docs/formulas.md).
 struct LarsGroup {
   double lr = 0;
   double momentum = 0;

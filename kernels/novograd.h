@@ -1,4 +1,4 @@
-// NovoGrad (Ginsburg et al. 2019, arXiv:1905.11286), as FORMULAS.md. The
+// NovoGrad (Ginsburg et al. 2019, arXiv:1905.11286), as docs/formulas.md. The
 // per-tensor second moment v is a scalar the host updates from ||g||^2; the
 // element pass is
 //   d = (g / denom + wd*w) * grad_factor;  m = b1*m + d;  w = w - lr*m
@@ -36,7 +36,7 @@ BIGBATCH_HD inline NovoGradElement novograd_element(float g, float w, float m, c
 
 // ------------------------------------------------------------ the plan ----
 
-/// One parameter group's options as the NovoGrad plan takes them (FORMULAS.md).
+/// One parameter group's options as the NovoGrad plan takes them (docs/formulas.md).
 struct NovoGradGroup {
   double lr = 0;
   double beta1 = 0;

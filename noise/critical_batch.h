@@ -1,5 +1,5 @@
 // The steps/examples trade-off S(B) = S_min (1 + B_crit / B) fitted to a sweep's
-// (batch size, steps to target) pairs (McCandlish et al. 2018; FORMULAS.md).
+// (batch size, steps to target) pairs (McCandlish et al. 2018; docs/formulas.md).
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// Gradient noise injection (gradient_noise.h): FORMULAS.md "Gradient noise injection".
+// Gradient noise injection (gradient_noise.h): docs/formulas.md "Gradient noise".
 #include <bigbatch/noise/gradient_noise.h>
 
 #include <ATen/core/grad_mode.h>

@@ -1,4 +1,4 @@
-// Gradient noise injection (FORMULAS.md): additive annealed Gaussian noise
+// Gradient noise injection (docs/formulas.md): additive annealed Gaussian noise
 // (Neelakantan et al. 2015) and multiplicative per-sample loss weights
 // (Hoffer, Hubara, Soudry 2017), each with its own seedable generator.
 #pragma once

@@ -1,4 +1,4 @@
-// The gradient noise scale (noise_scale.h): FORMULAS.md "Gradient noise scale".
+// The gradient noise scale (noise_scale.h): docs/formulas.md "Gradient noise scale and critical batch".
 #include <bigbatch/noise/noise_scale.h>
 
 #include <ATen/core/grad_mode.h>

@@ -1,5 +1,5 @@
 // The gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018,
-// arXiv:1812.06162; FORMULAS.md), from gradient norms at two batch sizes, and a
+// arXiv:1812.06162; docs/formulas.md), from gradient norms at two batch sizes, and a
 // helper that gets both from one training step split into micro-batches.
 #pragma once
 

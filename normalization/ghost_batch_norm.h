@@ -1,4 +1,4 @@
-// Ghost batch normalization (Hoffer, Hubara, Soudry 2017; FORMULAS.md): in
+// Ghost batch normalization (Hoffer, Hubara, Soudry 2017; docs/formulas.md): in
 // training the batch is normalized in chunks of ghost_batch_size, each with its
 // own statistics; the running statistics are updated once per chunk, in order.
 #pragma once

@@ -1,5 +1,5 @@
 // LAMB: layer-wise adaptive moments for large batches (You et al. 2019,
-// arXiv:1904.00962, v5 Algorithm 2; apex FusedLAMB). FORMULAS.md, per tensor:
+// arXiv:1904.00962, v5 Algorithm 2; apex FusedLAMB). docs/formulas.md, per tensor:
 //   if max_grad_norm > 0:  g = g / max(1, G / max_grad_norm)   (G over all groups)
 //   if !adam_w_mode:       g = g + wd*w
 //   m = b1*m + b3*g;  v = b2*v + (1-b2)*g^2      b3 = grad_averaging ? 1-b1 : 1

@@ -1,5 +1,5 @@
 // LARC: layer-wise rate with clipping on an SGD-momentum base (apex's LARC;
-// FORMULAS.md), per tensor:
+// docs/formulas.md), per tensor:
 //   local = tc*||w|| / (||g|| + wd*||w|| + eps)
 //   scale = clip ? min(local/lr, 1) : local     (1 where ||w|| or ||g|| is 0, or adapt false)
 //   d = (g + wd*w) * scale

@@ -1,5 +1,5 @@
 // LARS: layer-wise adaptive rate scaling (You, Gitman, Ginsburg 2017,
-// arXiv:1708.03888). FORMULAS.md, per tensor:
+// arXiv:1708.03888). docs/formulas.md, per tensor:
 //   ratio = adapt ? tc*||w|| / (||g|| + wd*||w|| + eps) : 1   (1 where ||w|| or ||g|| is 0)
 //   d = g + wd*w
 //   v = momentum*v + lr*ratio*d                               (v starts at 0)

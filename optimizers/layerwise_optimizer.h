@@ -1,6 +1,6 @@
 // What LARS, LARC, LAMB and NovoGrad share as torch::optim::Optimizer
 // subclasses: per-group options that survive construction, lazily created
-// fp32 state, the non-finite-gradient skip of FORMULAS.md, save/load, and the
+// fp32 state, the non-finite-gradient skip of docs/formulas.md, save/load, and the
 // step itself: gather the gradients, then the fused engine (kernels/engine.h,
 // CPU or CUDA runner) or the reference path in plain ATen ops.
 #pragma once

@@ -1,5 +1,5 @@
 // NovoGrad: layer-wise second moments (Ginsburg et al. 2019, arXiv:1905.11286;
-// timm's NvNovoGrad). FORMULAS.md, per tensor, with one scalar v:
+// timm's NvNovoGrad). docs/formulas.md, per tensor, with one scalar v:
 //   n = ||g||^2
 //   v = n at the tensor's first step, else b2*v + (1-b2)*n
 //   d = g / (sqrt(v) + eps) + wd*w;   grad_averaging: d = (1-b1)*d

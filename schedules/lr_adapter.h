@@ -1,6 +1,6 @@
 // Drives any torch::optim::Optimizer (LibTorch's or bigbatch's) from a
 // Schedule: once per step, every param group gets the scheduled rate times its
-// own ratio, with FORMULAS.md's optional momentum correction for LARS.
+// own ratio, with docs/formulas.md's optional momentum correction for LARS.
 #pragma once
 
 #include <bigbatch/schedules/schedule.h>

@@ -1,5 +1,5 @@
-// Schedules (schedule.h): FORMULAS.md "Learning-rate scaling", "Gradual warmup",
-// "Decays" and "Batch-size increase instead of decay", resolved to steps once.
+// Schedules (schedule.h): docs/formulas.md "Learning-rate scaling", "Warmup",
+// "Decays" and "Batch-size increase and regime adaptation", resolved to steps once.
 #include <bigbatch/schedules/schedule.h>
 
 #include <bigbatch/schedules/json_reader.h>

@@ -1,5 +1,5 @@
 // Learning-rate and batch-size schedules as pure functions of the global step
-// (FORMULAS.md: scaling rules, gradual warmup of Goyal et al. 2017, decays,
+// (docs/formulas.md: scaling rules, gradual warmup of Goyal et al. 2017, decays,
 // batch-size increase of Smith et al. 2017, regime adaptation of Hoffer et al. 2017).
 #pragma once
 

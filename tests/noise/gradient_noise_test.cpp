@@ -1,5 +1,5 @@
 // Gradient noise injection: with fixed seeds the injected noise has the mean
-// and variance of FORMULAS.md within 5 standard errors, and the expected
+// and variance of docs/formulas.md within 5 standard errors, and the expected
 // gradient is unchanged.
 #include <bigbatch/noise/gradient_noise.h>
 

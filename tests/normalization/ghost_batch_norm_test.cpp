@@ -1,5 +1,5 @@
 // GhostBatchNorm against torch::nn::BatchNorm (batch <= ghost size) and against
-// a float64 re-derivation of FORMULAS.md from plain ops (batch > ghost size).
+// a float64 re-derivation of docs/formulas.md from plain ops (batch > ghost size).
 #include <bigbatch/normalization/ghost_batch_norm.h>
 
 #include <ATen/ATen.h>
@@ -57,7 +57,7 @@ TEST(GhostBatchNorm2d, EqualsBatchNormWhenTheBatchFitsOneGhostBatch) {
   expect_close(gbn(x), bn(x), 1e-6, "evaluation output");
 }
 
-// FORMULAS.md in float64 with plain ops: per-chunk mean and biased variance
+// docs/formulas.md in float64 with plain ops: per-chunk mean and biased variance
 // normalize; the running statistics take each chunk's mean and unbiased
 // variance in order.
 struct Reference {

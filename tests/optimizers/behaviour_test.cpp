@@ -279,7 +279,7 @@ INSTANTIATE_TEST_SUITE_P(Paths, NonFinite, ::testing::Values(0, 1, 2), [](const 
 
 // ------------------------------------------------------------- engine hooks --
 // The options as the engine's plans receive them: every option of
-// FORMULAS.md lands in its member (a member a plan adds and the optimizer
+// docs/formulas.md lands in its member (a member a plan adds and the optimizer
 // does not fill keeps its zero default, which these values tell apart).
 
 TEST(EngineHooks, OptionsReachThePlansMemberByMember) {

@@ -1,4 +1,4 @@
-// Golden-value tests: every option variant of FORMULAS.md, on the fused and
+// Golden-value tests: every option variant of docs/formulas.md, on the fused and
 // the reference path, against the float64 re-derivation in reference64.h.
 // Tensors of odd sizes, one element, empty, all-zero weights, all-zero
 // gradients, and one larger than a kernel chunk (parallel, several chunks).

@@ -1,5 +1,5 @@
 // An independent float64 re-derivation of the four optimizers, written from
-// ../shared/FORMULAS.md with plain loops. It shares no code with the library:
+// docs/formulas.md with plain loops. It shares no code with the library:
 // the golden tests compare both library paths against it.
 #pragma once
 

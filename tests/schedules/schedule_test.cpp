@@ -1,4 +1,4 @@
-// Schedules against hand-computed rates and batch sizes (FORMULAS.md: scaling,
+// Schedules against hand-computed rates and batch sizes (docs/formulas.md: scaling,
 // warmup, decays, batch-size increase, regime adaptation) and their JSON form.
 #include <bigbatch/schedules/schedule.h>
 
