@@ -5,6 +5,8 @@
 #include <bigbatch/optimizers/lamb.h>
 #include <bigbatch/optimizers/lars.h>
 
+#include "../test_main.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -377,5 +379,5 @@ int main(int argc, char** argv) {
     }
   }
   testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return bigbatch::testing_support::run_all_tests();
 }
