@@ -126,7 +126,14 @@ Trainer::Trainer(const TrialConfig& config, const Dataset& data, distributed::Pr
   optimizer_ = make_optimizer(config.optimizer, config.schedule.base_lr, *model_);
   schedules::Schedule schedule(config.schedule, config.batch_size, data.train_size());
   budget_ = schedule.steps(config.budget.length, config.budget.unit);
-  adapter_.emplace(*optimizer_, std::move(schedule), config.optimizer.momentum_correction);
+  schedules::LRAdapter::RateChange momentum_correction;
+  if (config.optimizer.momentum_correction) {  // the config allows it for lars only
+    auto* lars = dynamic_cast<optim::LARS*>(optimizer_.get());
+    TORCH_CHECK(lars != nullptr, "optimizer.momentum_correction: needs optimizer.name lars, got ",
+                config.optimizer.name);
+    momentum_correction = [lars](double factor) { lars->rescale_momentum(factor); };
+  }
+  adapter_.emplace(*optimizer_, std::move(schedule), std::move(momentum_correction));
   if (config.noise.type == "annealed") {
     annealed_.emplace(noise::AnnealedNoiseOptions(config.noise.eta).gamma(config.noise.gamma).seed(config.seed));
   } else if (config.noise.type == "multiplicative") {

@@ -5,6 +5,10 @@
 #include <bigbatch/optimizers/engine_hooks.h>
 #include <bigbatch/optimizers/internal.h>
 
+#include <bigbatch/compat/torch_compat.h>
+
+#include <cmath>
+
 namespace bigbatch::optim {
 
 #define LARS_OPTION_FIELDS(X)                                                                  \
@@ -39,6 +43,19 @@ LARS::LARS(std::vector<torch::optim::OptimizerParamGroup> param_groups, LARSOpti
 
 LARS::LARS(std::vector<torch::Tensor> params, LARSOptions defaults)
     : LARS({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+void LARS::rescale_momentum(double factor) {
+  TORCH_CHECK(std::isfinite(factor) && factor >= 0, "LARS::rescale_momentum: factor must be finite and >= 0, got ",
+              factor);
+  for (auto& group : param_groups()) {
+    for (const auto& p : group.params()) {
+      const auto it = state().find(compat::optimizer_state_key(p));
+      if (it == state().end()) continue;  // no step taken yet
+      auto& buffer = static_cast<LARSParamState&>(*it->second).momentum_buffer();
+      if (buffer.defined()) buffer.mul_(factor);
+    }
+  }
+}
 
 // The formulas of lars.h in ATen ops, one tensor at a time.
 void LARS::step_reference(const std::vector<Group>& groups) {

@@ -52,6 +52,15 @@ class LARS : public LayerwiseOptimizer<LARSOptions, LARSParamState> {
   explicit LARS(std::vector<torch::optim::OptimizerParamGroup> param_groups, LARSOptions defaults);
   explicit LARS(std::vector<torch::Tensor> params, LARSOptions defaults);
 
+  /// Multiplies every momentum buffer by `factor` (finite, >= 0). LARS's
+  /// buffer holds the learning rate, so when the rate changes from lr_a to
+  /// lr_b the buffer is rescaled by lr_b / lr_a to keep the step it carries
+  /// consistent: the momentum correction of Goyal et al. 2017
+  /// (docs/formulas.md "Warmup"). Hand it to schedules::LRAdapter as
+  /// `[&lars](double f) { lars.rescale_momentum(f); }`. Tensors without state
+  /// (no step yet) have nothing to rescale.
+  void rescale_momentum(double factor);
+
  protected:
   void step_reference(const std::vector<Group>& groups) override;
 };

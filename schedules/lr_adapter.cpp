@@ -1,18 +1,12 @@
 // LRAdapter (lr_adapter.h): scheduled rates into any optimizer's param groups.
 #include <bigbatch/schedules/lr_adapter.h>
 
-#include <bigbatch/compat/torch_compat.h>
-#include <bigbatch/optimizers/lars.h>
-
 #include <c10/util/Exception.h>
 
 namespace bigbatch::schedules {
 
-LRAdapter::LRAdapter(torch::optim::Optimizer& optimizer, Schedule schedule, bool momentum_correction)
-    : optimizer_(optimizer), schedule_(std::move(schedule)), momentum_correction_(momentum_correction) {
-  TORCH_CHECK(!momentum_correction || dynamic_cast<optim::LARS*>(&optimizer) != nullptr,
-              "LRAdapter: momentum_correction needs an optimizer whose momentum buffer holds the "
-              "learning rate (bigbatch::optim::LARS); this optimizer's does not");
+LRAdapter::LRAdapter(torch::optim::Optimizer& optimizer, Schedule schedule, RateChange momentum_correction)
+    : optimizer_(optimizer), schedule_(std::move(schedule)), momentum_correction_(std::move(momentum_correction)) {
   const double reference = optimizer_.defaults().get_lr();
   for (auto& group : optimizer_.param_groups()) {
     const double lr = group.options().get_lr();
@@ -29,23 +23,11 @@ double LRAdapter::apply(std::int64_t step) {
   const double lr = schedule_.lr(step);
   if (momentum_correction_ && step > 0 && last_step_ != step) {
     const double before = schedule_.lr(last_step_.value_or(step - 1));
-    if (before > 0 && lr != before) correct_momentum(lr / before);
+    if (before > 0 && lr != before) momentum_correction_(lr / before);
   }
   for (std::size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(lr * ratios_[i]);
   last_step_ = step;
   return lr;
-}
-
-void LRAdapter::correct_momentum(double factor) {
-  auto& state = optimizer_.state();
-  for (auto& group : optimizer_.param_groups()) {
-    for (auto& p : group.params()) {
-      const auto it = state.find(compat::optimizer_state_key(p));
-      if (it == state.end()) continue;  // no step taken yet: nothing to correct
-      auto& s = static_cast<optim::LARSParamState&>(*it->second);
-      if (s.momentum_buffer().defined()) s.momentum_buffer().mul_(factor);
-    }
-  }
 }
 
 }  // namespace bigbatch::schedules

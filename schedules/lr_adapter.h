@@ -1,6 +1,7 @@
 // Drives any torch::optim::Optimizer (LibTorch's or bigbatch's) from a
 // Schedule: once per step, every param group gets the scheduled rate times its
-// own ratio, with docs/formulas.md's optional momentum correction for LARS.
+// own ratio, and an optional hook for the momentum correction of Goyal et al.
+// (docs/formulas.md "Warmup"), which LARS provides.
 #pragma once
 
 #include <bigbatch/schedules/schedule.h>
@@ -8,6 +9,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -27,11 +29,15 @@ namespace bigbatch::schedules {
 /// from the restored step gives the same rates.
 class LRAdapter {
  public:
-  /// momentum_correction: when the rate changes from lr_a to lr_b, multiply
-  /// the momentum buffers by lr_b / lr_a (Goyal et al.). Only meaningful
-  /// where the buffer holds the rate, as in bigbatch's LARS; any other
-  /// optimizer is rejected.
-  LRAdapter(torch::optim::Optimizer& optimizer, Schedule schedule, bool momentum_correction = false);
+  /// Called with lr_b / lr_a when the scheduled rate changes from lr_a to
+  /// lr_b between two applied steps.
+  using RateChange = std::function<void(double factor)>;
+
+  /// momentum_correction: the rescaling of momentum buffers that hold the
+  /// rate (Goyal et al.), for bigbatch's LARS:
+  ///   LRAdapter adapter(lars, schedule, [&lars](double f) { lars.rescale_momentum(f); });
+  /// Optimizers whose buffers do not hold the rate need none.
+  LRAdapter(torch::optim::Optimizer& optimizer, Schedule schedule, RateChange momentum_correction = {});
 
   /// Sets the rates of step t; returns the scheduled (ratio 1) rate.
   double apply(std::int64_t step);
@@ -40,11 +46,9 @@ class LRAdapter {
   const std::vector<double>& group_ratios() const { return ratios_; }
 
  private:
-  void correct_momentum(double factor);
-
   torch::optim::Optimizer& optimizer_;
   Schedule schedule_;
-  bool momentum_correction_;
+  RateChange momentum_correction_;
   std::vector<double> ratios_;
   std::optional<std::int64_t> last_step_;
 };

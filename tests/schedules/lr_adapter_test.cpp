@@ -9,6 +9,10 @@
 #include <gtest/gtest.h>
 #include <torch/optim/sgd.h>
 
+#include <cmath>
+#include <limits>
+#include <vector>
+
 namespace {
 
 using namespace bigbatch;
@@ -67,7 +71,7 @@ TEST(LRAdapter, DrivesBigbatchOptimizersAndIsAFunctionOfTheStep) {
 TEST(LRAdapter, MomentumCorrectionScalesLarsBuffersByTheRateRatio) {
   const auto w = at::full({4}, 1.0).requires_grad_(true);
   optim::LARS lars({w}, optim::LARSOptions(0.1).momentum(0.9));
-  LRAdapter adapter(lars, Schedule(step_decay(), 32), /*momentum_correction=*/true);
+  LRAdapter adapter(lars, Schedule(step_decay(), 32), [&lars](double f) { lars.rescale_momentum(f); });
   for (std::int64_t t = 0; t < 7; ++t) {
     adapter.apply(t);
     w.mutable_grad() = at::full({4}, 0.5);
@@ -84,14 +88,31 @@ TEST(LRAdapter, MomentumCorrectionScalesLarsBuffersByTheRateRatio) {
   EXPECT_TRUE(at::allclose(buffer, before * 0.5, 0, 0));
 }
 
-TEST(LRAdapter, MomentumCorrectionRejectsOptimizersWithoutTheRateInTheBuffer) {
-  torch::optim::SGD sgd({at::ones({2}).requires_grad_(true)}, torch::optim::SGDOptions(0.1).momentum(0.9));
-  try {
-    LRAdapter(sgd, Schedule(step_decay(), 32), true);
-    FAIL() << "no error";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find("momentum_correction"), std::string::npos);
+TEST(LRAdapter, TheCorrectionHookGetsTheRatioOfEachRateChange) {
+  const auto w = at::ones({2}).requires_grad_(true);
+  torch::optim::SGD sgd({w}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  std::vector<double> factors;
+  LRAdapter hooked(sgd, Schedule(step_decay(), 32), [&factors](double f) { factors.push_back(f); });
+  for (std::int64_t t = 0; t < 9; ++t) hooked.apply(t);
+  // Warmup 0, 0.025, 0.05, 0.075, then 0.1 and, from step 7, 0.05: no call
+  // out of 0 (nothing to rescale), none while the rate stays.
+  const std::vector<double> expected = {0.05 / 0.025, 0.075 / 0.05, 0.1 / 0.075, 0.5};
+  ASSERT_EQ(factors.size(), expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) EXPECT_DOUBLE_EQ(factors[i], expected[i]) << i;
+}
+
+TEST(LARS, RescaleMomentumRejectsANegativeOrNonFiniteFactor) {
+  const auto w = at::ones({2}).requires_grad_(true);
+  optim::LARS lars({w}, optim::LARSOptions(0.1).momentum(0.9));
+  for (const double bad : {-0.5, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    try {
+      lars.rescale_momentum(bad);
+      FAIL() << "no error for " << bad;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what_without_backtrace()).find("factor"), std::string::npos);
+    }
   }
+  lars.rescale_momentum(0.5);  // no state yet: nothing to rescale, no error
 }
 
 }  // namespace
