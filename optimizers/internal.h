@@ -1,6 +1,6 @@
 // Helpers for the optimizer .cpp files only (not installed): option checks,
-// the reference path's finiteness test, and the serialize/compare functions
-// generated from one list of fields per options or state type.
+// the reference path's finiteness test, and serialize/compare over the one
+// list of fields of each options or state type.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <tuple>
+#include <type_traits>
 
 namespace bigbatch::optim::internal {
 
@@ -50,17 +51,66 @@ bool same_value(const T& a, const T& b) { return a == b; }
 
 }  // namespace bigbatch::optim::internal
 
-#define BIGBATCH_WRITE_FIELD(T, name) _TORCH_OPTIM_SERIALIZE_TORCH_ARG(name)
-#define BIGBATCH_READ_FIELD(T, name) _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(T, name)
-#define BIGBATCH_SAME_FIELD(T, name) &&::bigbatch::optim::internal::same_value(lhs.name(), rhs.name())
+namespace bigbatch::optim::internal {
+
+/// One option or state field: its archive key and a reference to it.
+template <typename T>
+struct Field {
+  const char* name;
+  T& value;
+};
+template <typename T>
+Field<T> field(const char* name, T& value) {
+  return {name, value};
+}
+
+/// Writes every field as LibTorch's optimizers do (an undefined tensor is left out).
+template <typename Fields>
+void write_fields(torch::serialize::OutputArchive& archive, const Fields& fields) {
+  std::apply([&](const auto&... f) {
+    ((void)[&] {
+      const c10::IValue value(f.value);
+      if (!(value.isTensor() && !value.toTensor().defined())) archive.write(f.name, value);
+    }(), ...);
+  }, fields);
+}
+
+/// Reads every field back; only a tensor may be missing (it was undefined).
+template <typename Fields>
+void read_fields(torch::serialize::InputArchive& archive, const Fields& fields) {
+  std::apply([&](const auto&... f) {
+    ((void)[&] {
+      using T = std::remove_reference_t<decltype(f.value)>;
+      c10::IValue value;
+      if (archive.try_read(f.name, value)) {
+        f.value = value.to<T>();
+      } else {
+        TORCH_CHECK((std::is_base_of_v<at::Tensor, T>), "optimizer archive: no value for '", f.name, "'");
+      }
+    }(), ...);
+  }, fields);
+}
+
+/// Whether two objects' fields are equal, field by field (tensors: same definedness and values).
+template <typename Fields>
+bool same_fields(const Fields& a, const Fields& b) {
+  return std::apply([&](const auto&... fa) {
+    return std::apply([&](const auto&... fb) { return (same_value(fa.value, fb.value) && ...); }, b);
+  }, a);
+}
+
+}  // namespace bigbatch::optim::internal
 
 // Defines serialize (both directions) and operator== of an options or state
-// type from FIELDS(X), a macro calling X(type, name) once per field.
-#define BIGBATCH_DEFINE_FIELD_IO(Name, FIELDS)                                    \
-  void Name::serialize(torch::serialize::OutputArchive& archive) const {         \
-    FIELDS(BIGBATCH_WRITE_FIELD)                                                  \
-  }                                                                               \
-  void Name::serialize(torch::serialize::InputArchive& archive) {                \
-    FIELDS(BIGBATCH_READ_FIELD)                                                   \
-  }                                                                               \
-  bool operator==(const Name& lhs, const Name& rhs) { return true FIELDS(BIGBATCH_SAME_FIELD); }
+// type from its private static `fields(self)`, which lists every field once
+// (a structured binding: a field added to the type and not there does not compile).
+#define BIGBATCH_DEFINE_FIELD_IO(Name)                                                                 \
+  void Name::serialize(torch::serialize::OutputArchive& archive) const {                              \
+    ::bigbatch::optim::internal::write_fields(archive, fields(*this));                                 \
+  }                                                                                                    \
+  void Name::serialize(torch::serialize::InputArchive& archive) {                                     \
+    ::bigbatch::optim::internal::read_fields(archive, fields(*this));                                  \
+  }                                                                                                    \
+  bool operator==(const Name& lhs, const Name& rhs) {                                                  \
+    return ::bigbatch::optim::internal::same_fields(Name::fields(lhs), Name::fields(rhs));              \
+  }

@@ -12,17 +12,43 @@
 
 namespace bigbatch::optim {
 
-#define LAMB_OPTION_FIELDS(X)                                                             \
-  X(double, lr) X(betas_t, betas) X(double, eps) X(double, weight_decay)                  \
-  X(bool, bias_correction) X(bool, grad_averaging) X(bool, adam_w_mode)                   \
-  X(double, max_grad_norm) X(bool, always_adapt) X(bool, trust_clip) X(double, min_trust) \
-  X(double, max_trust) X(bool, adapt) X(bool, skip_nonfinite) X(bool, fused) X(bool, master_weights)
-#define LAMB_STATE_FIELDS(X) \
-  X(int64_t, step) X(torch::Tensor, exp_avg) X(torch::Tensor, exp_avg_sq) X(torch::Tensor, master)
-
 LAMBOptions::LAMBOptions(double lr) : lr_(lr) {}
-BIGBATCH_DEFINE_FIELD_IO(LAMBOptions, LAMB_OPTION_FIELDS)
-BIGBATCH_DEFINE_FIELD_IO(LAMBParamState, LAMB_STATE_FIELDS)
+
+// Every field once, in declaration order; serialize and == go through it.
+template <typename Self>
+auto LAMBOptions::fields(Self& self) {
+  using internal::field;
+  auto& [lr, betas, eps, weight_decay, bias_correction, grad_averaging, adam_w_mode, max_grad_norm,
+         always_adapt, trust_clip, min_trust, max_trust, adapt, skip_nonfinite, fused, master_weights] = self;
+  return std::make_tuple(field("lr", lr),
+                         field("betas", betas),
+                         field("eps", eps),
+                         field("weight_decay", weight_decay),
+                         field("bias_correction", bias_correction),
+                         field("grad_averaging", grad_averaging),
+                         field("adam_w_mode", adam_w_mode),
+                         field("max_grad_norm", max_grad_norm),
+                         field("always_adapt", always_adapt),
+                         field("trust_clip", trust_clip),
+                         field("min_trust", min_trust),
+                         field("max_trust", max_trust),
+                         field("adapt", adapt),
+                         field("skip_nonfinite", skip_nonfinite),
+                         field("fused", fused),
+                         field("master_weights", master_weights));
+}
+BIGBATCH_DEFINE_FIELD_IO(LAMBOptions)
+
+template <typename Self>
+auto LAMBParamState::fields(Self& self) {
+  using internal::field;
+  auto& [step, exp_avg, exp_avg_sq, master] = self;
+  return std::make_tuple(field("step", step),
+                         field("exp_avg", exp_avg),
+                         field("exp_avg_sq", exp_avg_sq),
+                         field("master", master));
+}
+BIGBATCH_DEFINE_FIELD_IO(LAMBParamState)
 
 void LAMBOptions::validate() const {
   using namespace internal;

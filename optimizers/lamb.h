@@ -14,8 +14,10 @@
 #pragma once
 
 #include <bigbatch/optimizers/layerwise_optimizer.h>
-#include <bigbatch/optimizers/options_macros.h>
 #include <bigbatch/kernels/lamb.h>
+
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
 
 #include <limits>
 #include <tuple>
@@ -54,7 +56,21 @@ struct LAMBOptions : public torch::optim::OptimizerCloneableOptions<LAMBOptions>
   /// the copy and rounds it into the parameter (no effect on fp32 parameters).
   TORCH_ARG(bool, master_weights) = false;
 
-  BIGBATCH_OPTIONS_MEMBERS(LAMBOptions);
+ public:
+  /// Throws c10::Error naming the first invalid option and its value.
+  void validate() const;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double new_lr) override { lr(new_lr); }
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const LAMBOptions& lhs, const LAMBOptions& rhs);
+  ~LAMBOptions() override = default;
+
+ private:
+  /// Every option above as (archive key, reference), in order (lamb.cpp): a
+  /// structured binding, so an option added above and not there does not compile.
+  template <typename Self>
+  static auto fields(Self& self);
 };
 
 struct LAMBParamState : public torch::optim::OptimizerCloneableParamState<LAMBParamState> {
@@ -63,7 +79,19 @@ struct LAMBParamState : public torch::optim::OptimizerCloneableParamState<LAMBPa
   TORCH_ARG(torch::Tensor, exp_avg_sq);  ///< v, fp32
   TORCH_ARG(torch::Tensor, master);  ///< fp32 copy of a 16-bit parameter (master_weights)
 
-  BIGBATCH_PARAM_STATE_MEMBERS(LAMBParamState);
+ public:
+  /// Zeroed fp32 state for `param`, made on its first step.
+  static LAMBParamState fresh(const at::Tensor& param);
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const LAMBParamState& lhs, const LAMBParamState& rhs);
+  ~LAMBParamState() override = default;
+
+ private:
+  /// Every state field above as (archive key, reference), in order (lamb.cpp): a
+  /// structured binding, so a state field added above and not there does not compile.
+  template <typename Self>
+  static auto fields(Self& self);
 };
 
 /// LAMB as a drop-in torch::optim::Optimizer.

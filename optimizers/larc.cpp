@@ -7,15 +7,36 @@
 
 namespace bigbatch::optim {
 
-#define LARC_OPTION_FIELDS(X)                                                                  \
-  X(double, lr) X(double, momentum) X(double, weight_decay) X(double, trust_coefficient)       \
-  X(double, eps) X(bool, clip) X(bool, nesterov) X(bool, adapt) X(bool, skip_nonfinite)        \
-  X(bool, fused) X(bool, master_weights)
-#define LARC_STATE_FIELDS(X) X(torch::Tensor, momentum_buffer) X(torch::Tensor, master)
-
 LARCOptions::LARCOptions(double lr) : lr_(lr) {}
-BIGBATCH_DEFINE_FIELD_IO(LARCOptions, LARC_OPTION_FIELDS)
-BIGBATCH_DEFINE_FIELD_IO(LARCParamState, LARC_STATE_FIELDS)
+
+// Every field once, in declaration order; serialize and == go through it.
+template <typename Self>
+auto LARCOptions::fields(Self& self) {
+  using internal::field;
+  auto& [lr, momentum, weight_decay, trust_coefficient, eps, clip, nesterov, adapt, skip_nonfinite, fused,
+         master_weights] = self;
+  return std::make_tuple(field("lr", lr),
+                         field("momentum", momentum),
+                         field("weight_decay", weight_decay),
+                         field("trust_coefficient", trust_coefficient),
+                         field("eps", eps),
+                         field("clip", clip),
+                         field("nesterov", nesterov),
+                         field("adapt", adapt),
+                         field("skip_nonfinite", skip_nonfinite),
+                         field("fused", fused),
+                         field("master_weights", master_weights));
+}
+BIGBATCH_DEFINE_FIELD_IO(LARCOptions)
+
+template <typename Self>
+auto LARCParamState::fields(Self& self) {
+  using internal::field;
+  auto& [momentum_buffer, master] = self;
+  return std::make_tuple(field("momentum_buffer", momentum_buffer),
+                         field("master", master));
+}
+BIGBATCH_DEFINE_FIELD_IO(LARCParamState)
 
 void LARCOptions::validate() const {
   using namespace internal;

@@ -12,7 +12,9 @@
 
 #include <bigbatch/kernels/momentum.h>
 #include <bigbatch/optimizers/layerwise_optimizer.h>
-#include <bigbatch/optimizers/options_macros.h>
+
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
 
 #include <vector>
 
@@ -39,14 +41,40 @@ struct LARCOptions : public torch::optim::OptimizerCloneableOptions<LARCOptions>
   /// the copy and rounds it into the parameter (no effect on fp32 parameters).
   TORCH_ARG(bool, master_weights) = false;
 
-  BIGBATCH_OPTIONS_MEMBERS(LARCOptions);
+ public:
+  /// Throws c10::Error naming the first invalid option and its value.
+  void validate() const;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double new_lr) override { lr(new_lr); }
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const LARCOptions& lhs, const LARCOptions& rhs);
+  ~LARCOptions() override = default;
+
+ private:
+  /// Every option above as (archive key, reference), in order (larc.cpp): a
+  /// structured binding, so an option added above and not there does not compile.
+  template <typename Self>
+  static auto fields(Self& self);
 };
 
 struct LARCParamState : public torch::optim::OptimizerCloneableParamState<LARCParamState> {
   TORCH_ARG(torch::Tensor, momentum_buffer);  ///< v, fp32
   TORCH_ARG(torch::Tensor, master);  ///< fp32 copy of a 16-bit parameter (master_weights)
 
-  BIGBATCH_PARAM_STATE_MEMBERS(LARCParamState);
+ public:
+  /// Zeroed fp32 state for `param`, made on its first step.
+  static LARCParamState fresh(const at::Tensor& param);
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const LARCParamState& lhs, const LARCParamState& rhs);
+  ~LARCParamState() override = default;
+
+ private:
+  /// Every state field above as (archive key, reference), in order (larc.cpp): a
+  /// structured binding, so a state field added above and not there does not compile.
+  template <typename Self>
+  static auto fields(Self& self);
 };
 
 /// LARC as a drop-in torch::optim::Optimizer.

@@ -11,15 +11,35 @@
 
 namespace bigbatch::optim {
 
-#define LARS_OPTION_FIELDS(X)                                                                  \
-  X(double, lr) X(double, momentum) X(double, weight_decay) X(double, trust_coefficient)       \
-  X(double, eps) X(bool, nesterov) X(bool, adapt) X(bool, skip_nonfinite) X(bool, fused)        \
-  X(bool, master_weights)
-#define LARS_STATE_FIELDS(X) X(torch::Tensor, momentum_buffer) X(torch::Tensor, master)
-
 LARSOptions::LARSOptions(double lr) : lr_(lr) {}
-BIGBATCH_DEFINE_FIELD_IO(LARSOptions, LARS_OPTION_FIELDS)
-BIGBATCH_DEFINE_FIELD_IO(LARSParamState, LARS_STATE_FIELDS)
+
+// Every field once, in declaration order; serialize and == go through it.
+template <typename Self>
+auto LARSOptions::fields(Self& self) {
+  using internal::field;
+  auto& [lr, momentum, weight_decay, trust_coefficient, eps, nesterov, adapt, skip_nonfinite, fused,
+         master_weights] = self;
+  return std::make_tuple(field("lr", lr),
+                         field("momentum", momentum),
+                         field("weight_decay", weight_decay),
+                         field("trust_coefficient", trust_coefficient),
+                         field("eps", eps),
+                         field("nesterov", nesterov),
+                         field("adapt", adapt),
+                         field("skip_nonfinite", skip_nonfinite),
+                         field("fused", fused),
+                         field("master_weights", master_weights));
+}
+BIGBATCH_DEFINE_FIELD_IO(LARSOptions)
+
+template <typename Self>
+auto LARSParamState::fields(Self& self) {
+  using internal::field;
+  auto& [momentum_buffer, master] = self;
+  return std::make_tuple(field("momentum_buffer", momentum_buffer),
+                         field("master", master));
+}
+BIGBATCH_DEFINE_FIELD_IO(LARSParamState)
 
 void LARSOptions::validate() const {
   using namespace internal;

@@ -10,7 +10,9 @@
 
 #include <bigbatch/kernels/momentum.h>
 #include <bigbatch/optimizers/layerwise_optimizer.h>
-#include <bigbatch/optimizers/options_macros.h>
+
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
 
 #include <vector>
 
@@ -36,14 +38,40 @@ struct LARSOptions : public torch::optim::OptimizerCloneableOptions<LARSOptions>
   /// the copy and rounds it into the parameter (no effect on fp32 parameters).
   TORCH_ARG(bool, master_weights) = false;
 
-  BIGBATCH_OPTIONS_MEMBERS(LARSOptions);
+ public:
+  /// Throws c10::Error naming the first invalid option and its value.
+  void validate() const;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double new_lr) override { lr(new_lr); }
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const LARSOptions& lhs, const LARSOptions& rhs);
+  ~LARSOptions() override = default;
+
+ private:
+  /// Every option above as (archive key, reference), in order (lars.cpp): a
+  /// structured binding, so an option added above and not there does not compile.
+  template <typename Self>
+  static auto fields(Self& self);
 };
 
 struct LARSParamState : public torch::optim::OptimizerCloneableParamState<LARSParamState> {
   TORCH_ARG(torch::Tensor, momentum_buffer);  ///< v, fp32 (holds the learning rate)
   TORCH_ARG(torch::Tensor, master);  ///< fp32 copy of a 16-bit parameter (master_weights)
 
-  BIGBATCH_PARAM_STATE_MEMBERS(LARSParamState);
+ public:
+  /// Zeroed fp32 state for `param`, made on its first step.
+  static LARSParamState fresh(const at::Tensor& param);
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const LARSParamState& lhs, const LARSParamState& rhs);
+  ~LARSParamState() override = default;
+
+ private:
+  /// Every state field above as (archive key, reference), in order (lars.cpp): a
+  /// structured binding, so a state field added above and not there does not compile.
+  template <typename Self>
+  static auto fields(Self& self);
 };
 
 /// LARS as a drop-in torch::optim::Optimizer.

@@ -10,15 +10,35 @@
 
 namespace bigbatch::optim {
 
-#define NOVOGRAD_OPTION_FIELDS(X)                                                      \
-  X(double, lr) X(betas_t, betas) X(double, eps) X(double, weight_decay)               \
-  X(bool, grad_averaging) X(bool, adapt) X(bool, skip_nonfinite) X(bool, fused) X(bool, master_weights)
-#define NOVOGRAD_STATE_FIELDS(X) \
-  X(int64_t, step) X(torch::Tensor, exp_avg) X(torch::Tensor, exp_avg_sq) X(torch::Tensor, master)
-
 NovoGradOptions::NovoGradOptions(double lr) : lr_(lr) {}
-BIGBATCH_DEFINE_FIELD_IO(NovoGradOptions, NOVOGRAD_OPTION_FIELDS)
-BIGBATCH_DEFINE_FIELD_IO(NovoGradParamState, NOVOGRAD_STATE_FIELDS)
+
+// Every field once, in declaration order; serialize and == go through it.
+template <typename Self>
+auto NovoGradOptions::fields(Self& self) {
+  using internal::field;
+  auto& [lr, betas, eps, weight_decay, grad_averaging, adapt, skip_nonfinite, fused, master_weights] = self;
+  return std::make_tuple(field("lr", lr),
+                         field("betas", betas),
+                         field("eps", eps),
+                         field("weight_decay", weight_decay),
+                         field("grad_averaging", grad_averaging),
+                         field("adapt", adapt),
+                         field("skip_nonfinite", skip_nonfinite),
+                         field("fused", fused),
+                         field("master_weights", master_weights));
+}
+BIGBATCH_DEFINE_FIELD_IO(NovoGradOptions)
+
+template <typename Self>
+auto NovoGradParamState::fields(Self& self) {
+  using internal::field;
+  auto& [step, exp_avg, exp_avg_sq, master] = self;
+  return std::make_tuple(field("step", step),
+                         field("exp_avg", exp_avg),
+                         field("exp_avg_sq", exp_avg_sq),
+                         field("master", master));
+}
+BIGBATCH_DEFINE_FIELD_IO(NovoGradParamState)
 
 void NovoGradOptions::validate() const {
   using namespace internal;

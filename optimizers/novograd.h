@@ -12,7 +12,9 @@
 
 #include <bigbatch/kernels/novograd.h>
 #include <bigbatch/optimizers/layerwise_optimizer.h>
-#include <bigbatch/optimizers/options_macros.h>
+
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
 
 #include <tuple>
 #include <vector>
@@ -38,7 +40,21 @@ struct NovoGradOptions : public torch::optim::OptimizerCloneableOptions<NovoGrad
   /// the copy and rounds it into the parameter (no effect on fp32 parameters).
   TORCH_ARG(bool, master_weights) = false;
 
-  BIGBATCH_OPTIONS_MEMBERS(NovoGradOptions);
+ public:
+  /// Throws c10::Error naming the first invalid option and its value.
+  void validate() const;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double new_lr) override { lr(new_lr); }
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const NovoGradOptions& lhs, const NovoGradOptions& rhs);
+  ~NovoGradOptions() override = default;
+
+ private:
+  /// Every option above as (archive key, reference), in order (novograd.cpp): a
+  /// structured binding, so an option added above and not there does not compile.
+  template <typename Self>
+  static auto fields(Self& self);
 };
 
 struct NovoGradParamState : public torch::optim::OptimizerCloneableParamState<NovoGradParamState> {
@@ -47,7 +63,19 @@ struct NovoGradParamState : public torch::optim::OptimizerCloneableParamState<No
   TORCH_ARG(torch::Tensor, exp_avg_sq);  ///< v, a 0-dim fp32 tensor (one per parameter tensor)
   TORCH_ARG(torch::Tensor, master);  ///< fp32 copy of a 16-bit parameter (master_weights)
 
-  BIGBATCH_PARAM_STATE_MEMBERS(NovoGradParamState);
+ public:
+  /// Zeroed fp32 state for `param`, made on its first step.
+  static NovoGradParamState fresh(const at::Tensor& param);
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  friend bool operator==(const NovoGradParamState& lhs, const NovoGradParamState& rhs);
+  ~NovoGradParamState() override = default;
+
+ private:
+  /// Every state field above as (archive key, reference), in order (novograd.cpp): a
+  /// structured binding, so a state field added above and not there does not compile.
+  template <typename Self>
+  static auto fields(Self& self);
 };
 
 /// NovoGrad as a drop-in torch::optim::Optimizer.

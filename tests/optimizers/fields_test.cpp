@@ -1,0 +1,200 @@
+// Every option and state field of the four optimizers, one at a time set to a
+// value other than its default: operator== sees it, a copy and clone() keep
+// it, save/load keeps it, and an option the fused plans take reaches the
+// plan's group (what the engine uploads to the device). The count of archive
+// keys ties this test's lists to the types: a field added to a type and not
+// here fails the test, and one added to a type but not to its fields() does
+// not compile.
+#include <bigbatch/bigbatch.h>
+#include <bigbatch/optimizers/engine_hooks.h>  // internal: what the engine dispatch sends
+
+#include <gtest/gtest.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <functional>
+#include <memory>
+#include <type_traits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace bigbatch::optim;
+
+template <typename T>
+struct Change {
+  const char* field;
+  std::function<void(T&)> apply;
+  bool reaches_plan = false;  ///< options only: the fused plans' group holds it
+};
+
+template <typename T>
+T save_and_load(const T& value, T fresh) {
+  torch::serialize::OutputArchive out;
+  value.serialize(out);
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes);
+  fresh.serialize(in);
+  return fresh;
+}
+
+template <typename T>
+std::size_t archive_keys(const T& value) {
+  torch::serialize::OutputArchive out;
+  value.serialize(out);
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes);
+  return in.keys().size();
+}
+
+template <typename T, typename Base>
+void expect_clone_equal(const T& value) {
+  const std::unique_ptr<Base> copy = static_cast<const Base&>(value).clone();
+  EXPECT_TRUE(dynamic_cast<const T&>(*copy) == value);
+}
+
+template <typename T>
+void expect_every_field_survives(const T& base, const std::vector<Change<T>>& changes) {
+  using Base = std::conditional_t<std::is_base_of_v<torch::optim::OptimizerOptions, T>,
+                                  torch::optim::OptimizerOptions, torch::optim::OptimizerParamState>;
+  T all = base;
+  for (const auto& change : changes) {
+    SCOPED_TRACE(change.field);
+    T one = base;
+    change.apply(one);
+    EXPECT_FALSE(one == base) << "operator== does not see the field";
+    const T copy = one;
+    EXPECT_TRUE(copy == one);
+    expect_clone_equal<T, Base>(one);
+    EXPECT_TRUE(save_and_load(one, base) == one) << "lost in save/load";
+    if constexpr (std::is_same_v<Base, torch::optim::OptimizerOptions>) {
+      const auto group = kernel_group(one);
+      const auto base_group = kernel_group(base);
+      const bool same_group = bigbatch::kernels::fields(group) == bigbatch::kernels::fields(base_group);
+      EXPECT_EQ(same_group, !change.reaches_plan) << (change.reaches_plan ? "does not reach the plan's group"
+                                                                          : "changes the plan's group");
+    }
+    change.apply(all);
+  }
+  EXPECT_TRUE(save_and_load(all, base) == all);
+  EXPECT_EQ(archive_keys(all), changes.size()) << "the archive keys and the fields this test changes differ: a field is missing from fields() or from here";
+}
+
+TEST(Fields, LARSOptionsSurviveCopySaveLoadAndReachThePlan) {
+  expect_every_field_survives<LARSOptions>(
+      LARSOptions(0.1), {{"lr", [](auto& o) { o.lr(0.2); }, true},
+                         {"momentum", [](auto& o) { o.momentum(0.5); }, true},
+                         {"weight_decay", [](auto& o) { o.weight_decay(1e-3); }, true},
+                         {"trust_coefficient", [](auto& o) { o.trust_coefficient(0.5); }, true},
+                         {"eps", [](auto& o) { o.eps(1e-3); }, true},
+                         {"nesterov", [](auto& o) { o.nesterov(true); }, true},
+                         {"adapt", [](auto& o) { o.adapt(false); }, true},
+                         {"skip_nonfinite", [](auto& o) { o.skip_nonfinite(false); }, true},
+                         {"fused", [](auto& o) { o.fused(false); }},
+                         {"master_weights", [](auto& o) { o.master_weights(true); }}});
+}
+
+TEST(Fields, LARCOptionsSurviveCopySaveLoadAndReachThePlan) {
+  expect_every_field_survives<LARCOptions>(
+      LARCOptions(0.1), {{"lr", [](auto& o) { o.lr(0.2); }, true},
+                         {"momentum", [](auto& o) { o.momentum(0.5); }, true},
+                         {"weight_decay", [](auto& o) { o.weight_decay(1e-3); }, true},
+                         {"trust_coefficient", [](auto& o) { o.trust_coefficient(0.5); }, true},
+                         {"eps", [](auto& o) { o.eps(1e-3); }, true},
+                         {"clip", [](auto& o) { o.clip(false); }, true},
+                         {"nesterov", [](auto& o) { o.nesterov(true); }, true},
+                         {"adapt", [](auto& o) { o.adapt(false); }, true},
+                         {"skip_nonfinite", [](auto& o) { o.skip_nonfinite(false); }, true},
+                         {"fused", [](auto& o) { o.fused(false); }},
+                         {"master_weights", [](auto& o) { o.master_weights(true); }}});
+}
+
+TEST(Fields, LAMBOptionsSurviveCopySaveLoadAndReachThePlan) {
+  expect_every_field_survives<LAMBOptions>(
+      LAMBOptions(), {{"lr", [](auto& o) { o.lr(0.2); }, true},
+                      {"betas", [](auto& o) { o.betas({0.8, 0.9}); }, true},
+                      {"eps", [](auto& o) { o.eps(1e-3); }, true},
+                      {"weight_decay", [](auto& o) { o.weight_decay(0.1); }, true},
+                      {"bias_correction", [](auto& o) { o.bias_correction(false); }, true},
+                      {"grad_averaging", [](auto& o) { o.grad_averaging(false); }, true},
+                      {"adam_w_mode", [](auto& o) { o.adam_w_mode(false); }, true},
+                      {"max_grad_norm", [](auto& o) { o.max_grad_norm(1); }, true},
+                      {"always_adapt", [](auto& o) { o.always_adapt(true); }, true},
+                      {"trust_clip", [](auto& o) { o.trust_clip(true); }, true},
+                      {"min_trust", [](auto& o) { o.min_trust(0.1); }, true},
+                      {"max_trust", [](auto& o) { o.max_trust(5); }, true},
+                      {"adapt", [](auto& o) { o.adapt(false); }, true},
+                      {"skip_nonfinite", [](auto& o) { o.skip_nonfinite(false); }, true},
+                      {"fused", [](auto& o) { o.fused(false); }},
+                      {"master_weights", [](auto& o) { o.master_weights(true); }}});
+}
+
+TEST(Fields, NovoGradOptionsSurviveCopySaveLoadAndReachThePlan) {
+  expect_every_field_survives<NovoGradOptions>(
+      NovoGradOptions(), {{"lr", [](auto& o) { o.lr(0.2); }, true},
+                          {"betas", [](auto& o) { o.betas({0.8, 0.9}); }, true},
+                          {"eps", [](auto& o) { o.eps(1e-3); }, true},
+                          {"weight_decay", [](auto& o) { o.weight_decay(0.1); }, true},
+                          {"grad_averaging", [](auto& o) { o.grad_averaging(true); }, true},
+                          {"adapt", [](auto& o) { o.adapt(false); }},  // no trust ratio in NovoGrad
+                          {"skip_nonfinite", [](auto& o) { o.skip_nonfinite(false); }, true},
+                          {"fused", [](auto& o) { o.fused(false); }},
+                          {"master_weights", [](auto& o) { o.master_weights(true); }}});
+}
+
+/// A state whose tensors are all defined: zeros, which the changes replace.
+template <typename State>
+State zero_state() {
+  State s;
+  if constexpr (std::is_same_v<State, LARSParamState> || std::is_same_v<State, LARCParamState>) {
+    s.momentum_buffer(at::zeros({3}));
+  } else {
+    s.exp_avg(at::zeros({3}));
+    s.exp_avg_sq(at::zeros({3}));
+  }
+  s.master(at::zeros({3}));
+  return s;
+}
+
+TEST(Fields, MomentumStatesSurviveCopyAndSaveLoad) {
+  const std::vector<Change<LARSParamState>> lars = {
+      {"momentum_buffer", [](auto& s) { s.momentum_buffer(at::ones({3})); }},
+      {"master", [](auto& s) { s.master(at::full({3}, 2.0)); }}};
+  expect_every_field_survives(zero_state<LARSParamState>(), lars);
+  const std::vector<Change<LARCParamState>> larc = {
+      {"momentum_buffer", [](auto& s) { s.momentum_buffer(at::ones({3})); }},
+      {"master", [](auto& s) { s.master(at::full({3}, 2.0)); }}};
+  expect_every_field_survives(zero_state<LARCParamState>(), larc);
+}
+
+TEST(Fields, MomentStatesSurviveCopyAndSaveLoad) {
+  const std::vector<Change<LAMBParamState>> lamb = {
+      {"step", [](auto& s) { s.step(7); }},
+      {"exp_avg", [](auto& s) { s.exp_avg(at::ones({3})); }},
+      {"exp_avg_sq", [](auto& s) { s.exp_avg_sq(at::full({3}, 3.0)); }},
+      {"master", [](auto& s) { s.master(at::full({3}, 2.0)); }}};
+  expect_every_field_survives(zero_state<LAMBParamState>(), lamb);
+  const std::vector<Change<NovoGradParamState>> novograd = {
+      {"step", [](auto& s) { s.step(7); }},
+      {"exp_avg", [](auto& s) { s.exp_avg(at::ones({3})); }},
+      {"exp_avg_sq", [](auto& s) { s.exp_avg_sq(at::full({3}, 3.0)); }},
+      {"master", [](auto& s) { s.master(at::full({3}, 2.0)); }}};
+  expect_every_field_survives(zero_state<NovoGradParamState>(), novograd);
+}
+
+TEST(Fields, AnUndefinedStateTensorIsLeftOutAndLoadsUndefined) {
+  LAMBParamState s = zero_state<LAMBParamState>();
+  s.master(at::Tensor());
+  EXPECT_EQ(archive_keys(s), 3u);
+  const LAMBParamState back = save_and_load(s, LAMBParamState());  // as a load makes it
+  EXPECT_FALSE(back.master().defined()) << "master should stay undefined";
+  EXPECT_TRUE(back == s);
+}
+
+}  // namespace
