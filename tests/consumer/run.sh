@@ -16,6 +16,17 @@ if [ "$mode" = package ]; then
   args+=(-DCMAKE_PREFIX_PATH="$work/prefix")
 fi
 cmake -S "$src/tests/consumer" -B "$work/build" "${args[@]}" >/dev/null
+# Only the public headers are reachable (tests/consumer/CMakeLists.txt).
+cmake --build "$work/build" --target include_public >/dev/null
+IFS=';' read -r -a internal < "$work/build/include_internal_targets.txt"
+for target in "${internal[@]}"; do
+  if out=$(cmake --build "$work/build" --target "$target" 2>&1); then
+    echo "an internal header is reachable by a consumer: $target" >&2
+    exit 1
+  fi
+  grep -q "No such file or directory" <<<"$out" || { echo "$target failed for another reason:" >&2; echo "$out" >&2; exit 1; }
+done
+echo "internal headers unreachable: ${#internal[@]}"
 cmake --build "$work/build" --parallel 2 --target readme_example
 "$work/build/readme_example"
 if [ "$mode" = package ]; then  # the docs' examples, once is enough
