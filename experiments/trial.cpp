@@ -127,10 +127,9 @@ Trainer::Trainer(const TrialConfig& config, const Dataset& data, distributed::Pr
   schedules::Schedule schedule(config.schedule, config.batch_size, data.train_size());
   budget_ = schedule.steps(config.budget.length, config.budget.unit);
   schedules::LRAdapter::RateChange momentum_correction;
-  if (config.optimizer.momentum_correction) {  // the config allows it for lars only
+  if (config.optimizer.momentum_correction) {
     auto* lars = dynamic_cast<optim::LARS*>(optimizer_.get());
-    TORCH_CHECK(lars != nullptr, "optimizer.momentum_correction: needs optimizer.name lars, got ",
-                config.optimizer.name);
+    TORCH_INTERNAL_ASSERT(lars != nullptr, "config validation allows momentum_correction for lars only");
     momentum_correction = [lars](double factor) { lars->rescale_momentum(factor); };
   }
   adapter_.emplace(*optimizer_, std::move(schedule), std::move(momentum_correction));

@@ -49,10 +49,6 @@ inline bool same_value(const at::Tensor& a, const at::Tensor& b) {
 template <typename T>
 bool same_value(const T& a, const T& b) { return a == b; }
 
-}  // namespace bigbatch::optim::internal
-
-namespace bigbatch::optim::internal {
-
 /// One option or state field: its archive key and a reference to it.
 template <typename T>
 struct Field {

@@ -5,8 +5,6 @@
 #include <bigbatch/optimizers/engine_hooks.h>
 #include <bigbatch/optimizers/internal.h>
 
-#include <bigbatch/compat/torch_compat.h>
-
 #include <cmath>
 
 namespace bigbatch::optim {
@@ -69,10 +67,8 @@ void LARS::rescale_momentum(double factor) {
               factor);
   for (auto& group : param_groups()) {
     for (const auto& p : group.params()) {
-      const auto it = state().find(compat::optimizer_state_key(p));
-      if (it == state().end()) continue;  // no step taken yet
-      auto& buffer = static_cast<LARSParamState&>(*it->second).momentum_buffer();
-      if (buffer.defined()) buffer.mul_(factor);
+      LARSParamState* s = find_state(p);  // nullptr: no step taken yet
+      if (s != nullptr && s->momentum_buffer().defined()) s->momentum_buffer().mul_(factor);
     }
   }
 }

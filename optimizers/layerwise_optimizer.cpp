@@ -72,8 +72,13 @@ template <typename Options, typename ParamState>
 const ParamState* LayerwiseOptimizer<Options, ParamState>::param_state(
     const at::Tensor& param) const {
   sync_engine_state();
+  return find_state(param);
+}
+
+template <typename Options, typename ParamState>
+ParamState* LayerwiseOptimizer<Options, ParamState>::find_state(const at::Tensor& param) const {
   const auto it = state_.find(compat::optimizer_state_key(param));
-  return it == state_.end() ? nullptr : static_cast<const ParamState*>(it->second.get());
+  return it == state_.end() ? nullptr : static_cast<ParamState*>(it->second.get());
 }
 
 template <typename Options, typename ParamState>

@@ -94,6 +94,10 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   /// between gather() and skip_nonfinite() are dropped if the step is skipped.
   ParamState& state_of(const at::Tensor& param);
 
+  /// The state of `param`, or nullptr before its first step; creates nothing
+  /// and does not wait for the engine (param_state() does).
+  ParamState* find_state(const at::Tensor& param) const;
+
   /// Ends the norm pass: `finite[i]` says whether group i's gradients are all
   /// finite. Returns true (the step must change nothing) when a group that
   /// asks for skip_nonfinite has a non-finite gradient; then the states
