@@ -86,33 +86,29 @@ void expect_every_field_survives(const T& base, const std::vector<Change<T>>& ch
   EXPECT_EQ(archive_keys(all), changes.size()) << "the archive keys and the fields this test changes differ: a field is missing from fields() or from here";
 }
 
+/// The options LARS and LARC share (LARC adds clip).
+template <typename Options>
+std::vector<Change<Options>> momentum_option_changes() {
+  return {{"lr", [](auto& o) { o.lr(0.2); }, true},
+          {"momentum", [](auto& o) { o.momentum(0.5); }, true},
+          {"weight_decay", [](auto& o) { o.weight_decay(1e-3); }, true},
+          {"trust_coefficient", [](auto& o) { o.trust_coefficient(0.5); }, true},
+          {"eps", [](auto& o) { o.eps(1e-3); }, true},
+          {"nesterov", [](auto& o) { o.nesterov(true); }, true},
+          {"adapt", [](auto& o) { o.adapt(false); }, true},
+          {"skip_nonfinite", [](auto& o) { o.skip_nonfinite(false); }, true},
+          {"fused", [](auto& o) { o.fused(false); }},
+          {"master_weights", [](auto& o) { o.master_weights(true); }}};
+}
+
 TEST(Fields, LARSOptionsSurviveCopySaveLoadAndReachThePlan) {
-  expect_every_field_survives<LARSOptions>(
-      LARSOptions(0.1), {{"lr", [](auto& o) { o.lr(0.2); }, true},
-                         {"momentum", [](auto& o) { o.momentum(0.5); }, true},
-                         {"weight_decay", [](auto& o) { o.weight_decay(1e-3); }, true},
-                         {"trust_coefficient", [](auto& o) { o.trust_coefficient(0.5); }, true},
-                         {"eps", [](auto& o) { o.eps(1e-3); }, true},
-                         {"nesterov", [](auto& o) { o.nesterov(true); }, true},
-                         {"adapt", [](auto& o) { o.adapt(false); }, true},
-                         {"skip_nonfinite", [](auto& o) { o.skip_nonfinite(false); }, true},
-                         {"fused", [](auto& o) { o.fused(false); }},
-                         {"master_weights", [](auto& o) { o.master_weights(true); }}});
+  expect_every_field_survives(LARSOptions(0.1), momentum_option_changes<LARSOptions>());
 }
 
 TEST(Fields, LARCOptionsSurviveCopySaveLoadAndReachThePlan) {
-  expect_every_field_survives<LARCOptions>(
-      LARCOptions(0.1), {{"lr", [](auto& o) { o.lr(0.2); }, true},
-                         {"momentum", [](auto& o) { o.momentum(0.5); }, true},
-                         {"weight_decay", [](auto& o) { o.weight_decay(1e-3); }, true},
-                         {"trust_coefficient", [](auto& o) { o.trust_coefficient(0.5); }, true},
-                         {"eps", [](auto& o) { o.eps(1e-3); }, true},
-                         {"clip", [](auto& o) { o.clip(false); }, true},
-                         {"nesterov", [](auto& o) { o.nesterov(true); }, true},
-                         {"adapt", [](auto& o) { o.adapt(false); }, true},
-                         {"skip_nonfinite", [](auto& o) { o.skip_nonfinite(false); }, true},
-                         {"fused", [](auto& o) { o.fused(false); }},
-                         {"master_weights", [](auto& o) { o.master_weights(true); }}});
+  auto changes = momentum_option_changes<LARCOptions>();
+  changes.push_back({"clip", [](auto& o) { o.clip(false); }, true});
+  expect_every_field_survives(LARCOptions(0.1), changes);
 }
 
 TEST(Fields, LAMBOptionsSurviveCopySaveLoadAndReachThePlan) {
@@ -162,30 +158,30 @@ State zero_state() {
   return s;
 }
 
+/// The state of LARS and LARC: a momentum buffer and the master copy.
+template <typename State>
+std::vector<Change<State>> buffer_state_changes() {
+  return {{"momentum_buffer", [](auto& s) { s.momentum_buffer(at::ones({3})); }},
+          {"master", [](auto& s) { s.master(at::full({3}, 2.0)); }}};
+}
+
+/// The state of LAMB and NovoGrad: a step count, two moments and the master copy.
+template <typename State>
+std::vector<Change<State>> moment_state_changes() {
+  return {{"step", [](auto& s) { s.step(7); }},
+          {"exp_avg", [](auto& s) { s.exp_avg(at::ones({3})); }},
+          {"exp_avg_sq", [](auto& s) { s.exp_avg_sq(at::full({3}, 3.0)); }},
+          {"master", [](auto& s) { s.master(at::full({3}, 2.0)); }}};
+}
+
 TEST(Fields, MomentumStatesSurviveCopyAndSaveLoad) {
-  const std::vector<Change<LARSParamState>> lars = {
-      {"momentum_buffer", [](auto& s) { s.momentum_buffer(at::ones({3})); }},
-      {"master", [](auto& s) { s.master(at::full({3}, 2.0)); }}};
-  expect_every_field_survives(zero_state<LARSParamState>(), lars);
-  const std::vector<Change<LARCParamState>> larc = {
-      {"momentum_buffer", [](auto& s) { s.momentum_buffer(at::ones({3})); }},
-      {"master", [](auto& s) { s.master(at::full({3}, 2.0)); }}};
-  expect_every_field_survives(zero_state<LARCParamState>(), larc);
+  expect_every_field_survives(zero_state<LARSParamState>(), buffer_state_changes<LARSParamState>());
+  expect_every_field_survives(zero_state<LARCParamState>(), buffer_state_changes<LARCParamState>());
 }
 
 TEST(Fields, MomentStatesSurviveCopyAndSaveLoad) {
-  const std::vector<Change<LAMBParamState>> lamb = {
-      {"step", [](auto& s) { s.step(7); }},
-      {"exp_avg", [](auto& s) { s.exp_avg(at::ones({3})); }},
-      {"exp_avg_sq", [](auto& s) { s.exp_avg_sq(at::full({3}, 3.0)); }},
-      {"master", [](auto& s) { s.master(at::full({3}, 2.0)); }}};
-  expect_every_field_survives(zero_state<LAMBParamState>(), lamb);
-  const std::vector<Change<NovoGradParamState>> novograd = {
-      {"step", [](auto& s) { s.step(7); }},
-      {"exp_avg", [](auto& s) { s.exp_avg(at::ones({3})); }},
-      {"exp_avg_sq", [](auto& s) { s.exp_avg_sq(at::full({3}, 3.0)); }},
-      {"master", [](auto& s) { s.master(at::full({3}, 2.0)); }}};
-  expect_every_field_survives(zero_state<NovoGradParamState>(), novograd);
+  expect_every_field_survives(zero_state<LAMBParamState>(), moment_state_changes<LAMBParamState>());
+  expect_every_field_survives(zero_state<NovoGradParamState>(), moment_state_changes<NovoGradParamState>());
 }
 
 TEST(Fields, AnUndefinedStateTensorIsLeftOutAndLoadsUndefined) {
