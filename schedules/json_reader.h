@@ -8,10 +8,43 @@
 #include <cstdint>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace bigbatch::schedules {
+
+/// How a config spells one value of an enum. A table of these (or of any
+/// struct with `value` and `name` members), in the order error messages list
+/// them, is what enum_name, enum_value and JsonReader::choice read.
+template <typename E>
+struct EnumName {
+  E value;
+  const char* name;
+};
+
+[[noreturn]] void config_error(const std::string& path, const std::string& problem);
+
+/// The spelling of `value` in `table`; std::logic_error when the table lacks it.
+template <typename Table, typename E>
+std::string enum_name(const Table& table, E value) {
+  for (const auto& entry : table) {
+    if (entry.value == value) return entry.name;
+  }
+  throw std::logic_error("enum value " + std::to_string(static_cast<int>(value)) + " has no name");
+}
+
+/// The value `table` spells `text`; otherwise config_error(path,
+/// "unknown value \"<text>\" (one of: <names>)").
+template <typename Table>
+auto enum_value(const Table& table, const std::string& text, const std::string& path) {
+  std::string choices;
+  for (const auto& entry : table) {
+    if (text == entry.name) return entry.value;
+    choices += (choices.empty() ? "" : ", ") + std::string(entry.name);
+  }
+  config_error(path, "unknown value \"" + text + "\" (one of: " + choices + ")");
+}
 
 /// Reads one JSON object. Each getter marks its key as known; finish() then
 /// rejects any key nobody asked for. Errors are c10::Error with the message
@@ -36,6 +69,11 @@ class JsonReader {
   std::vector<std::int64_t> integers(const std::string& key, std::vector<std::int64_t> fallback);
   /// The raw value (any type), marking the key known; nullptr when absent.
   const nlohmann::json* raw(const std::string& key);
+  /// An enum spelled as one of `table`'s names; absent -> `fallback`.
+  template <typename Table, typename E>
+  E choice(const std::string& key, const Table& table, E fallback) {
+    return enum_value(table, string(key, enum_name(table, fallback)), path_of(key));
+  }
   /// A nested object; absent -> an empty object.
   JsonReader object(const std::string& key);
 
@@ -54,7 +92,7 @@ class JsonReader {
   std::set<std::string> known_;
 };
 
-/// "<path>: <problem>" as a c10::Error, for checks after reading.
-[[noreturn]] void config_error(const std::string& path, const std::string& problem);
+/// config_error(path, problem) throws "<path>: <problem>" as a c10::Error, for
+/// checks after reading (declared above).
 
 }  // namespace bigbatch::schedules

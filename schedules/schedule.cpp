@@ -14,36 +14,13 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
-template <typename E>
-struct Names {
-  E value;
-  const char* name;
-};
-constexpr Names<Scaling> kScalings[] = {
+constexpr EnumName<Scaling> kScalings[] = {
     {Scaling::kNone, "none"}, {Scaling::kLinear, "linear"}, {Scaling::kSqrt, "sqrt"}};
-constexpr Names<Unit> kUnits[] = {{Unit::kSteps, "steps"}, {Unit::kEpochs, "epochs"}};
-constexpr Names<DecayType> kDecays[] = {
+constexpr EnumName<Unit> kUnits[] = {{Unit::kSteps, "steps"}, {Unit::kEpochs, "epochs"}};
+constexpr EnumName<DecayType> kDecays[] = {
     {DecayType::kConstant, "constant"}, {DecayType::kStep, "step"},
     {DecayType::kExponential, "exponential"}, {DecayType::kPolynomial, "polynomial"},
     {DecayType::kCosine, "cosine"}, {DecayType::kLinear, "linear"}};
-
-template <typename E, std::size_t N>
-std::string name_of(const Names<E> (&table)[N], E value) {
-  for (const auto& n : table) {
-    if (n.value == value) return n.name;
-  }
-  TORCH_INTERNAL_ASSERT(false, "unnamed enum value ", static_cast<int>(value));
-}
-
-template <typename E, std::size_t N>
-E parse(const Names<E> (&table)[N], const std::string& text, const std::string& path) {
-  std::string choices;
-  for (const auto& n : table) {
-    if (text == n.name) return n.value;
-    choices += (choices.empty() ? "" : ", ") + std::string(n.name);
-  }
-  config_error(path, "unknown value \"" + text + "\" (one of: " + choices + ")");
-}
 
 bool uses_length(DecayType d) {
   return d == DecayType::kPolynomial || d == DecayType::kCosine || d == DecayType::kLinear;
@@ -51,9 +28,9 @@ bool uses_length(DecayType d) {
 
 }  // namespace
 
-std::string to_string(Scaling s) { return name_of(kScalings, s); }
-std::string to_string(Unit u) { return name_of(kUnits, u); }
-std::string to_string(DecayType d) { return name_of(kDecays, d); }
+std::string to_string(Scaling s) { return enum_name(kScalings, s); }
+std::string to_string(Unit u) { return enum_name(kUnits, u); }
+std::string to_string(DecayType d) { return enum_name(kDecays, d); }
 
 double scale_lr(double lr0, Scaling rule, std::int64_t batch, std::int64_t base_batch) {
   TORCH_CHECK(batch > 0, "scale_lr: batch must be > 0, got ", batch);
@@ -268,14 +245,14 @@ ScheduleSpec schedule_from_json(const nlohmann::json& j) {
   ScheduleSpec s;
   s.base_lr = r.number("base_lr");
   s.base_batch = r.integer("base_batch", s.base_batch);
-  s.scaling = parse(kScalings, r.string("scaling", "none"), r.path_of("scaling"));
-  s.unit = parse(kUnits, r.string("unit", "steps"), r.path_of("unit"));
+  s.scaling = r.choice("scaling", kScalings, Scaling::kNone);
+  s.unit = r.choice("unit", kUnits, Unit::kSteps);
   JsonReader w = r.object("warmup");
   s.warmup.length = w.number("length", 0);
   s.warmup.start_lr = w.optional_number("start_lr");
   w.finish();
   JsonReader d = r.object("decay");
-  s.decay.type = parse(kDecays, d.string("type", "constant"), d.path_of("type"));
+  s.decay.type = d.choice("type", kDecays, DecayType::kConstant);
   s.decay.milestones = d.numbers("milestones", {});
   s.decay.gamma = d.number("gamma", s.decay.gamma);
   s.decay.power = d.number("power", s.decay.power);
