@@ -29,9 +29,9 @@ bx::TrialConfig config() {
   bx::TrialConfig c;
   c.sweep = "bench";
   c.name = "trial";
-  c.model.type = "mlp";
+  c.model.type = bx::ModelType::kMlp;
   c.model.widths = {256, 256};
-  c.optimizer.name = "lamb";
+  c.optimizer.name = bx::OptimizerName::kLamb;
   c.schedule.base_lr = 1e-3;
   c.target.threshold = 0.01;
   c.budget = {1e9, bigbatch::schedules::Unit::kSteps};

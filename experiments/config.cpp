@@ -1,7 +1,12 @@
-// Sweep and trial configs (config.h).
+// Sweep and trial configs (config.h). Reading and writing share one field
+// list per spec: `xxx_fields(io, spec)` names each key once, with its default
+// (the spec's initial value) and its checks. Reader fills a spec from strict
+// JSON and runs the checks; Writer writes the spec back with every default
+// spelled out (sweep.json, config.json). A key that only one side knows
+// cannot happen: there is one list.
 #include <bigbatch/experiments/config.h>
 
-#include <bigbatch/schedules/json_reader.h>
+#include <bigbatch/experiments/optimizer_registry.h>
 
 #include <c10/util/Exception.h>
 
@@ -18,284 +23,335 @@ using schedules::JsonReader;
 using schedules::config_error;
 using nlohmann::json;
 
-void require(bool ok, const std::string& path, const std::string& problem) {
-  if (!ok) config_error(path, problem);
-}
-
 std::string num(double x) {
   std::ostringstream s;
   s << x;
   return s.str();
 }
 
-void one_of(const std::string& value, const std::set<std::string>& choices, const std::string& path) {
-  if (choices.count(value)) return;
-  std::string list;
-  for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
-  config_error(path, "unknown value \"" + value + "\" (one of: " + list + ")");
+class Reader {
+ public:
+  static constexpr bool kReading = true;
+  explicit Reader(JsonReader r) : r_(std::move(r)) {}
+
+  /// An optional key: absent leaves `value` (the default) as it is.
+  template <typename T>
+  void field(const std::string& key, T& value) { read(key, value); }
+  void required(const std::string& key, double& value) { value = r_.number(key); }
+  void required(const std::string& key, std::int64_t& value) { value = r_.integer(key); }
+  void required(const std::string& key, std::string& value) { value = r_.string(key); }
+  template <typename Table, typename E>
+  void choice(const std::string& key, E& value, const Table& table) { value = r_.choice(key, table, value); }
+  template <typename Table, typename E>
+  void choice(const std::string& key, E& value, const Table& table, E fallback) {
+    value = r_.choice(key, table, fallback);
+  }
+  /// A nested object read by `fields` (absent: an empty object, so defaults).
+  template <typename Spec, typename Fields>
+  void object(const std::string& key, Spec& spec, const Fields& fields) {
+    Reader nested(r_.object(key));
+    fields(nested, spec);
+    nested.r_.finish();
+  }
+  /// Whether the config gives `key` (the writer asks the spec instead).
+  bool given(const std::string& key, bool /*in_spec*/) const { return r_.has(key); }
+  void check(const std::string& key, bool ok, const std::string& problem) const {
+    if (!ok) config_error(r_.path_of(key), problem);
+  }
+  JsonReader& json_reader() { return r_; }
+
+ private:
+  void read(const std::string& key, double& v) { v = r_.number(key, v); }
+  void read(const std::string& key, std::int64_t& v) { v = r_.integer(key, v); }
+  void read(const std::string& key, std::uint64_t& v) {
+    const std::int64_t x = r_.integer(key, static_cast<std::int64_t>(v));
+    check(key, x >= 0, "must be >= 0, got " + std::to_string(x));
+    v = static_cast<std::uint64_t>(x);
+  }
+  void read(const std::string& key, bool& v) { v = r_.boolean(key, v); }
+  void read(const std::string& key, std::vector<double>& v) { v = r_.numbers(key, v); }
+  void read(const std::string& key, std::vector<std::int64_t>& v) { v = r_.integers(key, v); }
+  void read(const std::string& key, std::vector<std::uint64_t>& v) {
+    const auto xs = r_.integers(key, std::vector<std::int64_t>(v.begin(), v.end()));
+    for (const auto x : xs) check(key, x >= 0, "must be >= 0, got " + std::to_string(x));
+    v.assign(xs.begin(), xs.end());
+  }
+  void read(const std::string& key, std::optional<double>& v) { v = r_.optional_number(key); }
+  void read(const std::string& key, std::optional<std::vector<double>>& v) {
+    if (r_.has(key)) v = r_.numbers(key, {});
+  }
+
+  JsonReader r_;
+};
+
+class Writer {
+ public:
+  static constexpr bool kReading = false;
+
+  template <typename T>
+  void field(const std::string& key, const T& value) { json_[key] = value; }
+  template <typename T>
+  void field(const std::string& key, const std::optional<T>& value) {
+    if (value) json_[key] = *value;
+  }
+  template <typename T>
+  void required(const std::string& key, const T& value) { field(key, value); }
+  template <typename Table, typename E>
+  void choice(const std::string& key, E value, const Table& table, E /*fallback*/ = E{}) {
+    json_[key] = schedules::enum_name(table, value);
+  }
+  template <typename Spec, typename Fields>
+  void object(const std::string& key, const Spec& spec, const Fields& fields) {
+    Writer nested;
+    fields(nested, spec);
+    json_[key] = std::move(nested.json_);
+  }
+  bool given(const std::string& /*key*/, bool in_spec) const { return in_spec; }
+  void check(const std::string&, bool, const std::string&) const {}
+  json& out() { return json_; }
+
+ private:
+  json json_ = json::object();
+};
+
+template <typename Io, typename Spec>
+void data_fields(Io& io, Spec& d) {
+  io.choice("name", d.name, kDatasetNames);
+  if (d.name == DatasetName::kFashionMnist) return;
+  io.field("train_size", d.train_size);
+  io.field("val_size", d.val_size);
+  io.field("seed", d.seed);
+  io.check("train_size", d.train_size > 1, "must be > 1, got " + std::to_string(d.train_size));
+  io.check("val_size", d.val_size > 0, "must be > 0, got " + std::to_string(d.val_size));
+  if (d.name != DatasetName::kGaussianMixture) return;
+  io.field("classes", d.classes);
+  io.field("dim", d.dim);
+  io.field("separation", d.separation);
+  io.check("classes", d.classes >= 2, "must be >= 2, got " + std::to_string(d.classes));
+  io.check("dim", d.dim >= 1, "must be >= 1, got " + std::to_string(d.dim));
+  io.check("separation", d.separation > 0, "must be > 0, got " + num(d.separation));
 }
 
-DataSpec parse_data(JsonReader r) {
-  DataSpec d;
-  d.name = r.string("name", d.name);
-  one_of(d.name, {"fashion_mnist", "linear_regression", "gaussian_mixture"}, r.path_of("name"));
-  const bool synthetic = d.name != "fashion_mnist";
-  if (synthetic) {
-    d.train_size = r.integer("train_size", 8192);
-    d.val_size = r.integer("val_size", 2048);
-    d.seed = static_cast<std::uint64_t>(r.integer("seed", 0));
-    require(d.train_size > 1, r.path_of("train_size"), "must be > 1, got " + std::to_string(d.train_size));
-    require(d.val_size > 0, r.path_of("val_size"), "must be > 0, got " + std::to_string(d.val_size));
+template <typename Io, typename Spec>
+void model_fields(Io& io, Spec& m) {
+  io.choice("type", m.type, kModelTypes);
+  if (m.type == ModelType::kMlp) {
+    io.field("widths", m.widths);
+    for (std::size_t i = 0; i < m.widths.size(); ++i) {
+      io.check("widths[" + std::to_string(i) + "]", m.widths[i] > 0, "must be > 0, got " + std::to_string(m.widths[i]));
+    }
   }
-  if (d.name == "gaussian_mixture") {
-    d.classes = r.integer("classes", 10);
-    d.dim = r.integer("dim", 20);
-    d.separation = r.number("separation", 2.0);
-    require(d.classes >= 2, r.path_of("classes"), "must be >= 2, got " + std::to_string(d.classes));
-    require(d.dim >= 1, r.path_of("dim"), "must be >= 1, got " + std::to_string(d.dim));
-    require(d.separation > 0, r.path_of("separation"), "must be > 0, got " + num(d.separation));
+  if (m.type == ModelType::kMlp || m.type == ModelType::kResnet) {
+    io.choice("norm", m.norm, kNorms, m.type == ModelType::kResnet ? Norm::kBatch : Norm::kNone);
+    io.field("ghost_batch_size", m.ghost_batch_size);
+    io.check("ghost_batch_size", m.ghost_batch_size > 1, "must be > 1, got " + std::to_string(m.ghost_batch_size));
   }
-  r.finish();
-  return d;
+  if (m.type == ModelType::kSimpleCnn) io.choice("variant", m.variant, kCnnVariants);
+  if (m.type == ModelType::kResnet) {
+    io.field("width", m.width);
+    io.check("width", m.width > 0, "must be > 0, got " + std::to_string(m.width));
+  }
 }
 
-json data_json(const DataSpec& d) {
-  json j = {{"name", d.name}};
-  if (d.name == "fashion_mnist") return j;
-  j["train_size"] = d.train_size;
-  j["val_size"] = d.val_size;
-  j["seed"] = d.seed;
-  if (d.name == "gaussian_mixture") {
-    j["classes"] = d.classes;
-    j["dim"] = d.dim;
-    j["separation"] = d.separation;
-  }
-  return j;
-}
-
-ModelSpec parse_model(JsonReader r) {
-  ModelSpec m;
-  m.type = r.string("type", m.type);
-  one_of(m.type, {"linear", "mlp", "simple_cnn", "resnet"}, r.path_of("type"));
-  if (m.type == "mlp") m.widths = r.integers("widths", m.widths);
-  for (std::size_t i = 0; i < m.widths.size(); ++i) {
-    require(m.widths[i] > 0, r.path_of("widths") + "[" + std::to_string(i) + "]",
-            "must be > 0, got " + std::to_string(m.widths[i]));
-  }
-  if (m.type == "mlp" || m.type == "resnet") {
-    m.norm = r.string("norm", m.type == "resnet" ? "batch" : "none");
-    one_of(m.norm, {"none", "batch", "ghost"}, r.path_of("norm"));
-    m.ghost_batch_size = r.integer("ghost_batch_size", m.ghost_batch_size);
-    require(m.ghost_batch_size > 1, r.path_of("ghost_batch_size"),
-            "must be > 1, got " + std::to_string(m.ghost_batch_size));
-  }
-  if (m.type == "simple_cnn") {
-    m.variant = r.string("variant", m.variant);
-    one_of(m.variant, {"base", "narrow", "wide"}, r.path_of("variant"));
-  }
-  if (m.type == "resnet") {
-    m.width = r.integer("width", m.width);
-    require(m.width > 0, r.path_of("width"), "must be > 0, got " + std::to_string(m.width));
-  }
-  r.finish();
-  return m;
-}
-
-json model_json(const ModelSpec& m) {
-  json j = {{"type", m.type}};
-  if (m.type == "mlp") j["widths"] = m.widths;
-  if (m.type == "mlp" || m.type == "resnet") {
-    j["norm"] = m.norm;
-    j["ghost_batch_size"] = m.ghost_batch_size;
-  }
-  if (m.type == "simple_cnn") j["variant"] = m.variant;
-  if (m.type == "resnet") j["width"] = m.width;
-  return j;
-}
-
-OptimizerSpec parse_optimizer(JsonReader r) {
-  OptimizerSpec o;
-  o.name = r.string("name", o.name);
-  one_of(o.name, {"sgd", "adam", "adamw", "lars", "larc", "lamb", "novograd"}, r.path_of("name"));
-  o.momentum = r.number("momentum", o.momentum);
-  require(o.momentum >= 0 && o.momentum < 1, r.path_of("momentum"), "must be in [0, 1), got " + num(o.momentum));
-  o.weight_decay = r.optional_number("weight_decay");
-  if (o.weight_decay) {
-    require(*o.weight_decay >= 0, r.path_of("weight_decay"), "must be >= 0, got " + num(*o.weight_decay));
-  }
-  o.nesterov = r.boolean("nesterov", false);
-  o.trust_coefficient = r.optional_number("trust_coefficient");
+template <typename Io, typename Spec>
+void optimizer_fields(Io& io, Spec& o) {
+  io.choice("name", o.name, optimizer_registry());
+  io.field("momentum", o.momentum);
+  io.check("momentum", o.momentum >= 0 && o.momentum < 1, "must be in [0, 1), got " + num(o.momentum));
+  io.field("weight_decay", o.weight_decay);
+  if (o.weight_decay) io.check("weight_decay", *o.weight_decay >= 0, "must be >= 0, got " + num(*o.weight_decay));
+  io.field("nesterov", o.nesterov);
+  io.field("trust_coefficient", o.trust_coefficient);
   if (o.trust_coefficient) {
-    require(*o.trust_coefficient > 0, r.path_of("trust_coefficient"),
-            "must be > 0, got " + num(*o.trust_coefficient));
+    io.check("trust_coefficient", *o.trust_coefficient > 0, "must be > 0, got " + num(*o.trust_coefficient));
   }
-  o.eps = r.optional_number("eps");
-  if (o.eps) require(*o.eps >= 0, r.path_of("eps"), "must be >= 0, got " + num(*o.eps));
-  if (r.has("betas")) {
-    o.betas = r.numbers("betas", {});
-    require(o.betas->size() == 2, r.path_of("betas"), "expected two numbers [beta1, beta2]");
-    for (const double b : *o.betas) {
-      require(b >= 0 && b < 1, r.path_of("betas"), "each must be in [0, 1), got " + num(b));
-    }
+  io.field("eps", o.eps);
+  if (o.eps) io.check("eps", *o.eps >= 0, "must be >= 0, got " + num(*o.eps));
+  io.field("betas", o.betas);
+  if (o.betas) {
+    io.check("betas", o.betas->size() == 2, "expected two numbers [beta1, beta2]");
+    for (const double b : *o.betas) io.check("betas", b >= 0 && b < 1, "each must be in [0, 1), got " + num(b));
+  }
+  io.field("max_grad_norm", o.max_grad_norm);
+  if (o.max_grad_norm) io.check("max_grad_norm", *o.max_grad_norm >= 0, "must be >= 0, got " + num(*o.max_grad_norm));
+  io.field("momentum_correction", o.momentum_correction);
+  io.check("momentum_correction", !o.momentum_correction || o.name == OptimizerName::kLars,
+           "only lars keeps the learning rate in its momentum buffer");
+}
+
+template <typename Io, typename Spec>
+void noise_fields(Io& io, Spec& n) {
+  io.choice("type", n.type, kNoiseTypes);
+  if (n.type == NoiseType::kAnnealed) {
+    io.field("eta", n.eta);
+    io.field("gamma", n.gamma);
+    io.check("eta", n.eta >= 0, "must be >= 0 (a variance), got " + num(n.eta));
+    io.check("gamma", n.gamma >= 0, "must be >= 0, got " + num(n.gamma));
+  }
+  if (n.type == NoiseType::kMultiplicative) {
+    io.required("base_batch", n.base_batch);
+    io.check("base_batch", n.base_batch > 0, "must be > 0, got " + std::to_string(n.base_batch));
+  }
+}
+
+template <typename Io, typename Spec>
+void target_fields(Io& io, Spec& t) {
+  io.choice("metric", t.metric, kMetrics);
+  io.required("threshold", t.threshold);
+  io.field("eval_every", t.eval_every);
+  io.check("threshold", t.threshold > 0, "must be > 0, got " + num(t.threshold));
+  io.check("eval_every", t.eval_every > 0, "must be > 0, got " + std::to_string(t.eval_every));
+}
+
+// {"steps": n} or {"epochs": x}: the key is the unit.
+template <typename Io, typename Spec>
+void budget_fields(Io& io, Spec& b) {
+  const bool steps = io.given("steps", b.unit == schedules::Unit::kSteps);
+  io.check("steps", steps != io.given("epochs", b.unit == schedules::Unit::kEpochs),
+           "give exactly one of budget.steps, budget.epochs");
+  if (steps) {
+    auto n = static_cast<std::int64_t>(b.length);
+    io.required("steps", n);
+    if constexpr (Io::kReading) b = {static_cast<double>(n), schedules::Unit::kSteps};
   } else {
-    r.raw("betas");
+    io.required("epochs", b.length);
+    if constexpr (Io::kReading) b.unit = schedules::Unit::kEpochs;
   }
-  o.max_grad_norm = r.optional_number("max_grad_norm");
-  if (o.max_grad_norm) {
-    require(*o.max_grad_norm >= 0, r.path_of("max_grad_norm"), "must be >= 0, got " + num(*o.max_grad_norm));
-  }
-  o.momentum_correction = r.boolean("momentum_correction", false);
-  require(!o.momentum_correction || o.name == "lars", r.path_of("momentum_correction"),
-          "only lars keeps the learning rate in its momentum buffer");
-  r.finish();
-  return o;
+  io.check(steps ? "steps" : "epochs", b.length > 0, "must be > 0, got " + num(b.length));
 }
 
-json optimizer_json(const OptimizerSpec& o) {
-  json j = {{"name", o.name}, {"momentum", o.momentum}, {"nesterov", o.nesterov},
-            {"momentum_correction", o.momentum_correction}};
-  if (o.weight_decay) j["weight_decay"] = *o.weight_decay;
-  if (o.trust_coefficient) j["trust_coefficient"] = *o.trust_coefficient;
-  if (o.eps) j["eps"] = *o.eps;
-  if (o.betas) j["betas"] = *o.betas;
-  if (o.max_grad_norm) j["max_grad_norm"] = *o.max_grad_norm;
-  return j;
+template <typename Io, typename Spec>
+void gns_fields(Io& io, Spec& g) {
+  io.field("micro_batches", g.micro_batches);
+  io.field("beta", g.beta);
+  io.check("micro_batches", g.micro_batches == 0 || g.micro_batches >= 2,
+           "must be 0 (off) or >= 2, got " + std::to_string(g.micro_batches));
+  io.check("beta", g.beta >= 0 && g.beta < 1, "must be in [0, 1), got " + num(g.beta));
 }
 
-NoiseSpec parse_noise(JsonReader r) {
-  NoiseSpec n;
-  n.type = r.string("type", n.type);
-  one_of(n.type, {"none", "annealed", "multiplicative"}, r.path_of("type"));
-  if (n.type == "annealed") {
-    n.eta = r.number("eta", n.eta);
-    n.gamma = r.number("gamma", n.gamma);
-    require(n.eta >= 0, r.path_of("eta"), "must be >= 0 (a variance), got " + num(n.eta));
-    require(n.gamma >= 0, r.path_of("gamma"), "must be >= 0, got " + num(n.gamma));
-  }
-  if (n.type == "multiplicative") {
-    n.base_batch = r.integer("base_batch");
-    require(n.base_batch > 0, r.path_of("base_batch"), "must be > 0, got " + std::to_string(n.base_batch));
-  }
-  r.finish();
-  return n;
-}
-
-json noise_json(const NoiseSpec& n) {
-  json j = {{"type", n.type}};
-  if (n.type == "annealed") {
-    j["eta"] = n.eta;
-    j["gamma"] = n.gamma;
-  }
-  if (n.type == "multiplicative") j["base_batch"] = n.base_batch;
-  return j;
-}
-
-TargetSpec parse_target(JsonReader r) {
-  TargetSpec t;
-  t.metric = r.string("metric", t.metric);
-  one_of(t.metric, {"val_error", "val_loss"}, r.path_of("metric"));
-  t.threshold = r.number("threshold");
-  t.eval_every = r.integer("eval_every", t.eval_every);
-  require(t.threshold > 0, r.path_of("threshold"), "must be > 0, got " + num(t.threshold));
-  require(t.eval_every > 0, r.path_of("eval_every"), "must be > 0, got " + std::to_string(t.eval_every));
-  r.finish();
-  return t;
-}
-
-BudgetSpec parse_budget(JsonReader r) {
-  BudgetSpec b;
-  require(r.has("steps") != r.has("epochs"), r.path_of("steps"), "give exactly one of budget.steps, budget.epochs");
-  if (r.has("steps")) {
-    b.length = static_cast<double>(r.integer("steps"));
+// The schedule has its own field list (schedules/schedule.h); the search sets
+// its base rate, so a sweep's schedule has none.
+template <typename Io, typename Spec>
+void schedule_field(Io& io, Spec& s, bool with_rate) {
+  if constexpr (Io::kReading) {
+    const json* given = io.json_reader().raw("schedule");
+    json copy = given ? *given : json::object();
+    if (!copy.is_object()) config_error("schedule", "expected an object");
+    if (copy.contains("base_lr")) config_error("schedule.base_lr", "set by search.lr, not here");
+    copy["base_lr"] = 1.0;
+    s = schedules::schedule_from_json(copy);
   } else {
-    b.length = r.number("epochs");
-    b.unit = schedules::Unit::kEpochs;
+    json j = schedules::to_json(s);
+    if (!with_rate) j.erase("base_lr");
+    io.field("schedule", j);
   }
-  require(b.length > 0, r.path_of(r.has("steps") ? "steps" : "epochs"), "must be > 0, got " + num(b.length));
-  r.finish();
-  return b;
 }
 
-json budget_json(const BudgetSpec& b) {
-  if (b.unit == schedules::Unit::kSteps) return {{"steps", static_cast<std::int64_t>(b.length)}};
-  return {{"epochs", b.length}};
+template <typename Io, typename Spec>
+void lr_range_fields(Io& io, Spec& s) {
+  io.required("min", s.lr_min);
+  io.required("max", s.lr_max);
+  io.required("trials", s.trials);
+  io.check("min", s.lr_min > 0, "must be > 0, got " + num(s.lr_min));
+  io.check("max", s.lr_max >= s.lr_min, "must be >= min, got " + num(s.lr_max));
+  io.check("trials", s.trials >= 1, "must be >= 1, got " + std::to_string(s.trials));
 }
 
-GnsSpec parse_gns(JsonReader r) {
-  GnsSpec g;
-  g.micro_batches = r.integer("micro_batches", 0);
-  g.beta = r.number("beta", g.beta);
-  require(g.micro_batches == 0 || g.micro_batches >= 2, r.path_of("micro_batches"),
-          "must be 0 (off) or >= 2, got " + std::to_string(g.micro_batches));
-  require(g.beta >= 0 && g.beta < 1, r.path_of("beta"), "must be in [0, 1), got " + num(g.beta));
-  r.finish();
-  return g;
+template <typename Io, typename Spec>
+void momentum_range_fields(Io& io, Spec& s) {
+  io.required("min", s.momentum_min);
+  io.required("max", s.momentum_max);
+  io.check("max", s.momentum_min >= 0 && s.momentum_max < 1 && s.momentum_min <= s.momentum_max,
+           "need 0 <= min <= max < 1");
 }
 
-// The schedule without its base rate, which the search sets.
-schedules::ScheduleSpec parse_schedule(const json* j) {
-  json copy = j ? *j : json::object();
-  if (!copy.is_object()) config_error("schedule", "expected an object");
-  if (copy.contains("base_lr")) config_error("schedule.base_lr", "set by search.lr, not here");
-  copy["base_lr"] = 1.0;
-  return schedules::schedule_from_json(copy);
-}
-
-json schedule_json(const schedules::ScheduleSpec& s, bool with_rate) {
-  json j = schedules::to_json(s);
-  if (!with_rate) j.erase("base_lr");
-  return j;
-}
-
-SearchSpec parse_search(JsonReader r) {
-  SearchSpec s;
-  require(r.has("lr") != r.has("lr_range"), r.path_of("lr"), "give exactly one of search.lr, search.lr_range");
-  if (r.has("lr")) {
-    s.lr = r.numbers("lr", {});
-    require(!s.lr.empty(), r.path_of("lr"), "must not be empty");
+template <typename Io, typename Spec>
+void search_fields(Io& io, Spec& s) {
+  const bool listed = io.given("lr", !s.lr.empty());
+  io.check("lr", listed != io.given("lr_range", s.lr.empty()), "give exactly one of search.lr, search.lr_range");
+  if (listed) {
+    io.field("lr", s.lr);
+    io.check("lr", !s.lr.empty(), "must not be empty");
     for (std::size_t i = 0; i < s.lr.size(); ++i) {
-      require(s.lr[i] > 0, r.path_of("lr") + "[" + std::to_string(i) + "]", "must be > 0, got " + num(s.lr[i]));
+      io.check("lr[" + std::to_string(i) + "]", s.lr[i] > 0, "must be > 0, got " + num(s.lr[i]));
     }
   } else {
-    JsonReader q = r.object("lr_range");
-    s.lr_min = q.number("min");
-    s.lr_max = q.number("max");
-    s.trials = q.integer("trials");
-    require(s.lr_min > 0, q.path_of("min"), "must be > 0, got " + num(s.lr_min));
-    require(s.lr_max >= s.lr_min, q.path_of("max"), "must be >= min, got " + num(s.lr_max));
-    require(s.trials >= 1, q.path_of("trials"), "must be >= 1, got " + std::to_string(s.trials));
-    q.finish();
+    io.object("lr_range", s, [](auto& q, auto& spec) { lr_range_fields(q, spec); });
   }
-  s.momentum = r.numbers("momentum", {});
-  for (const double m : s.momentum) {
-    require(m >= 0 && m < 1, r.path_of("momentum"), "each must be in [0, 1), got " + num(m));
+  if (io.given("momentum", !s.momentum.empty())) {
+    io.field("momentum", s.momentum);
+    for (const double m : s.momentum) io.check("momentum", m >= 0 && m < 1, "each must be in [0, 1), got " + num(m));
   }
-  if (r.has("momentum_range")) {
-    require(s.momentum.empty() && s.trials > 0, r.path_of("momentum_range"),
-            "goes with search.lr_range and without search.momentum");
-    JsonReader q = r.object("momentum_range");
-    s.momentum_min = q.number("min");
-    s.momentum_max = q.number("max");
-    require(s.momentum_min >= 0 && s.momentum_max < 1 && s.momentum_min <= s.momentum_max, q.path_of("max"),
-            "need 0 <= min <= max < 1");
-    q.finish();
-  } else {
-    r.raw("momentum_range");
+  if (io.given("momentum_range", s.momentum_max > 0)) {
+    io.check("momentum_range", s.momentum.empty() && s.trials > 0,
+             "goes with search.lr_range and without search.momentum");
+    io.object("momentum_range", s, [](auto& q, auto& spec) { momentum_range_fields(q, spec); });
   }
-  r.finish();
-  return s;
 }
 
-json search_json(const SearchSpec& s) {
-  json j = json::object();
-  if (!s.lr.empty()) {
-    j["lr"] = s.lr;
-  } else {
-    j["lr_range"] = {{"min", s.lr_min}, {"max", s.lr_max}, {"trials", s.trials}};
+// A missing object that has no useful default.
+template <typename Io>
+void need(Io& io, const char* key, bool in_spec, const char* what) {
+  io.check(key, io.given(key, in_spec), std::string("missing (") + what + ")");
+}
+
+// What a sweep and each of its trials share: everything but the name, batch
+// size, seed and (in a sweep) the rate.
+template <typename Io, typename Spec>
+void common_fields(Io& io, Spec& t, bool with_rate) {
+  const auto nested = [&](const char* key, auto& spec, auto fields) { io.object(key, spec, fields); };
+  nested("dataset", t.data, [](auto& q, auto& d) { data_fields(q, d); });
+  nested("model", t.model, [](auto& q, auto& m) { model_fields(q, m); });
+  nested("optimizer", t.optimizer, [](auto& q, auto& o) { optimizer_fields(q, o); });
+  schedule_field(io, t.schedule, with_rate);
+  nested("noise", t.noise, [](auto& q, auto& n) { noise_fields(q, n); });
+  need(io, "target", true, "an object with metric, threshold, eval_every");
+  nested("target", t.target, [](auto& q, auto& x) { target_fields(q, x); });
+  need(io, "budget", true, "an object with steps or epochs");
+  nested("budget", t.budget, [](auto& q, auto& b) { budget_fields(q, b); });
+  nested("gns", t.gns, [](auto& q, auto& g) { gns_fields(q, g); });
+  io.choice("device", t.device, kDeviceTypes);
+  io.field("checkpoint_every", t.checkpoint_every);
+  io.check("checkpoint_every", t.checkpoint_every >= 0 && t.checkpoint_every % t.target.eval_every == 0,
+           "must be 0 (off) or a multiple of target.eval_every (" + std::to_string(t.target.eval_every) +
+               "), got " + std::to_string(t.checkpoint_every));
+}
+
+template <typename Io, typename Spec>
+void sweep_fields(Io& io, Spec& s) {
+  auto& t = s.base;
+  io.required("name", t.sweep);
+  check_name(t.sweep, "name");
+  common_fields(io, t, /*with_rate=*/false);
+  need(io, "batch_sizes", true, "a list of batch sizes");
+  io.field("batch_sizes", s.batch_sizes);
+  io.check("batch_sizes", !s.batch_sizes.empty(), "must not be empty");
+  std::set<std::int64_t> seen;
+  for (std::size_t i = 0; i < s.batch_sizes.size(); ++i) {
+    const auto b = s.batch_sizes[i];
+    const std::string key = "batch_sizes[" + std::to_string(i) + "]";
+    io.check(key, b > 0, "must be > 0, got " + std::to_string(b));
+    io.check(key, seen.insert(b).second, "repeats batch size " + std::to_string(b));
+    io.check(key, t.gns.micro_batches == 0 || b % t.gns.micro_batches == 0,
+             std::to_string(b) + " is not divisible by gns.micro_batches " + std::to_string(t.gns.micro_batches));
+    io.check(key, t.noise.type != NoiseType::kMultiplicative || b >= t.noise.base_batch,
+             std::to_string(b) + " is smaller than noise.base_batch " + std::to_string(t.noise.base_batch));
   }
-  if (!s.momentum.empty()) j["momentum"] = s.momentum;
-  if (s.momentum_max > 0) j["momentum_range"] = {{"min", s.momentum_min}, {"max", s.momentum_max}};
-  return j;
+  need(io, "search", true, "an object with lr or lr_range");
+  io.object("search", s.search, [](auto& q, auto& x) { search_fields(q, x); });
+  io.field("seeds", s.seeds);
+  io.check("seeds", !s.seeds.empty(), "must not be empty");
+  io.check("target.metric", t.target.metric != Metric::kValError || t.data.name != DatasetName::kLinearRegression,
+           "val_error needs a classification dataset; linear_regression has val_loss");
+}
+
+template <typename Io, typename Spec>
+void trial_fields(Io& io, Spec& t) {
+  io.required("sweep", t.sweep);
+  io.required("name", t.name);
+  io.field("batch_size", t.batch_size);
+  io.field("seed", t.seed);
+  common_fields(io, t, /*with_rate=*/true);
 }
 
 // Van der Corput radical inverse: the Halton sequence's coordinate in `base`.
@@ -342,18 +398,6 @@ std::vector<Point> search_points(const SearchSpec& s) {
   return out;
 }
 
-json trial_common_json(const TrialConfig& t, bool with_rate) {
-  return {{"dataset", data_json(t.data)},   {"model", model_json(t.model)},
-          {"optimizer", optimizer_json(t.optimizer)},
-          {"schedule", schedule_json(t.schedule, with_rate)},
-          {"noise", noise_json(t.noise)},
-          {"target", {{"metric", t.target.metric}, {"threshold", t.target.threshold}, {"eval_every", t.target.eval_every}}},
-          {"budget", budget_json(t.budget)},
-          {"gns", {{"micro_batches", t.gns.micro_batches}, {"beta", t.gns.beta}}},
-          {"device", t.device},
-          {"checkpoint_every", t.checkpoint_every}};
-}
-
 }  // namespace
 
 void check_name(const std::string& name, const std::string& what) {
@@ -369,50 +413,10 @@ void check_name(const std::string& name, const std::string& what) {
 
 SweepConfig parse_sweep(const json& j) {
   try {
-    JsonReader r(j, "");
+    Reader r(JsonReader(j, ""));
     SweepConfig s;
-    TrialConfig& t = s.base;
-    t.sweep = r.string("name");
-    check_name(t.sweep, "name");
-    t.data = parse_data(r.object("dataset"));
-    t.model = parse_model(r.object("model"));
-    t.optimizer = parse_optimizer(r.object("optimizer"));
-    t.schedule = parse_schedule(r.raw("schedule"));
-    t.noise = parse_noise(r.object("noise"));
-    if (!r.has("target")) config_error("target", "missing (an object with metric, threshold, eval_every)");
-    t.target = parse_target(r.object("target"));
-    if (!r.has("budget")) config_error("budget", "missing (an object with steps or epochs)");
-    t.budget = parse_budget(r.object("budget"));
-    t.gns = parse_gns(r.object("gns"));
-    t.device = r.string("device", t.device);
-    require(t.device == "cpu" || t.device == "cuda", "device", "must be \"cpu\" or \"cuda\", got \"" + t.device + "\"");
-    t.checkpoint_every = r.integer("checkpoint_every", 0);
-    require(t.checkpoint_every >= 0 && t.checkpoint_every % t.target.eval_every == 0, "checkpoint_every",
-            "must be 0 (off) or a multiple of target.eval_every (" + std::to_string(t.target.eval_every) + "), got " +
-                std::to_string(t.checkpoint_every));
-    if (!r.has("batch_sizes")) config_error("batch_sizes", "missing (a list of batch sizes)");
-    s.batch_sizes = r.integers("batch_sizes", {});
-    require(!s.batch_sizes.empty(), "batch_sizes", "must not be empty");
-    std::set<std::int64_t> seen;
-    for (std::size_t i = 0; i < s.batch_sizes.size(); ++i) {
-      const auto b = s.batch_sizes[i];
-      const std::string path = "batch_sizes[" + std::to_string(i) + "]";
-      require(b > 0, path, "must be > 0, got " + std::to_string(b));
-      require(seen.insert(b).second, path, "repeats batch size " + std::to_string(b));
-      require(t.gns.micro_batches == 0 || b % t.gns.micro_batches == 0, path,
-              std::to_string(b) + " is not divisible by gns.micro_batches " + std::to_string(t.gns.micro_batches));
-      require(t.noise.type != "multiplicative" || b >= t.noise.base_batch, path,
-              std::to_string(b) + " is smaller than noise.base_batch " + std::to_string(t.noise.base_batch));
-    }
-    if (!r.has("search")) config_error("search", "missing (an object with lr or lr_range)");
-    s.search = parse_search(r.object("search"));
-    const auto seeds = r.integers("seeds", {0});
-    require(!seeds.empty(), "seeds", "must not be empty");
-    s.seeds.assign(seeds.begin(), seeds.end());
-    for (const auto seed : seeds) require(seed >= 0, "seeds", "must be >= 0, got " + std::to_string(seed));
-    require(t.target.metric != "val_error" || t.data.name != "linear_regression", "target.metric",
-            "val_error needs a classification dataset; linear_regression has val_loss");
-    r.finish();
+    sweep_fields(r, s);
+    r.json_reader().finish();
     return s;
   } catch (const c10::Error& e) {
     throw ConfigError(e.what_without_backtrace());
@@ -491,18 +495,19 @@ std::vector<TrialConfig> expand(const SweepConfig& sweep) {
 }
 
 json to_json(const SweepConfig& s) {
-  json j = {{"name", s.base.sweep}};
-  j.update(trial_common_json(s.base, /*with_rate=*/false));
-  j["batch_sizes"] = s.batch_sizes;
-  j["search"] = search_json(s.search);
-  j["seeds"] = s.seeds;
-  return j;
+  Writer w;
+  sweep_fields(w, s);
+  return w.out();
 }
 
 json to_json(const TrialConfig& t) {
-  json j = {{"sweep", t.sweep}, {"name", t.name}, {"batch_size", t.batch_size}, {"seed", t.seed}};
-  j.update(trial_common_json(t, /*with_rate=*/true));
-  return j;
+  Writer w;
+  trial_fields(w, t);
+  return w.out();
 }
+
+std::string to_string(NoiseType type) { return schedules::enum_name(kNoiseTypes, type); }
+std::string to_string(Metric metric) { return schedules::enum_name(kMetrics, metric); }
+std::string to_string(DeviceType device) { return schedules::enum_name(kDeviceTypes, device); }
 
 }  // namespace bigbatch::experiments

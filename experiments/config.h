@@ -5,6 +5,7 @@
 
 #include <bigbatch/experiments/data.h>
 #include <bigbatch/experiments/models.h>
+#include <bigbatch/schedules/json_reader.h>
 #include <bigbatch/schedules/schedule.h>
 
 #include <nlohmann/json.hpp>
@@ -22,8 +23,28 @@ struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The optimizers a config can name; optimizer_registry.h says how each is built.
+enum class OptimizerName { kSgd, kAdam, kAdamW, kLars, kLarc, kLamb, kNovoGrad };
+enum class NoiseType { kNone, kAnnealed, kMultiplicative };
+enum class Metric { kValError, kValLoss };
+enum class DeviceType { kCpu, kCuda };
+
+/// How configs and result files spell them, in the order error messages list
+/// them (the optimizers' spellings are the registry's).
+inline constexpr schedules::EnumName<NoiseType> kNoiseTypes[] = {
+    {NoiseType::kNone, "none"}, {NoiseType::kAnnealed, "annealed"}, {NoiseType::kMultiplicative, "multiplicative"}};
+inline constexpr schedules::EnumName<Metric> kMetrics[] = {{Metric::kValError, "val_error"},
+                                                           {Metric::kValLoss, "val_loss"}};
+inline constexpr schedules::EnumName<DeviceType> kDeviceTypes[] = {{DeviceType::kCpu, "cpu"},
+                                                                   {DeviceType::kCuda, "cuda"}};
+
+std::string to_string(OptimizerName name);
+std::string to_string(NoiseType type);
+std::string to_string(Metric metric);
+std::string to_string(DeviceType device);
+
 struct OptimizerSpec {
-  std::string name = "lamb";  ///< sgd, adam, adamw, lars, larc, lamb, novograd
+  OptimizerName name = OptimizerName::kLamb;
   double momentum = 0.9;      ///< sgd, lars, larc (the search may set it)
   std::optional<double> weight_decay;       ///< each optimizer's own default
   bool nesterov = false;                    ///< sgd, lars, larc
@@ -35,16 +56,16 @@ struct OptimizerSpec {
 };
 
 struct NoiseSpec {
-  std::string type = "none";  ///< none, annealed, multiplicative
+  NoiseType type = NoiseType::kNone;
   double eta = 0.01;          ///< annealed: a variance
   double gamma = 0.55;        ///< annealed
   std::int64_t base_batch = 0;  ///< multiplicative: M0
 };
 
 struct TargetSpec {
-  std::string metric = "val_error";  ///< val_error (classification), val_loss
-  double threshold = 0;              ///< reached when metric <= threshold
-  std::int64_t eval_every = 50;      ///< steps between evaluations
+  Metric metric = Metric::kValError;  ///< val_error (classification), val_loss
+  double threshold = 0;               ///< reached when metric <= threshold
+  std::int64_t eval_every = 50;       ///< steps between evaluations
 };
 
 struct BudgetSpec {
@@ -71,7 +92,7 @@ struct TrialConfig {
   GnsSpec gns;
   std::int64_t batch_size = 0;
   std::uint64_t seed = 0;
-  std::string device = "cpu";  ///< cpu, cuda (each rank its cuda:LOCAL_RANK)
+  DeviceType device = DeviceType::kCpu;  ///< cuda: each rank its cuda:LOCAL_RANK
   std::int64_t checkpoint_every = 0;  ///< steps between checkpoints (a multiple of target.eval_every); 0 off
 };
 

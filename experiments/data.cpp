@@ -6,6 +6,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <stdexcept>
 
@@ -39,6 +41,20 @@ Dataset fashion_mnist() {
   return d;
 }
 
+// The splits of a synthetic task, drawn in order (train, validation, test,
+// the last two of val_size examples) from the one generator `draw` holds.
+template <typename Draw>
+Dataset synthetic(const DataSpec& s, std::int64_t classes, const Draw& draw) {
+  TORCH_CHECK(s.train_size > 1, "dataset.train_size: must be > 1, got ", s.train_size);
+  TORCH_CHECK(s.val_size > 0, "dataset.val_size: must be > 0, got ", s.val_size);
+  Dataset d;
+  d.classes = classes;
+  draw(s.train_size, d.x_train, d.y_train);
+  draw(s.val_size, d.x_val, d.y_val);
+  draw(s.val_size, d.x_test, d.y_test);
+  return d;
+}
+
 // y = 10 (x + e) + 2 with x, e ~ N(0, 1): the noise enters through the input,
 // as in the classic GD-vs-SGD lab; the best fit is w = 10, b = 2.
 Dataset linear_regression(const DataSpec& s) {
@@ -47,12 +63,7 @@ Dataset linear_regression(const DataSpec& s) {
     x = at::randn({n, 1}, gen, at::kFloat);
     y = 10 * (x + at::randn({n, 1}, gen, at::kFloat)) + 2;
   };
-  Dataset d;
-  d.classes = 0;
-  draw(s.train_size > 0 ? s.train_size : 8192, d.x_train, d.y_train);
-  draw(s.val_size > 0 ? s.val_size : 2048, d.x_val, d.y_val);
-  draw(s.val_size > 0 ? s.val_size : 2048, d.x_test, d.y_test);
-  return d;
+  return synthetic(s, 0, draw);
 }
 
 // Class k's examples ~ N(mu_k, I) with mu_k ~ N(0, separation^2 I / dim) * sqrt(dim):
@@ -66,12 +77,7 @@ Dataset gaussian_mixture(const DataSpec& s) {
     y = at::randint(s.classes, {n}, gen, at::kLong);
     x = means.index_select(0, y) + at::randn({n, s.dim}, gen, at::kFloat);
   };
-  Dataset d;
-  d.classes = s.classes;
-  draw(s.train_size > 0 ? s.train_size : 8192, d.x_train, d.y_train);
-  draw(s.val_size > 0 ? s.val_size : 2048, d.x_val, d.y_val);
-  draw(s.val_size > 0 ? s.val_size : 2048, d.x_test, d.y_test);
-  return d;
+  return synthetic(s, s.classes, draw);
 }
 
 }  // namespace
@@ -82,11 +88,12 @@ std::vector<std::int64_t> Dataset::example_shape() const {
 }
 
 Dataset load_dataset(const DataSpec& spec) {
-  if (spec.name == "fashion_mnist") return fashion_mnist();
-  if (spec.name == "linear_regression") return linear_regression(spec);
-  if (spec.name == "gaussian_mixture") return gaussian_mixture(spec);
-  TORCH_CHECK(false, "dataset.name: unknown dataset \"", spec.name,
-              "\" (one of: fashion_mnist, linear_regression, gaussian_mixture)");
+  switch (spec.name) {
+    case DatasetName::kFashionMnist: return fashion_mnist();
+    case DatasetName::kLinearRegression: return linear_regression(spec);
+    case DatasetName::kGaussianMixture: return gaussian_mixture(spec);
+  }
+  TORCH_INTERNAL_ASSERT(false, "dataset ", static_cast<int>(spec.name), " has no loader");
 }
 
 BatchSampler::BatchSampler(std::int64_t size, std::uint64_t seed)
@@ -106,18 +113,22 @@ at::Tensor BatchSampler::next(std::int64_t batch) {
   return out;
 }
 
-std::vector<at::Tensor> BatchSampler::state() const {
-  return {generator_.get_state(), order_.defined() ? order_ : at::empty({0}, at::kLong),
-          at::scalar_tensor(position_, at::kLong)};
+void BatchSampler::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("generator", generator_.get_state());
+  archive.write("order", order_.defined() ? order_ : at::empty({0}, at::kLong));
+  archive.write("position", at::scalar_tensor(position_, at::kLong));
 }
 
-void BatchSampler::restore(const std::vector<at::Tensor>& state) {
-  TORCH_CHECK(state.size() == 3, "BatchSampler: a state has 3 tensors, got ", state.size());
-  generator_.set_state(state[0]);
-  order_ = state[1].numel() == 0 ? at::Tensor() : state[1].clone();
+void BatchSampler::load(torch::serialize::InputArchive& archive) {
+  at::Tensor generator, order, position;
+  archive.read("generator", generator);
+  archive.read("order", order);
+  archive.read("position", position);
+  generator_.set_state(generator.cpu());
+  order_ = order.numel() == 0 ? at::Tensor() : order.cpu().clone();
   TORCH_CHECK(!order_.defined() || order_.numel() == size_, "BatchSampler: a saved order of ", order_.numel(),
               " indices for a dataset of ", size_);
-  position_ = state[2].item<std::int64_t>();
+  position_ = position.item<std::int64_t>();
 }
 
 }  // namespace bigbatch::experiments

@@ -3,19 +3,34 @@
 // y = 10(x + N(0,1)) + 2, and a Gaussian-mixture classification task.
 #pragma once
 
+#include <bigbatch/schedules/json_reader.h>
+
 #include <ATen/ATen.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+namespace torch::serialize {
+class InputArchive;
+class OutputArchive;
+}  // namespace torch::serialize
+
 namespace bigbatch::experiments {
+
+enum class DatasetName { kFashionMnist, kLinearRegression, kGaussianMixture };
+
+/// How configs spell them, in the order error messages list them.
+inline constexpr schedules::EnumName<DatasetName> kDatasetNames[] = {
+    {DatasetName::kFashionMnist, "fashion_mnist"},
+    {DatasetName::kLinearRegression, "linear_regression"},
+    {DatasetName::kGaussianMixture, "gaussian_mixture"}};
 
 /// What a config says about the data ("dataset" in a sweep config).
 struct DataSpec {
-  std::string name = "fashion_mnist";  ///< fashion_mnist, linear_regression, gaussian_mixture
-  std::int64_t train_size = 0;          ///< synthetic: examples (default 55000 / 8192)
-  std::int64_t val_size = 0;            ///< synthetic: validation examples (default 5000 / 2048)
+  DatasetName name = DatasetName::kFashionMnist;
+  std::int64_t train_size = 8192;       ///< synthetic: training examples (Fashion-MNIST: 55000)
+  std::int64_t val_size = 2048;         ///< synthetic: validation and test examples each
   std::int64_t classes = 10;            ///< gaussian_mixture
   std::int64_t dim = 20;                ///< gaussian_mixture: input dimension
   double separation = 2.0;              ///< gaussian_mixture: distance scale of the means
@@ -44,10 +59,10 @@ class BatchSampler {
   /// Indices of the next batch (int64, size `batch`). batch <= size.
   at::Tensor next(std::int64_t batch);
 
-  /// Where the sampler is (generator state, the epoch's order, the position),
-  /// to checkpoint and restore a run exactly.
-  std::vector<at::Tensor> state() const;
-  void restore(const std::vector<at::Tensor>& state);
+  /// Where the sampler is, under the keys "generator", "order" and
+  /// "position", to checkpoint and restore a run exactly.
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
 
  private:
   std::int64_t size_;

@@ -25,19 +25,17 @@ std::int64_t product(const std::vector<std::int64_t>& v) {
 }
 
 void check_norm(const ModelSpec& s) {
-  TORCH_CHECK(s.norm == "none" || s.norm == "batch" || s.norm == "ghost", "model.norm: unknown value \"",
-              s.norm, "\" (one of: none, batch, ghost)");
   TORCH_CHECK(s.ghost_batch_size > 0, "model.ghost_batch_size: must be > 0, got ", s.ghost_batch_size);
 }
 
 void add_norm1d(Sequential& net, const ModelSpec& s, std::int64_t features) {
-  if (s.norm == "batch") net->push_back(torch::nn::BatchNorm1d(features));
-  if (s.norm == "ghost") net->push_back(nn::GhostBatchNorm1d(nn::GhostBatchNormOptions(features, s.ghost_batch_size)));
+  if (s.norm == Norm::kBatch) net->push_back(torch::nn::BatchNorm1d(features));
+  if (s.norm == Norm::kGhost) net->push_back(nn::GhostBatchNorm1d(nn::GhostBatchNormOptions(features, s.ghost_batch_size)));
 }
 
 void add_norm2d(Sequential& net, const ModelSpec& s, std::int64_t channels) {
-  if (s.norm == "batch") net->push_back(torch::nn::BatchNorm2d(channels));
-  if (s.norm == "ghost") net->push_back(nn::GhostBatchNorm2d(nn::GhostBatchNormOptions(channels, s.ghost_batch_size)));
+  if (s.norm == Norm::kBatch) net->push_back(torch::nn::BatchNorm2d(channels));
+  if (s.norm == Norm::kGhost) net->push_back(nn::GhostBatchNorm2d(nn::GhostBatchNormOptions(channels, s.ghost_batch_size)));
 }
 
 torch::nn::Conv2d conv(std::int64_t in, std::int64_t out, std::int64_t k, std::int64_t stride, bool bias) {
@@ -53,7 +51,7 @@ class ResidualBlockImpl : public torch::nn::Cloneable<ResidualBlockImpl> {
     reset();
   }
   void reset() override {
-    const bool norm = spec_.norm != "none";
+    const bool norm = spec_.norm != Norm::kNone;
     body_ = Sequential();
     body_->push_back(conv(in_, out_, 3, stride_, !norm));
     add_norm2d(body_, spec_, out_);
@@ -100,13 +98,10 @@ Sequential mlp(const ModelSpec& s, std::int64_t inputs, std::int64_t outputs) {
 Sequential simple_cnn(const ModelSpec& s, const std::vector<std::int64_t>& shape, std::int64_t outputs) {
   TORCH_CHECK(shape.size() == 3, "model.type: simple_cnn needs image inputs (C, H, W)");
   std::int64_t c1 = 32, c2 = 64, fc = 1024;
-  if (s.variant == "narrow") {
+  if (s.variant == CnnVariant::kNarrow) {
     c1 = 16, c2 = 32, fc = 512;
-  } else if (s.variant == "wide") {
+  } else if (s.variant == CnnVariant::kWide) {
     c1 = 64, c2 = 128, fc = 2048;
-  } else {
-    TORCH_CHECK(s.variant == "base", "model.variant: unknown value \"", s.variant,
-                "\" (one of: base, narrow, wide)");
   }
   Sequential net;
   net->push_back(conv(shape[0], c1, 5, 1, true));
@@ -130,7 +125,7 @@ Sequential resnet(const ModelSpec& s, const std::vector<std::int64_t>& shape, st
   check_norm(s);
   const std::int64_t w = s.width;
   Sequential net;
-  net->push_back(conv(shape[0], w, 3, 1, s.norm == "none"));
+  net->push_back(conv(shape[0], w, 3, 1, s.norm == Norm::kNone));
   add_norm2d(net, s, w);
   net->push_back(torch::nn::ReLU());
   net->push_back(ResidualBlock(s, w, w, 1));
@@ -146,16 +141,18 @@ Sequential resnet(const ModelSpec& s, const std::vector<std::int64_t>& shape, st
 
 Sequential make_model(const ModelSpec& spec, const std::vector<std::int64_t>& example_shape,
                       std::int64_t outputs) {
-  if (spec.type == "linear") {
-    Sequential net;
-    net->push_back(torch::nn::Flatten());
-    net->push_back(torch::nn::Linear(product(example_shape), outputs));
-    return net;
+  switch (spec.type) {
+    case ModelType::kLinear: {
+      Sequential net;
+      net->push_back(torch::nn::Flatten());
+      net->push_back(torch::nn::Linear(product(example_shape), outputs));
+      return net;
+    }
+    case ModelType::kMlp: return mlp(spec, product(example_shape), outputs);
+    case ModelType::kSimpleCnn: return simple_cnn(spec, example_shape, outputs);
+    case ModelType::kResnet: return resnet(spec, example_shape, outputs);
   }
-  if (spec.type == "mlp") return mlp(spec, product(example_shape), outputs);
-  if (spec.type == "simple_cnn") return simple_cnn(spec, example_shape, outputs);
-  if (spec.type == "resnet") return resnet(spec, example_shape, outputs);
-  TORCH_CHECK(false, "model.type: unknown value \"", spec.type, "\" (one of: linear, mlp, simple_cnn, resnet)");
+  TORCH_INTERNAL_ASSERT(false, "model type ", static_cast<int>(spec.type), " has no builder");
 }
 
 }  // namespace bigbatch::experiments

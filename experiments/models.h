@@ -3,22 +3,36 @@
 // and a small ResNet (8 layers) with BatchNorm or GhostBatchNorm.
 #pragma once
 
+#include <bigbatch/schedules/json_reader.h>
+
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 namespace bigbatch::experiments {
 
+enum class ModelType { kLinear, kMlp, kSimpleCnn, kResnet };
+enum class Norm { kNone, kBatch, kGhost };
+enum class CnnVariant { kBase, kNarrow, kWide };
+
+/// How configs spell them, in the order error messages list them.
+inline constexpr schedules::EnumName<ModelType> kModelTypes[] = {
+    {ModelType::kLinear, "linear"}, {ModelType::kMlp, "mlp"}, {ModelType::kSimpleCnn, "simple_cnn"},
+    {ModelType::kResnet, "resnet"}};
+inline constexpr schedules::EnumName<Norm> kNorms[] = {
+    {Norm::kNone, "none"}, {Norm::kBatch, "batch"}, {Norm::kGhost, "ghost"}};
+inline constexpr schedules::EnumName<CnnVariant> kCnnVariants[] = {
+    {CnnVariant::kBase, "base"}, {CnnVariant::kNarrow, "narrow"}, {CnnVariant::kWide, "wide"}};
+
 /// "model" in a sweep config.
 struct ModelSpec {
-  std::string type = "mlp";             ///< linear, mlp, simple_cnn, resnet
+  ModelType type = ModelType::kMlp;
   std::vector<std::int64_t> widths{256, 256};  ///< mlp hidden widths
-  std::string norm = "none";            ///< mlp, resnet: none, batch, ghost
-  std::int64_t ghost_batch_size = 32;   ///< norm = ghost
-  std::string variant = "base";         ///< simple_cnn: base, narrow, wide
-  std::int64_t width = 16;              ///< resnet: channels of the first stage
+  Norm norm = Norm::kNone;                     ///< mlp, resnet
+  std::int64_t ghost_batch_size = 32;          ///< norm = ghost
+  CnnVariant variant = CnnVariant::kBase;      ///< simple_cnn
+  std::int64_t width = 16;                     ///< resnet: channels of the first stage
 };
 
 /// Builds the model for inputs of `example_shape` and `outputs` outputs

@@ -4,11 +4,8 @@
 #include <bigbatch/experiments/trial.h>
 
 #include <bigbatch/experiments/models.h>
-#include <bigbatch/optimizers/lamb.h>
-#include <bigbatch/optimizers/larc.h>
+#include <bigbatch/experiments/optimizer_registry.h>
 #include <bigbatch/optimizers/lars.h>
-#include <bigbatch/optimizers/novograd.h>
-#include <bigbatch/optimizers/param_groups.h>
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -16,14 +13,13 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <torch/nn/functional/loss.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <sstream>
+#include <type_traits>
 
 namespace bigbatch::experiments {
 namespace {
@@ -37,68 +33,9 @@ std::mutex& init_mutex() {
   return m;
 }
 
-template <typename Options>
-std::unique_ptr<torch::optim::Optimizer> layerwise(torch::nn::Module& model, const Options& o) {
-  using Opt = std::conditional_t<std::is_same_v<Options, optim::LARSOptions>, optim::LARS,
-              std::conditional_t<std::is_same_v<Options, optim::LARCOptions>, optim::LARC,
-              std::conditional_t<std::is_same_v<Options, optim::LAMBOptions>, optim::LAMB, optim::NovoGrad>>>;
-  return std::make_unique<Opt>(optim::layerwise_param_groups(model, o), o);
-}
-
-}  // namespace
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& s, double lr,
-                                                        torch::nn::Module& model) {
-  const auto betas = [&](std::tuple<double, double> fallback) {
-    return s.betas ? std::make_tuple((*s.betas)[0], (*s.betas)[1]) : fallback;
-  };
-  if (s.name == "sgd") {
-    auto o = torch::optim::SGDOptions(lr).momentum(s.momentum).nesterov(s.nesterov);
-    if (s.weight_decay) o.weight_decay(*s.weight_decay);
-    return std::make_unique<torch::optim::SGD>(model.parameters(), o);
-  }
-  if (s.name == "adam" || s.name == "adamw") {
-    if (s.name == "adam") {
-      auto o = torch::optim::AdamOptions(lr).betas(betas({0.9, 0.999}));
-      if (s.eps) o.eps(*s.eps);
-      if (s.weight_decay) o.weight_decay(*s.weight_decay);
-      return std::make_unique<torch::optim::Adam>(model.parameters(), o);
-    }
-    auto o = torch::optim::AdamWOptions(lr).betas(betas({0.9, 0.999}));
-    if (s.eps) o.eps(*s.eps);
-    if (s.weight_decay) o.weight_decay(*s.weight_decay);
-    return std::make_unique<torch::optim::AdamW>(model.parameters(), o);
-  }
-  if (s.name == "lars" || s.name == "larc") {
-    auto apply = [&](auto o) {
-      o.momentum(s.momentum).nesterov(s.nesterov);
-      if (s.weight_decay) o.weight_decay(*s.weight_decay);
-      if (s.trust_coefficient) o.trust_coefficient(*s.trust_coefficient);
-      if (s.eps) o.eps(*s.eps);
-      return layerwise(model, o);
-    };
-    return s.name == "lars" ? apply(optim::LARSOptions(lr)) : apply(optim::LARCOptions(lr));
-  }
-  if (s.name == "lamb") {
-    auto o = optim::LAMBOptions(lr).betas(betas({0.9, 0.999}));
-    if (s.eps) o.eps(*s.eps);
-    if (s.weight_decay) o.weight_decay(*s.weight_decay);
-    if (s.max_grad_norm) o.max_grad_norm(*s.max_grad_norm);
-    return layerwise(model, o);
-  }
-  TORCH_CHECK(s.name == "novograd", "optimizer.name: unknown optimizer \"", s.name, "\"");
-  auto o = optim::NovoGradOptions(lr).betas(betas({0.95, 0.98}));
-  if (s.eps) o.eps(*s.eps);
-  if (s.weight_decay) o.weight_decay(*s.weight_decay);
-  return layerwise(model, o);
-}
-
-namespace {
-
 // "cpu", or "cuda": device LOCAL_RANK (modulo the devices) under a process group.
-at::Device trial_device(const std::string& name, const distributed::ProcessGroup* group) {
-  if (name == "cpu") return at::Device(at::kCPU);
-  TORCH_CHECK(name == "cuda", "device must be \"cpu\" or \"cuda\", got \"", name, "\"");
+at::Device trial_device(DeviceType type, const distributed::ProcessGroup* group) {
+  if (type == DeviceType::kCpu) return at::Device(at::kCPU);
   const auto devices = static_cast<int>(torch::cuda::device_count());
   TORCH_CHECK(devices > 0, "device \"cuda\": no CUDA device is visible (or this LibTorch has no CUDA)");
   const int local = group != nullptr ? group->local_rank() : 0;
@@ -107,6 +44,7 @@ at::Device trial_device(const std::string& name, const distributed::ProcessGroup
 
 }  // namespace
 
+std::string to_string(TrialStatus status) { return schedules::enum_name(kTrialStatuses, status); }
 Trainer::Trainer(const TrialConfig& config, const Dataset& data, distributed::ProcessGroup* group)
     : config_(config),
       data_(data),
@@ -133,9 +71,9 @@ Trainer::Trainer(const TrialConfig& config, const Dataset& data, distributed::Pr
     momentum_correction = [lars](double factor) { lars->rescale_momentum(factor); };
   }
   adapter_.emplace(*optimizer_, std::move(schedule), std::move(momentum_correction));
-  if (config.noise.type == "annealed") {
+  if (config.noise.type == NoiseType::kAnnealed) {
     annealed_.emplace(noise::AnnealedNoiseOptions(config.noise.eta).gamma(config.noise.gamma).seed(config.seed));
-  } else if (config.noise.type == "multiplicative") {
+  } else if (config.noise.type == NoiseType::kMultiplicative) {
     multiplicative_.emplace(config.noise.base_batch, config.seed);
   }
 }
@@ -150,56 +88,69 @@ at::Tensor Trainer::batch_loss(const at::Tensor& x, const at::Tensor& y, const a
 }
 
 double Trainer::train_step() {
-  const std::int64_t batch = adapter_->schedule().batch_size(step_);
+  Batch b;
+  b.global = adapter_->schedule().batch_size(step_);
   adapter_->apply(step_);
   last_lr_ = optimizer_->param_groups().front().options().get_lr();
   // Every rank draws the same global batch (same seed) and takes its share.
-  at::Tensor index = sampler_.next(batch);
-  at::Tensor weights = multiplicative_ ? multiplicative_->weights(batch, step_) : at::Tensor();
-  std::int64_t local = batch;
+  at::Tensor index = sampler_.next(b.global);
+  b.weights = multiplicative_ ? multiplicative_->weights(b.global, step_) : at::Tensor();
+  b.local = b.global;
   if (group_) {
     const std::int64_t world = group_->size();
-    TORCH_CHECK(batch % world == 0, "batch size ", batch, " is not divisible by the world size ", world);
-    local = batch / world;
-    index = index.slice(0, group_->rank() * local, (group_->rank() + 1) * local);
-    if (weights.defined()) weights = weights.slice(0, group_->rank() * local, (group_->rank() + 1) * local);
+    TORCH_CHECK(b.global % world == 0, "batch size ", b.global, " is not divisible by the world size ", world);
+    b.local = b.global / world;
+    const std::int64_t begin = group_->rank() * b.local;
+    index = index.slice(0, begin, begin + b.local);
+    if (b.weights.defined()) b.weights = b.weights.slice(0, begin, begin + b.local);
   }
-  const at::Tensor x = data_.x_train.index_select(0, index).to(device_);
-  const at::Tensor y = data_.y_train.index_select(0, index).to(device_);
-  if (weights.defined()) weights = weights.to(device_);
+  b.x = data_.x_train.index_select(0, index).to(device_);
+  b.y = data_.y_train.index_select(0, index).to(device_);
+  if (b.weights.defined()) b.weights = b.weights.to(device_);
   optimizer_->zero_grad();
-  double loss = 0;
-  if (group_) {
-    const at::Tensor l = batch_loss(x, y, weights);
-    l.backward();
-    const auto norms = distributed::allreduce_gradients(*group_, params_);
-    std::vector<at::Tensor> mean{l.detach().reshape({1}).to(at::kDouble)};
-    group_->allreduce_sum(mean);
-    loss = mean[0].item<double>() / static_cast<double>(group_->size());
-    if (std::isfinite(norms.local_sq) && std::isfinite(norms.global_sq)) {
-      gns_.update(norms.local_sq, local, norms.global_sq, batch);
-    }
-  } else if (config_.gns.micro_batches >= 2) {
-    const auto m = noise::micro_batch_step(params_, batch, config_.gns.micro_batches,
-                                           [&](std::int64_t begin, std::int64_t end) {
-                                             return batch_loss(x.slice(0, begin, end), y.slice(0, begin, end),
-                                                               weights.defined() ? weights.slice(0, begin, end)
-                                                                                 : at::Tensor());
-                                           });
-    loss = m.loss;
-    if (std::isfinite(m.small_sq_norm) && std::isfinite(m.big_sq_norm)) {
-      gns_.update(m.small_sq_norm, m.small_batch, m.big_sq_norm, m.big_batch);
-    }
-  } else {
-    const at::Tensor l = batch_loss(x, y, weights);
-    l.backward();
-    loss = l.item<double>();
-  }
+  const double loss = group_                           ? gradients_data_parallel(b)
+                      : config_.gns.micro_batches >= 2 ? gradients_in_micro_batches(b)
+                                                       : gradients_whole(b);
   if (annealed_) annealed_->apply(params_, step_);  // the same noise on every rank
   optimizer_->step();
   ++step_;
-  examples_ += batch;
+  examples_ += b.global;
   return loss;
+}
+
+double Trainer::gradients_whole(const Batch& b) {
+  const at::Tensor l = batch_loss(b.x, b.y, b.weights);
+  l.backward();
+  return l.item<double>();
+}
+
+// The averaged gradient over the ranks; each rank's own gradient norm and the
+// averaged one are the two batch sizes of the noise scale.
+double Trainer::gradients_data_parallel(const Batch& b) {
+  const at::Tensor l = batch_loss(b.x, b.y, b.weights);
+  l.backward();
+  const auto norms = distributed::allreduce_gradients(*group_, params_);
+  std::vector<at::Tensor> mean{l.detach().reshape({1}).to(at::kDouble)};
+  group_->allreduce_sum(mean);
+  if (std::isfinite(norms.local_sq) && std::isfinite(norms.global_sq)) {
+    gns_.update(norms.local_sq, b.local, norms.global_sq, b.global);
+  }
+  return mean[0].item<double>() / static_cast<double>(group_->size());
+}
+
+// One process: the batch in gns.micro_batches pieces, whose gradient norms
+// and their sum's give the noise scale.
+double Trainer::gradients_in_micro_batches(const Batch& b) {
+  const auto m = noise::micro_batch_step(params_, b.global, config_.gns.micro_batches,
+                                         [&](std::int64_t begin, std::int64_t end) {
+                                           return batch_loss(b.x.slice(0, begin, end), b.y.slice(0, begin, end),
+                                                             b.weights.defined() ? b.weights.slice(0, begin, end)
+                                                                                 : at::Tensor());
+                                         });
+  if (std::isfinite(m.small_sq_norm) && std::isfinite(m.big_sq_norm)) {
+    gns_.update(m.small_sq_norm, m.small_batch, m.big_sq_norm, m.big_batch);
+  }
+  return m.loss;
 }
 
 std::pair<double, double> Trainer::evaluate() {
@@ -251,15 +202,14 @@ TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progre
   TrialResult r;
   r.budget = budget_;
   r.peak_lr = adapter_->schedule().peak_lr();
-  r.status = "not_reached";
-  const bool use_error = config_.target.metric == "val_error";
+    const bool use_error = config_.target.metric == Metric::kValError;
   double loss_sum = 0;
   std::int64_t loss_count = 0;
   double last_report = 0;
   while (step_ < budget_) {
     const double loss = train_step();
     if (!std::isfinite(loss)) {
-      r.status = "diverged";
+      r.status = TrialStatus::kDiverged;
       break;
     }
     loss_sum += loss;
@@ -286,12 +236,12 @@ TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progre
     loss_count = 0;
     const double metric = use_error ? val_error : val_loss;
     if (!std::isfinite(val_loss)) {
-      r.status = "diverged";
+      r.status = TrialStatus::kDiverged;
       break;
     }
     best_metric_ = std::min(best_metric_, metric);
     if (metric <= config_.target.threshold) {
-      r.status = "reached";
+      r.status = TrialStatus::kReached;
       r.steps_to_target = step_;
       r.examples_to_target = examples_;
       break;
@@ -311,37 +261,76 @@ TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progre
 }
 
 // --------------------------------------------------------------- checkpoints --
+// Every value under its own name: scalars as 0-dim tensors, the evaluations as
+// one column per EvalRow field ("rows/<field>"), the model, optimizer and
+// sampler as nested archives. "format" changes when a key changes meaning.
 
 namespace {
 
-constexpr int kRowFields = 10;
+using torch::serialize::InputArchive;
+using torch::serialize::OutputArchive;
 
-at::Tensor rows_tensor(const std::vector<EvalRow>& rows) {
-  std::vector<double> flat;
-  for (const EvalRow& r : rows) {
-    flat.insert(flat.end(), {static_cast<double>(r.step), r.epoch, static_cast<double>(r.examples), r.train_loss,
-                             r.val_loss, r.val_error, r.lr, static_cast<double>(r.batch_size), r.wall_time, r.gns});
-  }
-  return at::tensor(flat, at::kDouble).view({static_cast<std::int64_t>(rows.size()), kRowFields});
+constexpr std::int64_t kCheckpointFormat = 2;
+
+template <typename T>
+void put(OutputArchive& archive, const std::string& key, T value) {
+  archive.write(key, at::scalar_tensor(value, std::is_integral_v<T> ? at::kLong : at::kDouble));
 }
 
-std::vector<EvalRow> rows_of(const at::Tensor& t) {
-  TORCH_CHECK(t.dim() == 2 && t.size(1) == kRowFields, "checkpoint: evaluations of shape ", t.sizes());
-  const at::Tensor c = t.to(at::kDouble).contiguous();
-  const double* v = c.data_ptr<double>();
-  std::vector<EvalRow> rows(static_cast<std::size_t>(c.size(0)));
-  for (auto& r : rows) {
-    r.step = static_cast<std::int64_t>(v[0]);
-    r.epoch = v[1];
-    r.examples = static_cast<std::int64_t>(v[2]);
-    r.train_loss = v[3];
-    r.val_loss = v[4];
-    r.val_error = v[5];
-    r.lr = v[6];
-    r.batch_size = static_cast<std::int64_t>(v[7]);
-    r.wall_time = v[8];
-    r.gns = v[9];
-    v += kRowFields;
+template <typename T>
+void get(InputArchive& archive, const std::string& key, T& value) {
+  at::Tensor t;
+  archive.read(key, t);
+  value = t.item<T>();
+}
+
+// The evaluations by column: integer fields as int64, the others as double.
+struct Columns {
+  std::map<std::string, std::vector<std::int64_t>> counts;
+  std::map<std::string, std::vector<double>> reals;
+
+  template <typename T>
+  std::vector<T>& of(const char* name) {
+    if constexpr (std::is_integral_v<T>) {
+      return counts[name];
+    } else {
+      return reals[name];
+    }
+  }
+};
+
+void put_rows(OutputArchive& archive, const std::vector<EvalRow>& rows) {
+  Columns columns;
+  for_each_field(EvalRow{}, [&](const char* name, const auto& field) {
+    columns.of<std::decay_t<decltype(field)>>(name);  // every column, also with no rows
+  });
+  for (const EvalRow& r : rows) {
+    for_each_field(r, [&](const char* name, const auto& value) {
+      columns.of<std::decay_t<decltype(value)>>(name).push_back(value);
+    });
+  }
+  for (const auto& [name, values] : columns.counts) archive.write("rows/" + name, at::tensor(values, at::kLong));
+  for (const auto& [name, values] : columns.reals) archive.write("rows/" + name, at::tensor(values, at::kDouble));
+}
+
+std::vector<EvalRow> get_rows(InputArchive& archive) {
+  Columns columns;
+  std::int64_t count = -1;
+  for_each_field(EvalRow{}, [&](const char* name, const auto& field) {
+    using T = std::decay_t<decltype(field)>;
+    at::Tensor t;
+    archive.read(std::string("rows/") + name, t);
+    t = t.cpu().contiguous();
+    TORCH_CHECK(count < 0 || t.numel() == count, "checkpoint: rows/", name, " has ", t.numel(),
+                " values, rows/step has ", count);
+    count = t.numel();
+    columns.of<T>(name).assign(t.data_ptr<T>(), t.data_ptr<T>() + count);
+  });
+  std::vector<EvalRow> rows(static_cast<std::size_t>(count));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    for_each_field(rows[i], [&](const char* name, auto& value) {
+      value = columns.of<std::decay_t<decltype(value)>>(name)[i];
+    });
   }
   return rows;
 }
@@ -349,54 +338,55 @@ std::vector<EvalRow> rows_of(const at::Tensor& t) {
 }  // namespace
 
 std::string Trainer::checkpoint() const {
-  torch::serialize::OutputArchive archive;
-  torch::serialize::OutputArchive model;
-  torch::serialize::OutputArchive optimizer;
+  OutputArchive archive, model, optimizer, sampler;
+  put(archive, "format", kCheckpointFormat);
   model_->save(model);
   optimizer_->save(optimizer);
+  sampler_.save(sampler);
   archive.write("model", model);
   archive.write("optimizer", optimizer);
-  const auto sampler = sampler_.state();
-  for (std::size_t k = 0; k < sampler.size(); ++k) archive.write("sampler/" + std::to_string(k), sampler[k]);
+  archive.write("sampler", sampler);
+  put(archive, "step", step_);
+  put(archive, "examples", examples_);
+  put(archive, "last_lr", last_lr_);
+  put(archive, "best_metric", best_metric_);
+  put(archive, "elapsed", elapsed_);
   const auto g = gns_.state();
-  archive.write("gns", at::tensor(std::vector<double>{g.grad_sq, g.trace, g.correction}, at::kDouble));
-  archive.write("counters", at::tensor(std::vector<std::int64_t>{step_, examples_, g.updates}, at::kLong));
-  archive.write("scalars", at::tensor(std::vector<double>{last_lr_, best_metric_, elapsed_}, at::kDouble));
-  archive.write("rows", rows_tensor(rows_));
+  put(archive, "gns/grad_sq", g.grad_sq);
+  put(archive, "gns/trace", g.trace);
+  put(archive, "gns/correction", g.correction);
+  put(archive, "gns/updates", g.updates);
+  put_rows(archive, rows_);
   std::ostringstream out;
   archive.save_to(out);
   return out.str();
 }
 
 void Trainer::restore(const std::string& bytes) {
-  torch::serialize::InputArchive archive;
+  InputArchive archive, model, optimizer, sampler;
   std::istringstream in(bytes);
   archive.load_from(in, device_);
-  torch::serialize::InputArchive model;
-  torch::serialize::InputArchive optimizer;
+  at::Tensor format;
+  TORCH_CHECK(archive.try_read("format", format) && format.item<std::int64_t>() == kCheckpointFormat,
+              "checkpoint: not of format ", kCheckpointFormat, " (written by another version of bigbatch)");
   archive.read("model", model);
   archive.read("optimizer", optimizer);
+  archive.read("sampler", sampler);
   model_->load(model);
   optimizer_->load(optimizer);
-  std::vector<at::Tensor> sampler(3);
-  for (std::size_t k = 0; k < sampler.size(); ++k) archive.read("sampler/" + std::to_string(k), sampler[k]);
-  for (auto& t : sampler) t = t.cpu();
-  sampler_.restore(sampler);
-  at::Tensor gns, counters, scalars, rows;
-  archive.read("gns", gns);
-  archive.read("counters", counters);
-  archive.read("scalars", scalars);
-  archive.read("rows", rows);
-  gns = gns.cpu();
-  counters = counters.cpu();
-  scalars = scalars.cpu();
-  step_ = counters[0].item<std::int64_t>();
-  examples_ = counters[1].item<std::int64_t>();
-  gns_.restore({gns[0].item<double>(), gns[1].item<double>(), gns[2].item<double>(), counters[2].item<std::int64_t>()});
-  last_lr_ = scalars[0].item<double>();
-  best_metric_ = scalars[1].item<double>();
-  elapsed_ = scalars[2].item<double>();
-  rows_ = rows_of(rows.cpu());
+  sampler_.load(sampler);
+  get(archive, "step", step_);
+  get(archive, "examples", examples_);
+  get(archive, "last_lr", last_lr_);
+  get(archive, "best_metric", best_metric_);
+  get(archive, "elapsed", elapsed_);
+  noise::GradientNoiseScale::State g;
+  get(archive, "gns/grad_sq", g.grad_sq);
+  get(archive, "gns/trace", g.trace);
+  get(archive, "gns/correction", g.correction);
+  get(archive, "gns/updates", g.updates);
+  gns_.restore(g);
+  rows_ = get_rows(archive);
   TORCH_CHECK(step_ <= budget_, "checkpoint: step ", step_, " is past this trial's budget of ", budget_, " steps");
 }
 

@@ -37,8 +37,31 @@ struct EvalRow {
   double gns = 0;               ///< B_simple so far (NaN when not measured)
 };
 
+/// EvalRow's one field list: visit(name, member) for each field in column
+/// order. metrics.csv and the checkpoint both read it, so a new field is
+/// written, saved and restored by adding it here.
+template <typename Row, typename Visit>
+void for_each_field(Row&& row, Visit&& visit) {
+  visit("step", row.step);
+  visit("epoch", row.epoch);
+  visit("examples", row.examples);
+  visit("train_loss", row.train_loss);
+  visit("val_loss", row.val_loss);
+  visit("val_error", row.val_error);
+  visit("lr", row.lr);
+  visit("batch_size", row.batch_size);
+  visit("wall_time", row.wall_time);
+  visit("gns", row.gns);
+}
+
+enum class TrialStatus { kReached, kNotReached, kDiverged };
+inline constexpr schedules::EnumName<TrialStatus> kTrialStatuses[] = {
+    {TrialStatus::kReached, "reached"}, {TrialStatus::kNotReached, "not_reached"},
+    {TrialStatus::kDiverged, "diverged"}};
+std::string to_string(TrialStatus status);
+
 struct TrialResult {
-  std::string status;  ///< reached, not_reached, diverged
+  TrialStatus status = TrialStatus::kNotReached;
   std::optional<std::int64_t> steps_to_target;
   std::optional<std::int64_t> examples_to_target;
   std::int64_t steps = 0;    ///< steps run
@@ -66,7 +89,7 @@ struct TrialProgress {
 /// needed). Rank 0 evaluates and broadcasts the result, so every rank stops at
 /// the same step. BatchNorm and ghost batch norm see each rank's share only.
 ///
-/// config.device "cuda" trains on the GPU (cuda:LOCAL_RANK under a process
+/// config.device cuda trains on the GPU (cuda:LOCAL_RANK under a process
 /// group): the model lives there, the data stays on the CPU and each batch is
 /// copied over.
 class Trainer {
@@ -84,8 +107,9 @@ class Trainer {
                   const std::function<void(const std::string&)>& on_checkpoint = {});
 
   /// The whole state of the run between two steps, as the bytes of a torch
-  /// archive: model, optimizer, step, sampler, noise-scale averages, and the
-  /// evaluations so far. Deterministic noise needs no state (seed, step).
+  /// archive with named keys: model, optimizer, step, sampler, noise-scale
+  /// averages, and the evaluations so far (one column per EvalRow field).
+  /// Deterministic noise needs no state (seed, step).
   std::string checkpoint() const;
   /// Continues from checkpoint() bytes of a trainer made with the same config:
   /// the run then goes on exactly as it would have without the interruption.
@@ -98,7 +122,17 @@ class Trainer {
   std::int64_t budget_steps() const { return budget_; }
 
  private:
+  // This step's examples on this rank: inputs, targets, the multiplicative
+  // noise's weights (undefined without it), the global and the local size.
+  struct Batch {
+    at::Tensor x, y, weights;
+    std::int64_t global = 0, local = 0;
+  };
   at::Tensor batch_loss(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weights);
+  // The three ways to the step's gradient; each leaves it in .grad and returns the loss.
+  double gradients_whole(const Batch& b);
+  double gradients_data_parallel(const Batch& b);
+  double gradients_in_micro_batches(const Batch& b);
   std::pair<double, double> evaluate_local();
 
   TrialConfig config_;
@@ -121,10 +155,5 @@ class Trainer {
   double best_metric_;         // the lowest target metric so far
   double elapsed_ = 0;         // seconds of earlier runs of this trial
 };
-
-/// The optimizer a config names, over the model's parameters (bigbatch's with
-/// the usual two groups: no decay and no adaptation for 1-D parameters).
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec, double lr,
-                                                        torch::nn::Module& model);
 
 }  // namespace bigbatch::experiments

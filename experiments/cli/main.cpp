@@ -7,7 +7,10 @@
 #include <bigbatch/distributed/process_group.h>
 #include <bigbatch/experiments/config.h>
 #include <bigbatch/experiments/launch.h>
+#include <bigbatch/experiments/preflight.h>
+#include <bigbatch/experiments/results.h>
 #include <bigbatch/experiments/sweep.h>
+#include <bigbatch/experiments/trial_folder.h>
 
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
@@ -103,7 +106,7 @@ struct Parallel {
 // This process's place in a data-parallel job (torchrun, mpirun or our launcher),
 // with its process group on the backend for `device`; none in a world of one
 // unless --backend names one.
-std::unique_ptr<bigbatch::distributed::ProcessGroup> join(const Parallel& p, const std::string& device) {
+std::unique_ptr<bigbatch::distributed::ProcessGroup> join(const Parallel& p, bx::DeviceType device) {
   namespace bd = bigbatch::distributed;
   const auto world = bd::world_from_env();
   if (world.world_size == 1 && p.backend == "auto") return nullptr;
@@ -113,7 +116,7 @@ std::unique_ptr<bigbatch::distributed::ProcessGroup> join(const Parallel& p, con
   }
   const bd::Backend backend = p.backend == "nccl"   ? bd::Backend::kNccl
                               : p.backend == "gloo" ? bd::Backend::kGloo
-                              : device == "cuda" && bd::nccl_available() ? bd::Backend::kNccl
+                              : device == bx::DeviceType::kCuda && bd::nccl_available() ? bd::Backend::kNccl
                                                                          : bd::Backend::kGloo;
   return std::make_unique<bd::ProcessGroup>(world, std::chrono::milliseconds(static_cast<std::int64_t>(p.timeout * 1000)),
                                             backend);
@@ -123,7 +126,8 @@ std::unique_ptr<bigbatch::distributed::ProcessGroup> join(const Parallel& p, con
 std::vector<bx::NamedSweep> load(const std::string& config, const Parallel& p) {
   auto sweeps = bx::load_sweeps(config);
   if (p.device) {
-    for (auto& named : sweeps) named.sweep.base.device = *p.device;
+    const auto device = bigbatch::schedules::enum_value(bx::kDeviceTypes, *p.device, "--device");
+    for (auto& named : sweeps) named.sweep.base.device = device;
   }
   return sweeps;
 }
@@ -225,7 +229,8 @@ int run(int argc, char** argv) {
     std::cout << (group ? "data-parallel over " + std::to_string(group->size()) + " ranks (" +
                               bigbatch::distributed::backend_name(group->backend()) + "): "
                         : std::string())
-              << trial.name << ": " << r.status << " after " << r.steps << " steps, best " << trial.target.metric
+              << trial.name << ": " << bx::to_string(r.status) << " after " << r.steps << " steps, best "
+              << bx::to_string(trial.target.metric)
               << " " << r.best_metric << "; results in " << tdir << "\n";
     return 0;
   }

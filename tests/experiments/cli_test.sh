@@ -156,7 +156,7 @@ bad_configs)
   derive schedule.json 'c["schedule"]["decay"] = {"type": "step", "milestones": [30, 20]}'
   expect_error 2 "schedule.decay.milestones: must be strictly increasing" "$bigbatch" sweep schedule.json
   derive device.json 'c["device"] = "tpu"'
-  expect_error 2 'device.json: device: must be "cpu" or "cuda", got "tpu"' "$bigbatch" sweep device.json
+  expect_error 2 'device.json: device: unknown value "tpu" (one of: cpu, cuda)' "$bigbatch" sweep device.json
   expect_error 2 "" "$bigbatch" train "$config" --backend mpi
   if ! "$bigbatch" train "$config" --steps 1 --device cuda --out cuda > /dev/null 2>&1; then
     # Without a GPU (or a CUDA LibTorch) a CUDA trial is refused with one line, exit 1.

@@ -1,0 +1,95 @@
+// The optimizer registry (optimizer_registry.h).
+#include <bigbatch/experiments/optimizer_registry.h>
+
+#include <bigbatch/optimizers/lamb.h>
+#include <bigbatch/optimizers/larc.h>
+#include <bigbatch/optimizers/lars.h>
+#include <bigbatch/optimizers/novograd.h>
+#include <bigbatch/optimizers/param_groups.h>
+
+#include <c10/util/Exception.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <tuple>
+
+namespace bigbatch::experiments {
+namespace {
+
+using OptimizerPtr = std::unique_ptr<torch::optim::Optimizer>;
+
+std::tuple<double, double> betas_or(const OptimizerSpec& s, std::tuple<double, double> fallback) {
+  return s.betas ? std::make_tuple((*s.betas)[0], (*s.betas)[1]) : fallback;
+}
+
+// The options every optimizer here has: weight decay and eps, when the spec sets them.
+template <typename Options>
+Options& common(Options& o, const OptimizerSpec& s) {
+  if (s.weight_decay) o.weight_decay(*s.weight_decay);
+  if (s.eps) o.eps(*s.eps);
+  return o;
+}
+
+OptimizerPtr sgd(const OptimizerSpec& s, double lr, torch::nn::Module& model) {
+  auto o = torch::optim::SGDOptions(lr).momentum(s.momentum).nesterov(s.nesterov);
+  if (s.weight_decay) o.weight_decay(*s.weight_decay);  // SGD has no eps
+  return std::make_unique<torch::optim::SGD>(model.parameters(), o);
+}
+
+// torch's Adam and AdamW over all parameters as one group.
+template <typename Optimizer, typename Options>
+OptimizerPtr adam_like(const OptimizerSpec& s, double lr, torch::nn::Module& model) {
+  auto o = Options(lr).betas(betas_or(s, {0.9, 0.999}));
+  return std::make_unique<Optimizer>(model.parameters(), common(o, s));
+}
+
+// bigbatch's layer-wise optimizers over the two usual groups.
+template <typename Optimizer, typename Options>
+OptimizerPtr layerwise(const Options& o, torch::nn::Module& model) {
+  return std::make_unique<Optimizer>(optim::layerwise_param_groups(model, o), o);
+}
+
+template <typename Optimizer, typename Options>
+OptimizerPtr lars_like(const OptimizerSpec& s, double lr, torch::nn::Module& model) {
+  auto o = Options(lr).momentum(s.momentum).nesterov(s.nesterov);
+  if (s.trust_coefficient) o.trust_coefficient(*s.trust_coefficient);
+  return layerwise<Optimizer>(common(o, s), model);
+}
+
+OptimizerPtr lamb(const OptimizerSpec& s, double lr, torch::nn::Module& model) {
+  auto o = optim::LAMBOptions(lr).betas(betas_or(s, {0.9, 0.999}));
+  if (s.max_grad_norm) o.max_grad_norm(*s.max_grad_norm);
+  return layerwise<optim::LAMB>(common(o, s), model);
+}
+
+OptimizerPtr novograd(const OptimizerSpec& s, double lr, torch::nn::Module& model) {
+  auto o = optim::NovoGradOptions(lr).betas(betas_or(s, {0.95, 0.98}));
+  return layerwise<optim::NovoGrad>(common(o, s), model);
+}
+
+}  // namespace
+
+const std::vector<OptimizerEntry>& optimizer_registry() {
+  static const std::vector<OptimizerEntry> registry = {
+      {OptimizerName::kSgd, "sgd", sgd},
+      {OptimizerName::kAdam, "adam", adam_like<torch::optim::Adam, torch::optim::AdamOptions>},
+      {OptimizerName::kAdamW, "adamw", adam_like<torch::optim::AdamW, torch::optim::AdamWOptions>},
+      {OptimizerName::kLars, "lars", lars_like<optim::LARS, optim::LARSOptions>},
+      {OptimizerName::kLarc, "larc", lars_like<optim::LARC, optim::LARCOptions>},
+      {OptimizerName::kLamb, "lamb", lamb},
+      {OptimizerName::kNovoGrad, "novograd", novograd},
+  };
+  return registry;
+}
+
+std::string to_string(OptimizerName name) { return schedules::enum_name(optimizer_registry(), name); }
+
+OptimizerPtr make_optimizer(const OptimizerSpec& spec, double lr, torch::nn::Module& model) {
+  for (const auto& entry : optimizer_registry()) {
+    if (entry.value == spec.name) return entry.make(spec, lr, model);
+  }
+  TORCH_INTERNAL_ASSERT(false, "optimizer ", static_cast<int>(spec.name), " is not in the registry");
+}
+
+}  // namespace bigbatch::experiments

@@ -1,0 +1,34 @@
+// The optimizers a sweep config can name: one entry each, with its spelling
+// and the function that builds it from an OptimizerSpec. The config parser
+// takes the names from here, so a new optimizer is one enum value and one
+// entry (docs/architecture.md has the checklist).
+#pragma once
+
+#include <bigbatch/experiments/config.h>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <vector>
+
+namespace bigbatch::experiments {
+
+struct OptimizerEntry {
+  OptimizerName value;
+  const char* name;  ///< the config's spelling
+  /// The optimizer over `model`'s parameters at rate `lr`; options the spec
+  /// leaves unset keep the optimizer's own defaults.
+  std::unique_ptr<torch::optim::Optimizer> (*make)(const OptimizerSpec& spec, double lr,
+                                                   torch::nn::Module& model);
+};
+
+/// Every optimizer, in the order error messages list them.
+const std::vector<OptimizerEntry>& optimizer_registry();
+
+/// The optimizer a spec names (bigbatch's with the usual two groups: no decay
+/// and no adaptation for 1-D parameters).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec, double lr,
+                                                        torch::nn::Module& model);
+
+}  // namespace bigbatch::experiments

@@ -1,0 +1,80 @@
+// Trial folders (trial_folder.h).
+#include <bigbatch/experiments/trial_folder.h>
+
+#include <bigbatch/experiments/files.h>
+#include <bigbatch/experiments/results.h>
+
+#include <c10/util/Exception.h>
+
+#include <filesystem>
+#include <iostream>
+#include <stdexcept>
+
+namespace bigbatch::experiments {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Whether the folder's config.json is t's (false when missing or unreadable).
+bool same_config(const TrialConfig& t, const fs::path& dir) {
+  try {
+    return fs::exists(dir / "config.json") && read_json((dir / "config.json").string()) == to_json(t);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+bool trial_finished(const TrialConfig& t, const std::string& folder) {
+  const fs::path dir(folder);
+  if (!fs::exists(dir / "summary.json") || !same_config(t, dir)) return false;
+  try {
+    return read_json((dir / "summary.json").string()).contains("status");
+  } catch (const std::exception&) {
+    return false;  // unreadable: redo it
+  }
+}
+
+TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::string& dir,
+                    const std::function<void(const TrialProgress&)>& progress,
+                    distributed::ProcessGroup* group) {
+  const bool writer = group == nullptr || group->rank() == 0;
+  const fs::path folder(dir);
+  const fs::path checkpoint = folder / "checkpoint.pt";
+  std::string saved;  // the trial's last checkpoint, from an interrupted run of the same config
+  if (writer) {
+    fs::create_directories(folder);
+    fs::remove(folder / "summary.json");  // unfinished until the end
+    if (trial.checkpoint_every > 0 && same_config(trial, folder) && fs::exists(checkpoint)) {
+      saved = read_file(checkpoint.string());
+    } else {
+      fs::remove(checkpoint);  // another config's, or checkpoints are off
+    }
+    write_file_atomic((folder / "config.json").string(), to_json(trial).dump(2) + "\n");
+  }
+  if (group != nullptr) saved = distributed::broadcast_bytes(*group, saved);  // rank 0's, to every rank
+  Trainer trainer(trial, data, group);
+  if (!saved.empty()) {
+    try {
+      trainer.restore(saved);
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(checkpoint.string() + ": " + e.what_without_backtrace() +
+                               " (delete it to start the trial over)");
+    }
+    if (writer) std::cerr << "resuming " << trial.name << " from its checkpoint at step " << trainer.step() << "\n";
+  }
+  std::function<void(const std::string&)> on_checkpoint;
+  if (writer && trial.checkpoint_every > 0) {
+    on_checkpoint = [&](const std::string& bytes) { write_file_atomic(checkpoint.string(), bytes); };
+  }
+  const TrialResult r = trainer.run(writer ? progress : std::function<void(const TrialProgress&)>(), on_checkpoint);
+  if (writer) {
+    write_file_atomic((folder / "metrics.csv").string(), metrics_csv(r.rows));
+    write_file_atomic((folder / "summary.json").string(), summary_json(trial, r).dump(2) + "\n");
+    fs::remove(checkpoint);  // finished: the summary and metrics are the record
+  }
+  return r;
+}
+
+}  // namespace bigbatch::experiments
