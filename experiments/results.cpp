@@ -6,6 +6,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
@@ -26,14 +27,6 @@ std::string csv_number(double x) {
   if (!std::isfinite(x)) return "";
   std::ostringstream s;
   s << std::setprecision(10) << x;
-  return s.str();
-}
-
-// "0.03535533906" -> "0.03536": four significant digits for the table.
-std::string short_number(const std::string& text) {
-  if (text.empty()) return "-";
-  std::ostringstream s;
-  s << std::setprecision(4) << std::stod(text);
   return s.str();
 }
 
@@ -148,25 +141,42 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
   return reached;
 }
 
-std::string report(const std::string& sweep_dir) {
-  const fs::path dir(sweep_dir);
-  if (!fs::exists(dir / "steps_to_target.csv")) {
-    throw ConfigError(sweep_dir + ": no steps_to_target.csv (not a finished sweep folder)");
-  }
-  std::istringstream csv(read_file((dir / "steps_to_target.csv").string()));
-  std::ostringstream out;
+std::vector<TargetRow> read_steps_to_target(const std::string& sweep_dir) {
+  const fs::path path = fs::path(sweep_dir) / "steps_to_target.csv";
+  if (!fs::exists(path)) throw ConfigError(sweep_dir + ": no steps_to_target.csv (not a finished sweep folder)");
+  std::istringstream csv(read_file(path.string()));
   std::string line;
   std::getline(csv, line);  // header
-  out << std::left << std::setw(12) << "batch" << std::setw(10) << "steps" << std::setw(12) << "examples"
-      << std::setw(12) << "best lr" << std::setw(10) << "reached" << "trial\n";
+  std::vector<TargetRow> rows;
   while (std::getline(csv, line)) {
     std::vector<std::string> f;
     std::stringstream ls(line);
     for (std::string cell; std::getline(ls, cell, ',');) f.push_back(cell);
     f.resize(6);
-    out << std::setw(12) << f[0] << std::setw(10) << (f[1].empty() ? "-" : f[1]) << std::setw(12)
-        << (f[2].empty() ? "-" : f[2]) << std::setw(12) << short_number(f[3]) << std::setw(10) << (f[5] == "1" ? "yes" : "no")
-        << f[4] << "\n";
+    TargetRow r;
+    r.batch_size = std::stoll(f[0]);
+    if (!f[1].empty()) r.steps = std::stoll(f[1]);
+    if (!f[2].empty()) r.examples = std::stoll(f[2]);
+    r.best_lr = f[3].empty() ? std::numeric_limits<double>::quiet_NaN() : std::stod(f[3]);
+    r.trial = f[4];
+    r.reached = f[5] == "1";
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+std::string report(const std::string& sweep_dir) {
+  const fs::path dir(sweep_dir);
+  const auto dash = [](const std::optional<std::int64_t>& x) { return x ? std::to_string(*x) : std::string("-"); };
+  std::ostringstream out;
+  out << std::left << std::setw(12) << "batch" << std::setw(10) << "steps" << std::setw(12) << "examples"
+      << std::setw(12) << "best lr" << std::setw(10) << "reached" << "trial\n";
+  for (const TargetRow& r : read_steps_to_target(sweep_dir)) {
+    std::ostringstream lr;
+    lr << std::setprecision(4) << r.best_lr;
+    out << std::setw(12) << r.batch_size << std::setw(10) << dash(r.steps) << std::setw(12) << dash(r.examples)
+        << std::setw(12) << (std::isfinite(r.best_lr) ? lr.str() : "-") << std::setw(10)
+        << (r.reached ? "yes" : "no") << r.trial << "\n";
   }
   if (fs::exists(dir / "fit.json")) {
     const json fit = read_json((dir / "fit.json").string());
@@ -176,6 +186,110 @@ std::string report(const std::string& sweep_dir) {
       out << "fit S(B) = S_min (1 + B_crit / B): S_min " << fit["s_min"].get<double>() << ", B_crit "
           << (fit["b_crit"].is_null() ? std::string("inf (no plateau)") : fit["b_crit"].dump()) << ", E_min "
           << fit["e_min"].get<double>() << " (rms relative error " << fit["rms_relative_error"].get<double>() << ")\n";
+    }
+  }
+  return out.str();
+}
+
+void check_comparable(const std::vector<LabelledSweep>& sweeps) {
+  std::optional<json> first;
+  for (const auto& s : sweeps) {
+    const fs::path file = fs::path(s.dir) / "sweep.json";
+    if (!fs::exists(file)) throw ConfigError(s.dir + ": no sweep.json (not a sweep folder)");
+    const json target = read_json(file.string()).at("target");
+    const json key = {target.at("metric"), target.at("threshold")};
+    if (first && key != *first) {
+      throw ConfigError(s.dir + ": its target (" + key[0].get<std::string>() + " <= " + key[1].dump() +
+                        ") differs from " + sweeps.front().dir + "'s (" + (*first)[0].get<std::string>() +
+                        " <= " + (*first)[1].dump() + "); only sweeps with the same target compare");
+    }
+    if (!first) first = key;
+  }
+}
+
+std::string compare_report(const std::vector<LabelledSweep>& sweeps, TableFormat format) {
+  check_comparable(sweeps);
+  std::vector<std::map<std::int64_t, TargetRow>> tables;
+  std::map<std::int64_t, int> batches;
+  for (const auto& s : sweeps) {
+    auto& t = tables.emplace_back();
+    for (TargetRow& r : read_steps_to_target(s.dir)) {
+      batches[r.batch_size] = 0;
+      t[r.batch_size] = std::move(r);
+    }
+  }
+  // The cells of each row: batch, steps per sweep, then ratios to the first.
+  std::vector<std::string> header{"batch size"};
+  for (const auto& s : sweeps) header.push_back(s.label);
+  for (std::size_t k = 1; k < sweeps.size(); ++k) header.push_back(sweeps[k].label + " / " + sweeps[0].label);
+  const std::string none = format == TableFormat::kCsv ? "" : "-";
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& [batch, unused] : batches) {
+    std::vector<std::optional<std::int64_t>> steps;
+    for (const auto& t : tables) {
+      const auto it = t.find(batch);
+      steps.push_back(it == t.end() ? std::nullopt : it->second.steps);
+    }
+    std::vector<std::string> row{std::to_string(batch)};
+    for (const auto& s : steps) row.push_back(s ? std::to_string(*s) : none);
+    for (std::size_t k = 1; k < steps.size(); ++k) {
+      std::ostringstream ratio;
+      if (steps[0] && steps[k]) ratio << std::fixed << std::setprecision(2) << static_cast<double>(*steps[k]) / static_cast<double>(*steps[0]);
+      row.push_back(steps[0] && steps[k] ? ratio.str() : none);
+    }
+    rows.push_back(std::move(row));
+  }
+  std::ostringstream out;
+  const auto line = [&](const std::vector<std::string>& cells, const char* begin, const char* sep, const char* end) {
+    out << begin;
+    for (std::size_t i = 0; i < cells.size(); ++i) out << (i ? sep : "") << cells[i];
+    out << end << "\n";
+  };
+  switch (format) {
+    case TableFormat::kCsv: {
+      for (auto& h : header) std::replace(h.begin(), h.end(), ',', ' ');
+      line(header, "", ",", "");
+      for (const auto& r : rows) line(r, "", ",", "");
+      break;
+    }
+    case TableFormat::kMarkdown: {
+      line(header, "| ", " | ", " |");
+      line(std::vector<std::string>(header.size(), "---:"), "|", "|", "|");
+      for (const auto& r : rows) line(r, "| ", " | ", " |");
+      break;
+    }
+    case TableFormat::kLatex: {
+      const auto escape = [](std::string text) {
+        std::string e;
+        for (const char c : text) e += c == '_' || c == '%' || c == '&' || c == '#' ? std::string("\\") + c : std::string(1, c);
+        return e;
+      };
+      out << "\\begin{tabular}{" << std::string(header.size(), 'r') << "}\n\\hline\n";
+      std::vector<std::string> escaped;
+      for (const auto& h : header) escaped.push_back(escape(h));
+      line(escaped, "", " & ", " \\\\");
+      out << "\\hline\n";
+      for (const auto& r : rows) line(r, "", " & ", " \\\\");
+      out << "\\hline\n\\end{tabular}\n";
+      break;
+    }
+    case TableFormat::kText: {
+      std::vector<std::size_t> width(header.size());
+      for (std::size_t i = 0; i < header.size(); ++i) {
+        width[i] = header[i].size();
+        for (const auto& r : rows) width[i] = std::max(width[i], r[i].size());
+      }
+      const auto padded = [&](const std::vector<std::string>& cells) {
+        std::vector<std::string> p;
+        for (std::size_t i = 0; i < cells.size(); ++i) {
+          const bool last = i + 1 == cells.size();
+          p.push_back(cells[i] + std::string(last ? 0 : width[i] - cells[i].size(), ' '));
+        }
+        return p;
+      };
+      line(padded(header), "", "  ", "");
+      for (const auto& r : rows) line(padded(r), "", "  ", "");
+      break;
     }
   }
   return out.str();

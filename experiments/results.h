@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,41 @@ nlohmann::json summary_json(const TrialConfig& trial, const TrialResult& result)
 /// summary.json of each of `trials`. Returns how many trials reached the target.
 std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::string& dir);
 
+/// One row of steps_to_target.csv.
+struct TargetRow {
+  std::int64_t batch_size = 0;
+  std::optional<std::int64_t> steps, examples;  ///< empty when no trial reached
+  double best_lr = 0;
+  std::string trial;  ///< the fastest trial that reached, else the closest
+  bool reached = false;
+};
+
+/// A finished sweep folder's steps_to_target.csv. Throws ConfigError when the
+/// folder holds no finished sweep.
+std::vector<TargetRow> read_steps_to_target(const std::string& sweep_dir);
+
 /// The steps-to-target table of a sweep folder, formatted for a terminal.
 /// Throws ConfigError when the folder holds no finished sweep.
 std::string report(const std::string& sweep_dir);
+
+/// A sweep folder under the name a comparison shows.
+struct LabelledSweep {
+  std::string label;
+  std::string dir;
+};
+
+/// Throws ConfigError unless the sweeps share their target (metric and
+/// threshold): steps to different targets are not comparable.
+void check_comparable(const std::vector<LabelledSweep>& sweeps);
+
+enum class TableFormat { kText, kMarkdown, kCsv, kLatex };
+inline constexpr schedules::EnumName<TableFormat> kTableFormats[] = {
+    {TableFormat::kText, "text"}, {TableFormat::kMarkdown, "markdown"}, {TableFormat::kCsv, "csv"},
+    {TableFormat::kLatex, "latex"}};
+
+/// The steps-to-target tables of several sweeps side by side: a row per batch
+/// size, a steps column per sweep ("-" or empty where it did not reach), then
+/// each later sweep's steps as a ratio to the first's. Checks comparability.
+std::string compare_report(const std::vector<LabelledSweep>& sweeps, TableFormat format);
 
 }  // namespace bigbatch::experiments

@@ -1,15 +1,27 @@
 #!/usr/bin/python3
-"""Plots of a bigbatch sweep folder (reads only the folder; writes DIR/plots/).
+"""Plots of bigbatch sweep folders (reads only the folders; writes figures).
 
-  1. validation metric against step, the best trial of each batch size
+One sweep, into SWEEP_DIR/plots/:
+  1. validation metric and training loss of the best trial of each batch
+     size, against step and against examples seen (four panels)
   2. steps to target against batch size (log2 axes), perfect scaling, fit S(B)
   3. best learning rate against batch size, with linear and sqrt slopes
-  4. learning rate and batch size schedules against step
+  4. learning rate and batch size schedules against step (drawn as steps)
   5. the gradient noise scale B_simple over training
+
+Several sweeps (the variants of one config, or folders from different runs),
+compared on one set of figures in OUT_DIR:
+  compare_steps_to_target   steps to target against batch size, a line per
+                            sweep, its fit where it has one, perfect scaling
+  compare_examples_to_target  examples to target against batch size
+  compare_best_lr           best rate against batch size per sweep
+  compare_validation        per batch size, each sweep's best trial's
+                            validation curve against examples seen
 
 Each figure is written as PNG and SVG, with the plotted points beside it as
 JSON (same name), so tests and readers can check them against the tables.
 Usage: plot_sweep.py SWEEP_DIR
+       plot_sweep.py --compare OUT_DIR LABEL=SWEEP_DIR [LABEL=SWEEP_DIR ...]
 """
 import csv
 import json
@@ -56,20 +68,26 @@ def main(sweep_dir):
     metrics = {b: read_csv(os.path.join(sweep_dir, t, "metrics.csv")) for b, t in best.items()}
     colors = plt.cm.viridis([i / max(1, len(best) - 1) for i in range(len(best))])
 
-    # 1. validation metric against step
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    # 1. validation metric and training loss against step and examples seen
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharey="row")
     points = {}
     for color, (b, rows) in zip(colors, sorted(metrics.items())):
-        steps = [int(r["step"]) for r in rows]
-        values = [number(r[metric]) for r in rows]
-        ax.plot(steps, values, color=color, label=f"B={b}")
-        points[str(b)] = {"trial": best[b], "step": steps, metric: values}
-    ax.axhline(threshold, color="gray", linestyle="--", label="target")
-    ax.set_xscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel(metric.replace("_", " "))
-    ax.set_title("Best trial per batch size")
-    ax.legend(fontsize=8)
+        curves = {key: [number(r[key]) for r in rows] for key in (metric, "train_loss")}
+        xs = {"step": [int(r["step"]) for r in rows], "examples": [int(r["examples"]) for r in rows]}
+        for row, key in enumerate((metric, "train_loss")):
+            for col, x in enumerate(("step", "examples")):
+                axes[row][col].plot(xs[x], curves[key], color=color, label=f"B={b}")
+        points[str(b)] = {"trial": best[b], **xs, **curves}
+    for col, x in enumerate(("step", "examples seen")):
+        axes[0][col].axhline(threshold, color="gray", linestyle="--", label="target")
+        for row in range(2):
+            axes[row][col].set_xscale("log")
+        axes[1][col].set_xlabel(x)
+    axes[0][0].set_ylabel(metric.replace("_", " "))
+    axes[1][0].set_ylabel("training loss")
+    axes[1][0].set_yscale("log")
+    axes[0][0].set_title("Best trial per batch size")
+    axes[0][1].legend(fontsize=8)
     save(fig, out, "validation", points)
 
     # 2. steps to target against batch size
@@ -118,8 +136,9 @@ def main(sweep_dir):
         steps = [int(r["step"]) for r in rows]
         lrs = [number(r["lr"]) for r in rows]
         batches = [int(r["batch_size"]) for r in rows]
-        a1.plot(steps, lrs, color=color, label=f"B={b}")
-        a2.plot(steps, batches, color=color)
+        # Rates and batch sizes hold between evaluations: draw them as steps.
+        a1.plot(steps, lrs, color=color, label=f"B={b}", drawstyle="steps-post")
+        a2.plot(steps, batches, color=color, drawstyle="steps-post")
         points[str(b)] = {"step": steps, "lr": lrs, "batch_size": batches}
     a1.set_ylabel("learning rate")
     a1.legend(fontsize=8)
@@ -150,7 +169,103 @@ def main(sweep_dir):
     print(f"plots in {out}: validation, steps_to_target, best_lr, schedules, noise_scale (.png, .svg, .json)")
 
 
+def load_sweep(sweep_dir):
+    with open(os.path.join(sweep_dir, "sweep.json")) as f:
+        sweep = json.load(f)
+    with open(os.path.join(sweep_dir, "fit.json")) as f:
+        fit = json.load(f)
+    return {"dir": sweep_dir, "sweep": sweep, "fit": fit,
+            "table": read_csv(os.path.join(sweep_dir, "steps_to_target.csv"))}
+
+
+def compare(out, labelled):
+    """The comparison figures of several sweeps, labelled (label, dir) pairs."""
+    sweeps = [(label, load_sweep(d)) for label, d in labelled]
+    targets = {(s["sweep"]["target"]["metric"], s["sweep"]["target"]["threshold"]) for _, s in sweeps}
+    if len(targets) != 1:
+        sys.exit(f"plot_sweep.py: the sweeps have different targets {sorted(targets)}; compare like with like")
+    metric, threshold = targets.pop()
+    os.makedirs(out, exist_ok=True)
+    colors = plt.cm.tab10.colors
+    markers = "os^DvPX*"
+    style = {label: (colors[i % len(colors)], markers[i % len(markers)]) for i, (label, _) in enumerate(sweeps)}
+
+    def reached(s, key):
+        kind = float if key == "best_lr" else int
+        return [(int(r["batch_size"]), kind(r[key])) for r in s["table"] if r["reached"] == "1"]
+
+    # Steps and examples to target, best rate: one line per sweep.
+    for name, key, ylabel in (("compare_steps_to_target", "steps", f"steps to {metric} <= {threshold}"),
+                              ("compare_examples_to_target", "examples", f"examples to {metric} <= {threshold}"),
+                              ("compare_best_lr", "best_lr", "best learning rate")):
+        fig, ax = plt.subplots(figsize=(7, 5))
+        points = {}
+        first = None
+        for label, s in sweeps:
+            color, marker = style[label]
+            pairs = reached(s, key)
+            points[label] = {"batch_sizes": [b for b, _ in pairs], key: [v for _, v in pairs]}
+            if not pairs:
+                continue
+            bs, vs = zip(*pairs)
+            ax.plot(bs, vs, marker=marker, color=color, label=label)
+            first = first or pairs[0]
+            fit = s["fit"]
+            # The fit is in steps: examples are not steps x B once a schedule
+            # grows the batch, so only the steps figure draws it.
+            if key == "steps" and "s_min" in fit:
+                points[label]["fit"] = fit
+                grid = [bs[0] * (bs[-1] / bs[0]) ** (i / 50) for i in range(51)]
+                curve = [fit["s_min"] + fit["e_min"] / b for b in grid]
+                ax.plot(grid, curve, "--", color=color, linewidth=1,
+                        label=f"{label}: fit, B_crit={fit['b_crit'] if fit['b_crit'] is not None else math.inf:.0f}")
+        if first and key == "steps":
+            b0, s0 = first
+            all_b = sorted({b for _, s in sweeps for b, _ in reached(s, key)})
+            ax.plot(all_b, [s0 * b0 / b for b in all_b], "k:", label="perfect scaling")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2 if key != "best_lr" else 10)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+        save(fig, out, name, points)
+
+    # Each batch size's best trial of every sweep, against examples seen.
+    batches = sorted({int(r["batch_size"]) for _, s in sweeps for r in s["table"]})
+    cols = min(3, len(batches))
+    nrows = (len(batches) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.5 * nrows), squeeze=False, sharey=True)
+    points = {}
+    for i, b in enumerate(batches):
+        ax = axes[i // cols][i % cols]
+        points[str(b)] = {}
+        for label, s in sweeps:
+            row = next((r for r in s["table"] if int(r["batch_size"]) == b), None)
+            if row is None:
+                continue
+            rows = read_csv(os.path.join(s["dir"], row["trial"], "metrics.csv"))
+            examples = [int(r["examples"]) for r in rows]
+            values = [number(r[metric]) for r in rows]
+            color, _ = style[label]
+            ax.plot(examples, values, color=color, label=label)
+            points[str(b)][label] = {"trial": row["trial"], "examples": examples, metric: values}
+        ax.axhline(threshold, color="gray", linestyle="--")
+        ax.set_xscale("log")
+        ax.set_title(f"B={b}", fontsize=10)
+        ax.set_xlabel("examples seen")
+    for j in range(len(batches), nrows * cols):
+        axes[j // cols][j % cols].axis("off")
+    axes[0][0].set_ylabel(metric.replace("_", " "))
+    axes[0][0].legend(fontsize=8)
+    save(fig, out, "compare_validation", points)
+    print(f"comparison plots in {out}: compare_steps_to_target, compare_examples_to_target, "
+          f"compare_best_lr, compare_validation (.png, .svg, .json)")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: plot_sweep.py SWEEP_DIR")
-    main(sys.argv[1])
+    if len(sys.argv) >= 4 and sys.argv[1] == "--compare":
+        compare(sys.argv[2], [arg.split("=", 1) for arg in sys.argv[3:]])
+    elif len(sys.argv) == 2:
+        main(sys.argv[1])
+    else:
+        sys.exit("usage: plot_sweep.py SWEEP_DIR | plot_sweep.py --compare OUT_DIR LABEL=SWEEP_DIR ...")

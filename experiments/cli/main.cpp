@@ -1,8 +1,8 @@
 // bigbatch: the command line of the experiment runner.
 //   bigbatch sweep CONFIG [--out DIR] [--jobs N]   run or resume a sweep
 //   bigbatch train CONFIG [--out DIR] [...]        one trial of a sweep config
-//   bigbatch plot DIR                              the plots of a sweep folder
-//   bigbatch report DIR                            its steps-to-target table
+//   bigbatch plot DIR... [--out FIG_DIR]           the plots of sweep folders, compared
+//   bigbatch report DIR... [--format F]            their steps-to-target tables
 // Exit 0 on success, 2 on a bad config or arguments (one line), 1 on failures.
 #include <bigbatch/distributed/process_group.h>
 #include <bigbatch/experiments/config.h>
@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <string>
 
 #ifndef BIGBATCH_PLOT_SCRIPT
@@ -47,7 +48,8 @@ std::vector<std::string> sweep_folders(const std::string& dir) {
   return out;
 }
 
-int plot_one(const std::string& dir) {
+// Runs the plot script with these arguments.
+void run_plot_script(const std::vector<std::string>& args) {
   const char* env = std::getenv("BIGBATCH_PLOT_SCRIPT");
   const std::string script = env ? env : BIGBATCH_PLOT_SCRIPT;
   const std::string python = std::getenv("BIGBATCH_PYTHON") ? std::getenv("BIGBATCH_PYTHON") : "/usr/bin/python3";
@@ -57,22 +59,80 @@ int plot_one(const std::string& dir) {
     for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
     return q + "'";
   };
-  const int rc = std::system((quote(python) + " " + quote(script) + " " + quote(dir)).c_str());
+  std::string command = quote(python) + " " + quote(script);
+  for (const auto& a : args) command += " " + quote(a);
+  const int rc = std::system(command.c_str());
   if (rc != 0) throw std::runtime_error("plotting failed (" + python + " " + script + "); see above");
-  return 0;
 }
 
-int plot(const std::string& dir) {
-  for (const auto& d : sweep_folders(dir)) plot_one(d);
-  return 0;
-}
-
-int report(const std::string& dir) {
-  const auto folders = sweep_folders(dir);
-  for (const auto& d : folders) {
-    if (folders.size() > 1) std::cout << "== " << d << "\n";
-    std::cout << bx::report(d);
+// Every sweep folder under DIRS (each a sweep or a config's variants), named
+// by its sweep's name, or by --labels (one per folder), or by its path when
+// two share a name.
+std::vector<bx::LabelledSweep> labelled_sweeps(const std::vector<std::string>& dirs,
+                                               const std::vector<std::string>& labels) {
+  std::vector<bx::LabelledSweep> sweeps;
+  for (const auto& dir : dirs) {
+    for (const auto& d : sweep_folders(dir)) sweeps.push_back({fs::path(d).filename().string(), d});
   }
+  if (!labels.empty()) {
+    if (labels.size() != sweeps.size()) {
+      throw bx::ConfigError("--labels: " + std::to_string(labels.size()) + " labels for " +
+                            std::to_string(sweeps.size()) + " sweep folders");
+    }
+    for (std::size_t i = 0; i < labels.size(); ++i) {
+      if (labels[i].empty() || labels[i].find('=') != std::string::npos) {
+        throw bx::ConfigError("--labels: \"" + labels[i] + "\" must be non-empty and without '='");
+      }
+      sweeps[i].label = labels[i];
+    }
+  }
+  std::set<std::string> seen;
+  bool unique = true;
+  for (const auto& s : sweeps) unique = seen.insert(s.label).second && unique;
+  if (!unique) {
+    for (auto& s : sweeps) s.label = s.dir;
+  }
+  return sweeps;
+}
+
+// Each sweep's own plots; with several sweeps (a config's variants, or several
+// DIRs) also the comparison figures, into --out or else DIR/plots.
+int plot(const std::vector<std::string>& dirs, const std::optional<std::string>& out,
+         const std::vector<std::string>& labels) {
+  const auto sweeps = labelled_sweeps(dirs, labels);
+  if (dirs.size() > 1 && !out) throw bx::ConfigError("--out: needed where several folders are compared");
+  bool compare = sweeps.size() > 1;
+  if (compare && dirs.size() == 1 && !out) {
+    try {
+      bx::check_comparable(sweeps);
+    } catch (const bx::ConfigError& e) {  // variants that change the target: each alone
+      std::cerr << "bigbatch: no comparison figures: " << e.what() << "\n";
+      compare = false;
+    }
+  } else if (compare) {
+    bx::check_comparable(sweeps);
+  }
+  if (!out) {
+    for (const auto& s : sweeps) run_plot_script({s.dir});
+  }
+  if (compare) {
+    std::vector<std::string> args{"--compare", out ? *out : (fs::path(dirs.front()) / "plots").string()};
+    for (const auto& s : sweeps) args.push_back(s.label + "=" + s.dir);
+    run_plot_script(args);
+  }
+  return 0;
+}
+
+int report(const std::vector<std::string>& dirs, bx::TableFormat format, const std::vector<std::string>& labels) {
+  const auto sweeps = labelled_sweeps(dirs, labels);
+  if (format == bx::TableFormat::kText) {
+    for (const auto& s : sweeps) {
+      if (sweeps.size() > 1) std::cout << "== " << s.dir << "\n";
+      std::cout << bx::report(s.dir);
+    }
+    if (sweeps.size() > 1) std::cout << "== side by side (steps to target)\n";
+  }
+  if (format != bx::TableFormat::kText || sweeps.size() > 1) std::cout << bx::compare_report(sweeps, format);
   return 0;
 }
 
@@ -135,7 +195,7 @@ std::vector<bx::NamedSweep> load(const std::string& config, const Parallel& p) {
 int run(int argc, char** argv) {
   CLI::App app{"bigbatch: batch size against steps to target, on LibTorch"};
   app.require_subcommand(1);
-  std::string config, out = "runs", dir;
+  std::string config, out = "runs";
   int jobs = 1;
   auto* sweep = app.add_subcommand("sweep", "run (or resume) every trial of a sweep config, then its tables");
   sweep->add_option("CONFIG", config, "sweep config (JSON)")->required();
@@ -158,10 +218,27 @@ int run(int argc, char** argv) {
   train->add_option("--variant", variant, "which variant of the config (default: the first)");
   parallel.add_to(train);
 
-  auto* plot_cmd = app.add_subcommand("plot", "write the plots of a sweep folder (PNG, SVG, JSON points)");
-  plot_cmd->add_option("DIR", dir, "sweep folder, e.g. runs/quickstart")->required();
-  auto* report_cmd = app.add_subcommand("report", "print the steps-to-target table of a sweep folder");
-  report_cmd->add_option("DIR", dir, "sweep folder")->required();
+  std::vector<std::string> dirs, labels;
+  std::optional<std::string> fig_out;
+  auto* plot_cmd = app.add_subcommand(
+      "plot", "write the plots of sweep folders (PNG, SVG, JSON points); several sweeps (a config's variants, "
+              "or several DIRs) are also compared on one set of figures");
+  plot_cmd->add_option("DIR", dirs, "sweep folders, e.g. runs/quickstart, or a config's folder of variants")
+      ->required();
+  plot_cmd->add_option("--out", fig_out,
+                       "write only the comparison figures, here (needed with several DIRs; default: DIR/plots)");
+  plot_cmd->add_option("--labels", labels, "names of the compared sweeps, one per sweep folder (default: their names)")
+      ->delimiter(',');
+  auto* report_cmd = app.add_subcommand("report", "print the steps-to-target tables of sweep folders");
+  report_cmd->add_option("DIR", dirs, "sweep folders, or a config's folder of variants")->required();
+  std::string format = "text";
+  report_cmd->add_option("--format", format,
+                         "text (each table, then side by side), or markdown, csv, latex: the sweeps side by side, "
+                         "steps per sweep and the ratio to the first")
+      ->check(CLI::IsMember({"text", "markdown", "csv", "latex"}))
+      ->capture_default_str();
+  report_cmd->add_option("--labels", labels, "column names, one per sweep folder (default: their names)")
+      ->delimiter(',');
 
   try {
     app.parse(argc, argv);
@@ -234,8 +311,8 @@ int run(int argc, char** argv) {
               << " " << r.best_metric << "; results in " << tdir << "\n";
     return 0;
   }
-  if (*plot_cmd) return plot(dir);
-  return report(dir);
+  if (*plot_cmd) return plot(dirs, fig_out, labels);
+  return report(dirs, bigbatch::schedules::enum_value(bx::kTableFormats, format, "--format"), labels);
 }
 
 }  // namespace

@@ -94,6 +94,47 @@ gns = json.load(open(os.path.join(p, "noise_scale.json")))
 assert len(gns) == len(rows), gns.keys()
 print("plots ok")
 PY
+  # A config with variants: each variant's plots, and the comparison figures
+  # at the top, whose points are the variants' tables.
+  derive variants.json 'c["name"] = "vs"; c["batch_sizes"] = [8, 128, 2048]; c["seeds"] = [0]; c["variants"] = {"sqrt": {}, "linear": {"schedule": {"scaling": "linear"}}}'
+  "$bigbatch" sweep variants.json --out runs --jobs 2 > /dev/null
+  "$bigbatch" plot runs/vs > plot.txt
+  $py - runs/vs <<'PY'
+import csv, json, os, sys
+d = sys.argv[1]
+p = os.path.join(d, "plots")
+for name in ("compare_steps_to_target", "compare_examples_to_target", "compare_best_lr", "compare_validation"):
+    for ext in ("png", "svg", "json"):
+        assert os.path.getsize(os.path.join(p, f"{name}.{ext}")) > 100, (name, ext)
+steps = json.load(open(os.path.join(p, "compare_steps_to_target.json")))
+examples = json.load(open(os.path.join(p, "compare_examples_to_target.json")))
+curves = json.load(open(os.path.join(p, "compare_validation.json")))
+assert sorted(steps) == ["linear", "sqrt"], steps.keys()
+for variant in ("linear", "sqrt"):
+    rows = list(csv.DictReader(open(os.path.join(d, variant, "steps_to_target.csv"))))
+    done = [r for r in rows if r["reached"] == "1"]
+    assert steps[variant]["batch_sizes"] == [int(r["batch_size"]) for r in done], (variant, steps[variant])
+    assert steps[variant]["steps"] == [int(r["steps"]) for r in done], (variant, steps[variant])
+    assert examples[variant]["examples"] == [int(r["examples"]) for r in done], variant
+    for r in rows:
+        m = list(csv.DictReader(open(os.path.join(d, variant, r["trial"], "metrics.csv"))))
+        c = curves[r["batch_size"]][variant]
+        assert c["trial"] == r["trial"] and c["examples"] == [int(x["examples"]) for x in m], (variant, r)
+print("comparison ok")
+PY
+  # Two folders on one figure, a side-by-side table, and a folder with another
+  # target refused before anything is drawn.
+  "$bigbatch" plot runs/vs/sqrt runs/e2e --labels a,b --out cmp > /dev/null
+  [ -s cmp/compare_steps_to_target.json ] || fail "no comparison of two folders"
+  $py -c "import json; assert sorted(json.load(open('cmp/compare_steps_to_target.json'))) == ['a', 'b']"
+  "$bigbatch" report runs/vs --format markdown | tee report.md
+  grep -qF "| batch size | linear | sqrt | sqrt / linear |" report.md || fail "markdown header"
+  [ "$(grep -c '^| [0-9]' report.md)" -eq 3 ] || fail "markdown rows"
+  derive loss.json 'c["name"] = "loss"; c["target"]["metric"] = "val_loss"; c["target"]["threshold"] = 1.3; c["batch_sizes"] = [128]; c["seeds"] = [0]'
+  "$bigbatch" sweep loss.json --out runs > /dev/null
+  expect_error 2 "only sweeps with the same target compare" "$bigbatch" plot runs/e2e runs/loss --out refused
+  [ ! -e refused ] || fail "a refused comparison wrote figures"
+  expect_error 2 "--out: needed" "$bigbatch" plot runs/e2e runs/vs
   ;;
 resume)
   "$bigbatch" sweep "$config" --out reference --jobs 1 > /dev/null
