@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -426,6 +427,7 @@ SweepConfig parse_sweep(const json& j) {
 namespace {
 
 json read_config(const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw ConfigError(path + ": a folder, not a config file");
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot open the config file");
   try {
@@ -486,7 +488,9 @@ std::vector<TrialConfig> expand(const SweepConfig& sweep) {
         t.seed = seed;
         t.schedule.base_lr = points[i].lr;
         if (points[i].momentum) t.optimizer.momentum = *points[i].momentum;
-        t.name = "b" + std::to_string(batch) + "_p" + std::to_string(i) + "_s" + std::to_string(seed);
+        std::ostringstream name;  // (not string +: GCC 12 warns falsely about it, PR 105651)
+        name << 'b' << batch << "_p" << i << "_s" << seed;
+        t.name = name.str();
         out.push_back(std::move(t));
       }
     }

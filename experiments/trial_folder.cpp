@@ -8,7 +8,7 @@
 
 #include <filesystem>
 #include <iostream>
-#include <stdexcept>
+#include <optional>
 
 namespace bigbatch::experiments {
 namespace fs = std::filesystem;
@@ -54,21 +54,29 @@ TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::st
     write_file_atomic((folder / "config.json").string(), to_json(trial).dump(2) + "\n");
   }
   if (group != nullptr) saved = distributed::broadcast_bytes(*group, saved);  // rank 0's, to every rank
-  Trainer trainer(trial, data, group);
+  std::optional<Trainer> trainer;
+  trainer.emplace(trial, data, group);
   if (!saved.empty()) {
     try {
-      trainer.restore(saved);
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(checkpoint.string() + ": " + e.what_without_backtrace() +
-                               " (delete it to start the trial over)");
+      trainer->restore(saved);
+      if (writer) std::cerr << "resuming " << trial.name << " from its checkpoint at step " << trainer->step() << "\n";
+    } catch (const std::exception& e) {
+      // Unreadable (truncated, or another version's): the trial starts over.
+      // Every rank read the same bytes, so every rank gets here.
+      if (writer) {
+        const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+        std::cerr << "warning: " << checkpoint.string() << ": "
+                  << (torch_error ? torch_error->what_without_backtrace() : e.what()) << "; starting " << trial.name
+                  << " over\n";
+      }
+      trainer.emplace(trial, data, group);
     }
-    if (writer) std::cerr << "resuming " << trial.name << " from its checkpoint at step " << trainer.step() << "\n";
   }
   std::function<void(const std::string&)> on_checkpoint;
   if (writer && trial.checkpoint_every > 0) {
     on_checkpoint = [&](const std::string& bytes) { write_file_atomic(checkpoint.string(), bytes); };
   }
-  const TrialResult r = trainer.run(writer ? progress : std::function<void(const TrialProgress&)>(), on_checkpoint);
+  const TrialResult r = trainer->run(writer ? progress : std::function<void(const TrialProgress&)>(), on_checkpoint);
   if (writer) {
     write_file_atomic((folder / "metrics.csv").string(), metrics_csv(r.rows));
     write_file_atomic((folder / "summary.json").string(), summary_json(trial, r).dump(2) + "\n");

@@ -180,6 +180,8 @@ c["target"] = {"metric": "val_loss", "threshold": 1e-9, "eval_every": 100}'
   echo "resume ok"
   ;;
 bad_configs)
+  mkdir -p folder.json
+  expect_error 2 "folder.json: a folder, not a config file" "$bigbatch" sweep folder.json
   derive unknown.json 'c["optimizer"]["momentun"] = 0.9'
   expect_error 2 "unknown.json: optimizer.momentun: unknown key" "$bigbatch" sweep unknown.json
   derive type.json 'c["budget"]["steps"] = "many"'

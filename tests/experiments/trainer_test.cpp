@@ -1,6 +1,8 @@
 // Trainer, models and data of the runner: parameter counts of the shipped
 // architectures, the sampler's epochs, and the three ways a trial ends.
+#include <bigbatch/experiments/files.h>
 #include <bigbatch/experiments/trial.h>
+#include <bigbatch/experiments/trial_folder.h>
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -8,6 +10,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include <cmath>
+#include <filesystem>
 #include <set>
 #include <sstream>
 #include <string>
@@ -199,6 +202,31 @@ TEST(Trainer, CheckpointKeysAreNamedAndOtherFormatsAreRefused) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("not of format"), std::string::npos) << e.what();
   }
+}
+
+// A trial folder whose checkpoint cannot be read (a killed write, another
+// version's format) is not a dead end: the trial starts over and ends exactly
+// as a fresh run does.
+TEST(TrialFolder, AnUnreadableCheckpointRestartsTheTrial) {
+  TrialConfig c = mixture_trial(0.05, 0.001);
+  c.name = "t";
+  c.data.separation = 0.5;
+  c.budget = {40, bigbatch::schedules::Unit::kSteps};
+  c.target.eval_every = 10;
+  c.checkpoint_every = 20;
+  const Dataset d = load_dataset(c.data);
+  const TrialResult fresh = Trainer(c, d).run();
+  const auto dir = std::filesystem::temp_directory_path() / "bigbatch_trial_folder_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  write_file_atomic((dir / "config.json").string(), to_json(c).dump(2) + "\n");
+  write_file_atomic((dir / "checkpoint.pt").string(), "PK\x03\x04 not a whole archive");
+  const TrialResult r = run_one(c, d, dir.string());
+  ASSERT_EQ(r.rows.size(), fresh.rows.size());
+  for (std::size_t i = 0; i < r.rows.size(); ++i) EXPECT_EQ(r.rows[i].val_loss, fresh.rows[i].val_loss) << i;
+  EXPECT_TRUE(trial_finished(c, dir.string()));
+  EXPECT_FALSE(std::filesystem::exists(dir / "checkpoint.pt"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Trainer, CudaTrialFollowsTheCpuTrial_CUDA) {
