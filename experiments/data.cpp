@@ -14,6 +14,9 @@
 namespace bigbatch::experiments {
 namespace {
 
+// Fashion-MNIST's 60,000 training images: the first 55,000 train, the rest validate.
+constexpr std::int64_t kFashionTrain = 55000;
+
 at::Tensor images(const IdxArray& a, std::int64_t begin, std::int64_t end) {
   const auto n = static_cast<std::int64_t>(a.dims.at(0));
   const at::Tensor all = at::from_blob(const_cast<std::uint8_t*>(a.data.data()), {n, 1, 28, 28}, at::kByte);
@@ -32,10 +35,10 @@ Dataset fashion_mnist() {
   const FashionMnist f = load_fashion_mnist();
   Dataset d;
   d.classes = 10;
-  d.x_train = images(f.train_images, 0, 55000);
-  d.y_train = labels(f.train_labels, 0, 55000);
-  d.x_val = images(f.train_images, 55000, 60000);
-  d.y_val = labels(f.train_labels, 55000, 60000);
+  d.x_train = images(f.train_images, 0, kFashionTrain);
+  d.y_train = labels(f.train_labels, 0, kFashionTrain);
+  d.x_val = images(f.train_images, kFashionTrain, 60000);
+  d.y_val = labels(f.train_labels, kFashionTrain, 60000);
   d.x_test = images(f.test_images, 0, 10000);
   d.y_test = labels(f.test_labels, 0, 10000);
   return d;
@@ -85,6 +88,10 @@ Dataset gaussian_mixture(const DataSpec& s) {
 std::vector<std::int64_t> Dataset::example_shape() const {
   const auto sizes = x_train.sizes();
   return {sizes.begin() + 1, sizes.end()};
+}
+
+std::int64_t training_examples(const DataSpec& spec) {
+  return spec.name == DatasetName::kFashionMnist ? kFashionTrain : spec.train_size;
 }
 
 Dataset load_dataset(const DataSpec& spec) {

@@ -46,6 +46,10 @@ struct Dataset {
   std::vector<std::int64_t> example_shape() const;
 };
 
+/// The training examples `spec` gives, known without loading anything
+/// (Fashion-MNIST: the 55,000 of its split; synthetic: train_size).
+std::int64_t training_examples(const DataSpec& spec);
+
 /// Loads or generates the data. A missing Fashion-MNIST is a std::runtime_error
 /// naming the file and the Debian package.
 Dataset load_dataset(const DataSpec& spec);

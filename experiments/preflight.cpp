@@ -3,8 +3,13 @@
 
 #include <c10/util/Exception.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <system_error>
 
 namespace bigbatch::experiments {
 
@@ -17,27 +22,36 @@ void check_world(const SweepConfig& sweep, int world_size) {
   }
 }
 
-Dataset load_data(const SweepConfig& sweep) {
-  Dataset data;
-  try {
-    data = load_dataset(sweep.base.data);
-  } catch (const c10::Error& e) {
-    throw ConfigError(std::string("dataset: ") + e.what_without_backtrace());
-  } catch (const std::runtime_error& e) {
-    throw ConfigError(std::string("dataset: ") + e.what());
+void check_folder(const std::string& dir, const std::string& what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw ConfigError(what + ": " + dir + ": cannot make this folder (" + ec.message() + ")");
+  const std::filesystem::path probe = std::filesystem::path(dir) / (".bigbatch_write_test." + std::to_string(::getpid()));
+  {
+    std::ofstream out(probe);
+    out << "ok";
+    out.flush();
+    if (!out) throw ConfigError(what + ": " + dir + ": cannot write here");
   }
+  std::filesystem::remove(probe, ec);
+}
+
+namespace {
+
+// Each batch size, and the largest batch-size increase grows it to, against
+// the training set's size and gns.micro_batches.
+void check_batches(const SweepConfig& sweep, std::int64_t train_size) {
   for (const auto b : sweep.batch_sizes) {
-    if (b > data.train_size()) {
+    if (b > train_size) {
       throw ConfigError("batch_sizes: " + std::to_string(b) + " is larger than the training set (" +
-                        std::to_string(data.train_size()) + " examples)");
+                        std::to_string(train_size) + " examples)");
     }
-    // With batch-size increase the batch grows: its largest must fit too.
-    const schedules::Schedule schedule(sweep.base.schedule, b, data.train_size());
+    const schedules::Schedule schedule(sweep.base.schedule, b, train_size);
     const std::int64_t last = schedule.steps(sweep.base.budget.length, sweep.base.budget.unit);
     const std::int64_t grown = schedule.batch_size(std::max<std::int64_t>(0, last - 1));
-    if (grown > data.train_size()) {
+    if (grown > train_size) {
       throw ConfigError("schedule.batch_increase: batch " + std::to_string(b) + " grows to " + std::to_string(grown) +
-                        ", larger than the training set (" + std::to_string(data.train_size()) + " examples)");
+                        ", larger than the training set (" + std::to_string(train_size) + " examples)");
     }
     const std::int64_t k = sweep.base.gns.micro_batches;
     if (k > 0 && b % k != 0) {
@@ -49,6 +63,22 @@ Dataset load_data(const SweepConfig& sweep) {
                         ", not divisible by gns.micro_batches " + std::to_string(k));
     }
   }
+}
+
+}  // namespace
+
+Dataset load_data(const SweepConfig& sweep) {
+  check_batches(sweep, training_examples(sweep.base.data));
+  Dataset data;
+  try {
+    data = load_dataset(sweep.base.data);
+  } catch (const c10::Error& e) {
+    throw ConfigError(std::string("dataset: ") + e.what_without_backtrace());
+  } catch (const std::runtime_error& e) {
+    throw ConfigError(std::string("dataset: ") + e.what());
+  }
+  TORCH_INTERNAL_ASSERT(data.train_size() == training_examples(sweep.base.data), "dataset: ", data.train_size(),
+                        " training examples, expected ", training_examples(sweep.base.data));
   return data;
 }
 

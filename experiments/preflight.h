@@ -6,14 +6,22 @@
 #include <bigbatch/experiments/config.h>
 #include <bigbatch/experiments/data.h>
 
+#include <string>
+
 namespace bigbatch::experiments {
 
 /// Throws ConfigError unless every batch size divides by the world size.
 void check_world(const SweepConfig& sweep, int world_size);
 
-/// The sweep's dataset, checked against its batch sizes: each, and the largest
-/// that batch-size increase grows it to, must fit the training set and split
-/// into gns.micro_batches. A missing dataset or a refuted batch is a ConfigError.
+/// Throws ConfigError unless `dir` exists or can be made, and a file can be
+/// written there (the file is removed again).
+void check_folder(const std::string& dir, const std::string& what);
+
+/// The sweep's dataset, checked against its batch sizes first (without
+/// loading: the size of the training set is known from the config): each,
+/// and the largest that batch-size increase grows it to, must fit the
+/// training set and split into gns.micro_batches. A missing dataset or a
+/// refuted batch is a ConfigError.
 Dataset load_data(const SweepConfig& sweep);
 
 }  // namespace bigbatch::experiments

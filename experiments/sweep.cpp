@@ -45,6 +45,7 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
                         "\" (first difference at " + where + "); use another --out or sweep name");
     }
   }
+  if (writer) check_folder(dir.string(), "--out");  // before the data: a bad --out fails in a moment
   const Dataset data = load_data(sweep);
   if (writer) {
     fs::create_directories(dir);

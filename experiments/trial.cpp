@@ -45,6 +45,7 @@ at::Device trial_device(DeviceType type, const distributed::ProcessGroup* group)
 }  // namespace
 
 std::string to_string(TrialStatus status) { return schedules::enum_name(kTrialStatuses, status); }
+
 Trainer::Trainer(const TrialConfig& config, const Dataset& data, distributed::ProcessGroup* group)
     : config_(config),
       data_(data),

@@ -182,6 +182,8 @@ c["target"] = {"metric": "val_loss", "threshold": 1e-9, "eval_every": 100}'
 bad_configs)
   mkdir -p folder.json
   expect_error 2 "folder.json: a folder, not a config file" "$bigbatch" sweep folder.json
+  touch afile
+  expect_error 2 "--out: afile/e2e: cannot make this folder" "$bigbatch" sweep "$config" --out afile
   derive unknown.json 'c["optimizer"]["momentun"] = 0.9'
   expect_error 2 "unknown.json: optimizer.momentun: unknown key" "$bigbatch" sweep unknown.json
   derive type.json 'c["budget"]["steps"] = "many"'
