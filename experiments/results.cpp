@@ -13,6 +13,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <type_traits>
 
@@ -210,11 +211,11 @@ void check_comparable(const std::vector<LabelledSweep>& sweeps) {
 std::string compare_report(const std::vector<LabelledSweep>& sweeps, TableFormat format) {
   check_comparable(sweeps);
   std::vector<std::map<std::int64_t, TargetRow>> tables;
-  std::map<std::int64_t, int> batches;
+  std::set<std::int64_t> batches;
   for (const auto& s : sweeps) {
     auto& t = tables.emplace_back();
     for (TargetRow& r : read_steps_to_target(s.dir)) {
-      batches[r.batch_size] = 0;
+      batches.insert(r.batch_size);
       t[r.batch_size] = std::move(r);
     }
   }
@@ -224,7 +225,7 @@ std::string compare_report(const std::vector<LabelledSweep>& sweeps, TableFormat
   for (std::size_t k = 1; k < sweeps.size(); ++k) header.push_back(sweeps[k].label + " / " + sweeps[0].label);
   const std::string none = format == TableFormat::kCsv ? "" : "-";
   std::vector<std::vector<std::string>> rows;
-  for (const auto& [batch, unused] : batches) {
+  for (const auto batch : batches) {
     std::vector<std::optional<std::int64_t>> steps;
     for (const auto& t : tables) {
       const auto it = t.find(batch);

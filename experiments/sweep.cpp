@@ -45,12 +45,10 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
                         "\" (first difference at " + where + "); use another --out or sweep name");
     }
   }
-  if (writer) check_folder(dir.string(), "--out");  // before the data: a bad --out fails in a moment
+  // The folder is made (and tried) before the data: a bad --out fails in a moment.
+  if (writer) check_folder(dir.string(), "--out");
   const Dataset data = load_data(sweep);
-  if (writer) {
-    fs::create_directories(dir);
-    write_file_atomic((dir / "sweep.json").string(), resolved.dump(2) + "\n");
-  }
+  if (writer) write_file_atomic((dir / "sweep.json").string(), resolved.dump(2) + "\n");
 
   const std::vector<TrialConfig> trials = expand(sweep);
   // Rank 0 decides what is left (other nodes may not see its files).

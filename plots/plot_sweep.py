@@ -54,12 +54,18 @@ def save(fig, out, name, points):
     os.replace(tmp, os.path.join(out, f"{name}.json"))
 
 
-def main(sweep_dir):
-    table = read_csv(os.path.join(sweep_dir, "steps_to_target.csv"))
+def load_sweep(sweep_dir):
     with open(os.path.join(sweep_dir, "sweep.json")) as f:
         sweep = json.load(f)
     with open(os.path.join(sweep_dir, "fit.json")) as f:
         fit = json.load(f)
+    return {"dir": sweep_dir, "sweep": sweep, "fit": fit,
+            "table": read_csv(os.path.join(sweep_dir, "steps_to_target.csv"))}
+
+
+def main(sweep_dir):
+    loaded = load_sweep(sweep_dir)
+    table, sweep, fit = loaded["table"], loaded["sweep"], loaded["fit"]
     metric = sweep["target"]["metric"]
     threshold = sweep["target"]["threshold"]
     out = os.path.join(sweep_dir, "plots")
@@ -167,15 +173,6 @@ def main(sweep_dir):
         ax.legend(fontsize=8)
     save(fig, out, "noise_scale", points)
     print(f"plots in {out}: validation, steps_to_target, best_lr, schedules, noise_scale (.png, .svg, .json)")
-
-
-def load_sweep(sweep_dir):
-    with open(os.path.join(sweep_dir, "sweep.json")) as f:
-        sweep = json.load(f)
-    with open(os.path.join(sweep_dir, "fit.json")) as f:
-        fit = json.load(f)
-    return {"dir": sweep_dir, "sweep": sweep, "fit": fit,
-            "table": read_csv(os.path.join(sweep_dir, "steps_to_target.csv"))}
 
 
 def compare(out, labelled):
