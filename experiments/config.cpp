@@ -313,6 +313,7 @@ void common_fields(Io& io, Spec& t, bool with_rate) {
   nested("gns", t.gns, [](auto& q, auto& g) { gns_fields(q, g); });
   io.choice("device", t.device, kDeviceTypes);
   io.field("checkpoint_every", t.checkpoint_every);
+  io.field("tensorboard", t.tensorboard);
   io.check("checkpoint_every", t.checkpoint_every >= 0 && t.checkpoint_every % t.target.eval_every == 0,
            "must be 0 (off) or a multiple of target.eval_every (" + std::to_string(t.target.eval_every) +
                "), got " + std::to_string(t.checkpoint_every));
@@ -508,6 +509,11 @@ json to_json(const TrialConfig& t) {
   Writer w;
   trial_fields(w, t);
   return w.out();
+}
+
+json identity(json resolved) {
+  if (resolved.is_object()) resolved.erase("tensorboard");
+  return resolved;
 }
 
 std::string to_string(NoiseType type) { return schedules::enum_name(kNoiseTypes, type); }

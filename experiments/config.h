@@ -94,6 +94,7 @@ struct TrialConfig {
   std::uint64_t seed = 0;
   DeviceType device = DeviceType::kCpu;  ///< cuda: each rank its cuda:LOCAL_RANK
   std::int64_t checkpoint_every = 0;  ///< steps between checkpoints (a multiple of target.eval_every); 0 off
+  bool tensorboard = true;  ///< write a TensorBoard event file in the trial's folder (not part of its identity)
 };
 
 /// The nuisance-parameter search run at every batch size.
@@ -132,6 +133,11 @@ std::vector<TrialConfig> expand(const SweepConfig& sweep);
 /// The resolved configs, every default written out (sweep.json, config.json).
 nlohmann::json to_json(const SweepConfig& sweep);
 nlohmann::json to_json(const TrialConfig& trial);
+
+/// A resolved config (sweep.json, config.json) without the keys that change
+/// how a run is recorded but not what it computes ("tensorboard"): what a
+/// resumed sweep compares, so that turning a log on or off redoes nothing.
+nlohmann::json identity(nlohmann::json resolved);
 
 /// A name that can be a folder: [A-Za-z0-9._-]+, not "." or "..". Throws
 /// ConfigError naming `what` otherwise.

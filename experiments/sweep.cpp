@@ -6,6 +6,7 @@
 #include <bigbatch/experiments/preflight.h>
 #include <bigbatch/experiments/progress.h>
 #include <bigbatch/experiments/results.h>
+#include <bigbatch/experiments/tensorboard.h>
 #include <bigbatch/experiments/trial_folder.h>
 
 #include <ATen/Parallel.h>
@@ -38,8 +39,8 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   const json resolved = to_json(sweep);
   if (fs::exists(dir / "sweep.json")) {
     const json existing = read_json((dir / "sweep.json").string());
-    if (existing != resolved) {
-      const json patch = json::diff(existing, resolved);
+    if (identity(existing) != identity(resolved)) {
+      const json patch = json::diff(identity(existing), identity(resolved));
       const std::string where = patch.empty() ? "" : patch[0].value("path", std::string());
       throw ConfigError(dir.string() + " holds a different config for sweep \"" + sweep.base.sweep +
                         "\" (first difference at " + where + "); use another --out or sweep name");
@@ -114,6 +115,13 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
 
   if (!writer) return summary;
   summary.reached = write_tables(trials, dir.string());
+  if (sweep.base.tensorboard) {
+    // TensorBoard's Text tab, on the sweep folder's own run ".".
+    tensorboard::EventWriter(dir.string())
+        .text("steps_to_target", 0,
+              compare_report({{sweep.base.sweep, dir.string()}}, TableFormat::kMarkdown) + "\n\n```\n" +
+                  report(dir.string()) + "```\n");
+  }
   summary.wall_time = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return summary;
 }

@@ -5,6 +5,8 @@
 
 #include <bigbatch/experiments/models.h>
 #include <bigbatch/experiments/optimizer_registry.h>
+#include <bigbatch/optimizers/lamb.h>
+#include <bigbatch/optimizers/larc.h>
 #include <bigbatch/optimizers/lars.h>
 
 #include <ATen/core/grad_mode.h>
@@ -194,7 +196,8 @@ std::pair<double, double> Trainer::evaluate_local() {
 }
 
 TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progress,
-                         const std::function<void(const std::string&)>& on_checkpoint) {
+                         const std::function<void(const std::string&)>& on_checkpoint,
+                         const std::function<void(const EvalRow&)>& on_eval) {
   const auto start = std::chrono::steady_clock::now();
   const double before = elapsed_;
   const auto seconds = [&] {
@@ -203,7 +206,7 @@ TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progre
   TrialResult r;
   r.budget = budget_;
   r.peak_lr = adapter_->schedule().peak_lr();
-    const bool use_error = config_.target.metric == Metric::kValError;
+  const bool use_error = config_.target.metric == Metric::kValError;
   double loss_sum = 0;
   std::int64_t loss_count = 0;
   double last_report = 0;
@@ -233,6 +236,7 @@ TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progre
     row.wall_time = seconds();
     row.gns = gns_.updates() > 0 ? gns_.b_simple() : kNaN;
     rows_.push_back(row);
+    if (on_eval) on_eval(row);
     loss_sum = 0;
     loss_count = 0;
     const double metric = use_error ? val_error : val_loss;
@@ -259,6 +263,59 @@ TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progre
   r.wall_time = seconds();
   elapsed_ = r.wall_time;
   return r;
+}
+
+// ------------------------------------------------------------- trust ratios --
+// kernels/momentum.h's and kernels/lamb.h's ratio functions, on the norms of
+// the weights, gradients and (LAMB) the Adam update the state gives.
+
+namespace {
+
+double l2(const at::Tensor& t) { return t.to(at::kDouble).norm().item<double>(); }
+
+std::optional<double> lamb_ratio(const optim::LAMB& lamb, const optim::LAMBOptions& o, const at::Tensor& p) {
+  if (!o.adapt() || (o.weight_decay() == 0 && !o.always_adapt())) return std::nullopt;
+  const optim::LAMBParamState* s = lamb.param_state(p);
+  if (s == nullptr || s->step() == 0) return std::nullopt;
+  const auto [b1, b2] = o.betas();
+  const auto t = static_cast<double>(s->step());
+  const at::Tensor w = s->master().defined() ? s->master() : p.to(at::kFloat);
+  const at::Tensor m_hat = o.bias_correction() ? s->exp_avg() / (1 - std::pow(b1, t)) : s->exp_avg();
+  const at::Tensor v_hat = o.bias_correction() ? s->exp_avg_sq() / (1 - std::pow(b2, t)) : s->exp_avg_sq();
+  at::Tensor u = m_hat / (v_hat.sqrt() + o.eps());
+  if (o.adam_w_mode()) u = u + o.weight_decay() * w;
+  return kernels::lamb_trust_ratio(l2(w), l2(u), true, o.min_trust(), o.max_trust(), o.trust_clip());
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, double>> Trainer::trust_ratios() const {
+  at::NoGradGuard no_grad;
+  std::map<const void*, std::string> names;
+  for (const auto& item : model_->named_parameters()) names[item.value().unsafeGetTensorImpl()] = item.key();
+  const auto* lamb = dynamic_cast<const optim::LAMB*>(optimizer_.get());
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& group : optimizer_->param_groups()) {
+    const auto& options = group.options();
+    const auto* lars = dynamic_cast<const optim::LARSOptions*>(&options);
+    const auto* larc = dynamic_cast<const optim::LARCOptions*>(&options);
+    const auto* lamb_options = dynamic_cast<const optim::LAMBOptions*>(&options);
+    for (const auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      std::optional<double> ratio;
+      if (lars != nullptr && lars->adapt()) {
+        ratio = kernels::lars_trust_ratio(l2(p), l2(p.grad()), true, lars->trust_coefficient(),
+                                          lars->weight_decay(), lars->eps());
+      } else if (larc != nullptr && larc->adapt()) {
+        ratio = kernels::larc_scale(l2(p), l2(p.grad()), true, larc->clip(), larc->lr(),
+                                    larc->trust_coefficient(), larc->weight_decay(), larc->eps());
+      } else if (lamb != nullptr && lamb_options != nullptr) {
+        ratio = lamb_ratio(*lamb, *lamb_options, p);
+      }
+      if (ratio) out.emplace_back(names.at(p.unsafeGetTensorImpl()), *ratio);
+    }
+  }
+  return out;
 }
 
 // --------------------------------------------------------------- checkpoints --

@@ -103,8 +103,18 @@ class Trainer {
   /// Runs to the target, the budget or divergence (from where restore() left
   /// it). With config.checkpoint_every > 0, on_checkpoint gets checkpoint()
   /// after each evaluation at a multiple of it that does not end the trial.
+  /// on_eval sees each evaluation's row as it is made (before a checkpoint).
   TrialResult run(const std::function<void(const TrialProgress&)>& progress = {},
-                  const std::function<void(const std::string&)>& on_checkpoint = {});
+                  const std::function<void(const std::string&)>& on_checkpoint = {},
+                  const std::function<void(const EvalRow&)>& on_eval = {});
+
+  /// The trust ratio of each parameter the layer-wise optimizer adapts, by the
+  /// model's parameter names ("0.weight"): LARS's and LAMB's ratio, LARC's
+  /// clipped scale. Recomputed from the weights, gradients and optimizer state
+  /// as the last step left them, so it is that step's ratio up to the change
+  /// that step made to the weight norm. Empty for SGD, Adam, AdamW, NovoGrad
+  /// and before the first step.
+  std::vector<std::pair<std::string, double>> trust_ratios() const;
 
   /// The whole state of the run between two steps, as the bytes of a torch
   /// archive with named keys: model, optimizer, step, sampler, noise-scale

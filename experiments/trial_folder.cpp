@@ -3,9 +3,11 @@
 
 #include <bigbatch/experiments/files.h>
 #include <bigbatch/experiments/results.h>
+#include <bigbatch/experiments/tensorboard.h>
 
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -18,10 +20,31 @@ namespace {
 // Whether the folder's config.json is t's (false when missing or unreadable).
 bool same_config(const TrialConfig& t, const fs::path& dir) {
   try {
-    return fs::exists(dir / "config.json") && read_json((dir / "config.json").string()) == to_json(t);
+    return fs::exists(dir / "config.json") && identity(read_json((dir / "config.json").string())) == identity(to_json(t));
   } catch (const std::exception&) {
     return false;
   }
+}
+
+// An evaluation as TensorBoard scalars: what metrics.csv holds (NaN cells
+// left out) and the optimizer's trust ratios.
+std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const Trainer& trainer) {
+  std::vector<tensorboard::Event::Scalar> out;
+  const auto add = [&](const char* tag, double value) {
+    if (!std::isnan(value)) out.push_back({tag, static_cast<float>(value)});
+  };
+  add("train/loss", row.train_loss);
+  add("val/loss", row.val_loss);
+  add("val/error", row.val_error);
+  add("lr", row.lr);
+  add("batch_size", static_cast<double>(row.batch_size));
+  add("examples", static_cast<double>(row.examples));
+  add("epoch", row.epoch);
+  add("gns/b_simple", row.gns);
+  for (const auto& [name, ratio] : trainer.trust_ratios()) {
+    out.push_back({"trust_ratio/" + name, static_cast<float>(ratio)});
+  }
+  return out;
 }
 
 }  // namespace
@@ -56,9 +79,11 @@ TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::st
   if (group != nullptr) saved = distributed::broadcast_bytes(*group, saved);  // rank 0's, to every rank
   std::optional<Trainer> trainer;
   trainer.emplace(trial, data, group);
+  bool resumed = false;
   if (!saved.empty()) {
     try {
       trainer->restore(saved);
+      resumed = true;
       if (writer) std::cerr << "resuming " << trial.name << " from its checkpoint at step " << trainer->step() << "\n";
     } catch (const std::exception& e) {
       // Unreadable (truncated, or another version's): the trial starts over.
@@ -76,7 +101,15 @@ TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::st
   if (writer && trial.checkpoint_every > 0) {
     on_checkpoint = [&](const std::string& bytes) { write_file_atomic(checkpoint.string(), bytes); };
   }
-  const TrialResult r = trainer->run(writer ? progress : std::function<void(const TrialProgress&)>(), on_checkpoint);
+  // The event file keeps what an interrupted run wrote up to its checkpoint.
+  std::optional<tensorboard::EventWriter> events;
+  std::function<void(const EvalRow&)> on_eval;
+  if (writer && trial.tensorboard) {
+    events.emplace(folder.string(), resumed ? trainer->step() : -1);
+    on_eval = [&](const EvalRow& row) { events->scalars(row.step, eval_scalars(row, *trainer)); };
+  }
+  const TrialResult r =
+      trainer->run(writer ? progress : std::function<void(const TrialProgress&)>(), on_checkpoint, on_eval);
   if (writer) {
     write_file_atomic((folder / "metrics.csv").string(), metrics_csv(r.rows));
     write_file_atomic((folder / "summary.json").string(), summary_json(trial, r).dump(2) + "\n");

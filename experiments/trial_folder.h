@@ -1,5 +1,7 @@
 // One trial's folder, <sweep>/<trial>/: config.json first, checkpoint.pt while
-// it runs (with checkpoint_every), metrics.csv and summary.json at the end.
+// it runs (with checkpoint_every), events.out.tfevents.bigbatch (TensorBoard,
+// one event per evaluation, unless tensorboard is false), metrics.csv and
+// summary.json at the end.
 // summary.json is written last: a trial is finished when it exists beside a
 // config.json equal to the trial's config, and a killed trial is redone (from
 // its checkpoint when it has one).

@@ -28,6 +28,7 @@ case ${1:-} in
 esac
 
 scripts/packages.sh
+scripts/pydeps.sh
 
 if [ -n "${version:-}" ]; then
   # Debian's python3 (its pip), not a pyenv or venv one that PATH may list first.

@@ -61,7 +61,7 @@ for r in rows:
     assert int(r["steps"]) == min(reached), (r, reached)
 fit = json.load(open(os.path.join(d, "fit.json")))
 assert fit["s_min"] > 0 and fit["b_crit"] > 0, fit
-assert len(os.listdir(d)) == 2 * 5 * 4 + 3, os.listdir(d)  # trials + sweep.json + 2 tables
+assert len(os.listdir(d)) == 2 * 5 * 4 + 4, os.listdir(d)  # trials + sweep.json + 2 tables + events
 print("table ok:", steps, "B_crit", fit["b_crit"])
 PY
   "$bigbatch" report runs/e2e | tee report.txt
@@ -178,6 +178,36 @@ c["target"] = {"metric": "val_loss", "threshold": 1e-9, "eval_every": 100}'
     || fail "the resumed trial's metrics differ"
   [ ! -e runs/$trial/checkpoint.pt ] || fail "the finished trial kept its checkpoint"
   echo "resume ok"
+  ;;
+tensorboard)
+  # Every trial's events read back by the real tensorboard package (installed
+  # into .pydeps by scripts/setup.sh) and checked against its metrics.csv.
+  [ -d "$src/.pydeps/tensorboard" ] || fail "no tensorboard package in $src/.pydeps: run scripts/setup.sh"
+  tb() { PYTHONPATH="$src/.pydeps" $py "$src/tests/experiments/tensorboard_read.py" "$@"; }
+  derive lamb.json 'c["optimizer"] = {"name": "lamb"}; c["search"] = {"lr": [0.01, 0.03]}; c["batch_sizes"] = [32, 512]'
+  "$bigbatch" sweep lamb.json --out runs --jobs 2 > /dev/null
+  tb runs/e2e --trust-ratios
+  # A trial killed after a checkpoint: the resumed run's events hold each step
+  # once, as its metrics.csv does.
+  derive long.json 'c["budget"] = {"steps": 20000}; c["checkpoint_every"] = 2000; c["batch_sizes"] = [64]
+c["target"] = {"metric": "val_loss", "threshold": 1e-9, "eval_every": 100}; c["optimizer"] = {"name": "lars"}'
+  "$bigbatch" train long.json --out killed > /dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do [ -e killed/e2e.train/b64_p0_s0/checkpoint.pt ] && break; sleep 0.1; done
+  sleep 0.3
+  kill -9 $pid 2>/dev/null || fail "the trial ended before it was killed"
+  wait $pid || true
+  "$bigbatch" train long.json --out killed > /dev/null 2> long.err
+  grep -q "resuming b64_p0_s0 from its checkpoint" long.err || fail "not resumed: $(head -3 long.err)"
+  tb killed/e2e.train --trust-ratios --trials-only
+  # Off: no event files; turning it back on redoes no finished trial.
+  derive off.json 'c["tensorboard"] = False; c["batch_sizes"] = [512]; c["seeds"] = [0]'
+  "$bigbatch" sweep off.json --out quiet > /dev/null
+  [ -z "$(find quiet -name 'events.out.tfevents*')" ] || fail "event files written with tensorboard off"
+  derive on.json 'c["batch_sizes"] = [512]; c["seeds"] = [0]'
+  "$bigbatch" sweep on.json --out quiet > /dev/null 2> on.err
+  grep -q "4 of 4 trials already finished" on.err || fail "switching tensorboard on redid trials: $(cat on.err)"
+  echo "PASS tensorboard"
   ;;
 bad_configs)
   mkdir -p folder.json

@@ -1,0 +1,93 @@
+// TensorBoard event files, written without TensorFlow. Torch-free.
+//
+// An event file is a sequence of TFRecords: a little-endian uint64 length, the
+// masked CRC32C of those 8 bytes, the payload, and the masked CRC32C of the
+// payload. Each payload is one serialized tensorflow.Event protobuf. Only the
+// few fields this writer uses are encoded, by their published field numbers:
+//   Event          wall_time 1 (double), step 2 (int64), file_version 3 (string),
+//                  summary 5 (Summary)
+//   Summary        value 1 (repeated Value)
+//   Value          tag 1 (string), simple_value 2 (float), tensor 8 (TensorProto),
+//                  metadata 9 (SummaryMetadata)
+//   SummaryMetadata plugin_data 1 (PluginData: plugin_name 1)
+//   TensorProto    dtype 1 (DT_STRING = 7), tensor_shape 2, string_val 8
+// TensorBoard takes every file whose name holds "tfevents" as a run's events,
+// and a folder's path below --logdir as the run's name.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace bigbatch::experiments::tensorboard {
+
+/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) of `bytes`.
+std::uint32_t crc32c(std::string_view bytes);
+/// The TFRecord checksum: crc32c rotated right by 15 bits plus 0xa282ead8.
+std::uint32_t masked_crc32c(std::string_view bytes);
+
+/// `payload` framed as one TFRecord.
+std::string frame(std::string_view payload);
+
+/// The whole records at the start of `bytes`: reading stops at the first
+/// record that is cut short or whose checksums do not match (the tail a killed
+/// writer leaves). `whole_bytes` is where the last whole record ends.
+struct Records {
+  std::vector<std::string> payloads;
+  std::size_t whole_bytes = 0;
+};
+Records read_records(std::string_view bytes);
+
+/// An Event as this writer writes it.
+struct Event {
+  double wall_time = 0;
+  std::int64_t step = 0;
+  std::string file_version;  ///< set in the first event of a file only
+  struct Scalar {
+    std::string tag;
+    float value = 0;
+  };
+  struct Text {
+    std::string tag, markdown;
+  };
+  std::vector<Scalar> scalars;
+  std::vector<Text> texts;
+};
+
+/// Event <-> protobuf bytes. parse_event reads the fields listed at the top
+/// and skips any other; it throws std::runtime_error on bytes that are not a
+/// well-formed protobuf message.
+std::string serialize(const Event& event);
+Event parse_event(std::string_view bytes);
+
+/// The file name of a folder's events: "events.out.tfevents.bigbatch".
+extern const char* const kEventFileName;
+
+/// Appends events to <folder>/events.out.tfevents.bigbatch. A file already
+/// there (a run that was interrupted) keeps its whole records of steps up to
+/// `keep_through` and loses the rest, so a run resumed from a checkpoint at
+/// that step writes each later step once; keep_through < 0 starts a new file.
+/// Every call writes whole records and flushes them.
+class EventWriter {
+ public:
+  explicit EventWriter(const std::string& folder, std::int64_t keep_through = -1);
+
+  void scalar(const std::string& tag, std::int64_t step, double value);
+  /// Scalars sharing a step, as one event.
+  void scalars(std::int64_t step, const std::vector<Event::Scalar>& values);
+  /// Markdown for TensorBoard's Text tab.
+  void text(const std::string& tag, std::int64_t step, const std::string& markdown);
+
+  const std::string& path() const { return path_; }
+
+ private:
+  void write(Event event);
+
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace bigbatch::experiments::tensorboard
