@@ -37,17 +37,28 @@ IdxArray read_idx(const std::string& path) {
   const std::size_t ndims = bytes[3];
   if (bytes.size() < 4 + 4 * ndims) throw std::runtime_error(path + ": truncated IDX header");
   IdxArray out;
-  std::int64_t count = 1;
+  const std::size_t offset = 4 + 4 * ndims;
+  const std::size_t held = bytes.size() - offset;
+  // The product of the dimensions, which can exceed 64 bits (up to 255 of
+  // them, each < 2^32): only whether it equals `held` matters.
+  std::size_t count = 1;
+  bool more = false;  // the product exceeds `held`, unless a later dimension is 0
   for (std::size_t d = 0; d < ndims; ++d) {
     const std::uint8_t* p = &bytes[4 + 4 * d];
-    const std::int64_t dim = (std::int64_t{p[0]} << 24) | (p[1] << 16) | (p[2] << 8) | p[3];
+    const std::uint32_t dim = (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
     out.dims.push_back(dim);
-    count *= dim;
+    if (dim == 0) {
+      count = 0;
+      more = false;
+    } else if (count != 0 && (more || count > held / dim)) {
+      more = true;
+    } else {
+      count *= dim;
+    }
   }
-  const std::size_t offset = 4 + 4 * ndims;
-  if (bytes.size() - offset != static_cast<std::size_t>(count)) {
-    throw std::runtime_error(path + ": holds " + std::to_string(bytes.size() - offset) +
-                             " elements, its header says " + std::to_string(count));
+  if (more || count != held) {
+    throw std::runtime_error(path + ": holds " + std::to_string(held) + " elements, its header says " +
+                             (more ? "more" : std::to_string(count)));
   }
   out.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(offset), bytes.end());
   return out;
