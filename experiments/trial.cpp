@@ -5,6 +5,7 @@
 
 #include <bigbatch/experiments/models.h>
 #include <bigbatch/experiments/optimizer_registry.h>
+#include <bigbatch/experiments/tensorboard.h>
 #include <bigbatch/optimizers/lamb.h>
 #include <bigbatch/optimizers/larc.h>
 #include <bigbatch/optimizers/lars.h>
@@ -21,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 #include <type_traits>
 
 namespace bigbatch::experiments {
@@ -322,6 +324,9 @@ std::vector<std::pair<std::string, double>> Trainer::trust_ratios() const {
 // Every value under its own name: scalars as 0-dim tensors, the evaluations as
 // one column per EvalRow field ("rows/<field>"), the model, optimizer and
 // sampler as nested archives. "format" changes when a key changes meaning.
+// The archive is framed as one TFRecord (its length and CRC32C) after a
+// header line, so that a cut or damaged file is refused before LibTorch's
+// archive reader sees it (which can crash on damaged bytes: tests/fuzz).
 
 namespace {
 
@@ -329,6 +334,7 @@ using torch::serialize::InputArchive;
 using torch::serialize::OutputArchive;
 
 constexpr std::int64_t kCheckpointFormat = 2;
+constexpr std::string_view kCheckpointHeader = "bigbatch checkpoint\n";
 
 template <typename T>
 void put(OutputArchive& archive, const std::string& key, T value) {
@@ -417,12 +423,18 @@ std::string Trainer::checkpoint() const {
   put_rows(archive, rows_);
   std::ostringstream out;
   archive.save_to(out);
-  return out.str();
+  return std::string(kCheckpointHeader) + tensorboard::frame(out.str());
 }
 
 void Trainer::restore(const std::string& bytes) {
+  TORCH_CHECK(bytes.compare(0, kCheckpointHeader.size(), kCheckpointHeader) == 0,
+              "checkpoint: not a bigbatch checkpoint of this version (no \"bigbatch checkpoint\" header)");
+  const std::string_view body = std::string_view(bytes).substr(kCheckpointHeader.size());
+  const tensorboard::Records records = tensorboard::read_records(body);
+  TORCH_CHECK(records.payloads.size() == 1 && records.whole_bytes == body.size(),
+              "checkpoint: cut short or damaged (its length or CRC32C does not match)");
   InputArchive archive, model, optimizer, sampler;
-  std::istringstream in(bytes);
+  std::istringstream in(records.payloads.front());
   archive.load_from(in, device_);
   at::Tensor format;
   TORCH_CHECK(archive.try_read("format", format) && format.item<std::int64_t>() == kCheckpointFormat,

@@ -118,11 +118,15 @@ class Trainer {
 
   /// The whole state of the run between two steps, as the bytes of a torch
   /// archive with named keys: model, optimizer, step, sampler, noise-scale
-  /// averages, and the evaluations so far (one column per EvalRow field).
+  /// averages, and the evaluations so far (one column per EvalRow field),
+  /// after the line "bigbatch checkpoint" and framed with its length and
+  /// CRC32C (a TFRecord, tensorboard.h).
   /// Deterministic noise needs no state (seed, step).
   std::string checkpoint() const;
   /// Continues from checkpoint() bytes of a trainer made with the same config:
   /// the run then goes on exactly as it would have without the interruption.
+  /// Throws c10::Error on bytes cut short, damaged (checked before LibTorch
+  /// reads them), or of another format.
   void restore(const std::string& bytes);
 
   torch::nn::Sequential& model() { return model_; }

@@ -1,6 +1,7 @@
 // Trainer, models and data of the runner: parameter counts of the shipped
 // architectures, the sampler's epochs, and the three ways a trial ends.
 #include <bigbatch/experiments/files.h>
+#include <bigbatch/experiments/tensorboard.h>
 #include <bigbatch/experiments/trial.h>
 #include <bigbatch/experiments/trial_folder.h>
 
@@ -178,8 +179,14 @@ TEST(Trainer, CheckpointKeysAreNamedAndOtherFormatsAreRefused) {
   Trainer t(c, d);
   const TrialResult r = t.run();
   ASSERT_EQ(r.rows.size(), 3u);
+  // The archive: after the header line, framed as one TFRecord.
+  const std::string bytes = t.checkpoint();
+  const std::string header = "bigbatch checkpoint\n";
+  ASSERT_EQ(bytes.substr(0, header.size()), header);
+  const auto records = bigbatch::experiments::tensorboard::read_records(std::string_view(bytes).substr(header.size()));
+  ASSERT_EQ(records.payloads.size(), 1u);
   torch::serialize::InputArchive archive;
-  std::istringstream in(t.checkpoint());
+  std::istringstream in(records.payloads[0]);
   archive.load_from(in);
   at::Tensor step, val_loss, batch;
   archive.read("step", step);
@@ -193,15 +200,27 @@ TEST(Trainer, CheckpointKeysAreNamedAndOtherFormatsAreRefused) {
 
   torch::serialize::OutputArchive old;
   old.write("counters", at::zeros({3}, at::kLong));
-  std::ostringstream bytes;
-  old.save_to(bytes);
-  Trainer fresh(c, d);
-  try {
-    fresh.restore(bytes.str());
-    FAIL() << "a checkpoint without a format was accepted";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not of format"), std::string::npos) << e.what();
+  std::ostringstream old_bytes;
+  old.save_to(old_bytes);
+  const auto refused = [&](const std::string& checkpoint, const std::string& why) {
+    Trainer fresh(c, d);
+    try {
+      fresh.restore(checkpoint);
+      ADD_FAILURE() << "accepted a checkpoint that is " << why;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused(header + bigbatch::experiments::tensorboard::frame(old_bytes.str()), "not of format");
+  refused(old_bytes.str(), "not a bigbatch checkpoint");  // an unframed archive (bigbatch before the header)
+  // Cut anywhere, or one byte changed: refused before LibTorch reads it.
+  for (const std::size_t cut : {header.size(), header.size() + 11, bytes.size() / 2, bytes.size() - 1}) {
+    refused(bytes.substr(0, cut), "cut short or damaged");
   }
+  std::string flipped = bytes;
+  flipped[bytes.size() / 3] = static_cast<char>(flipped[bytes.size() / 3] ^ 1);
+  refused(flipped, "cut short or damaged");
+  Trainer(c, d).restore(bytes);  // and the whole one is taken
 }
 
 // A trial folder whose checkpoint cannot be read (a killed write, another
