@@ -12,6 +12,15 @@
 namespace bigbatch::schedules {
 namespace {
 
+// A number of steps rounded up to an integer (less a small tolerance, so that
+// 3 epochs of 60000 at batch 100 is 1800, not 1801). Refused past 2^53, where a
+// double no longer holds every integer (and before a cast could overflow).
+std::int64_t whole_steps(double steps) {
+  TORCH_CHECK(std::fabs(steps) <= 9007199254740992.0, "schedule: a length of ", steps,
+              " steps, more than 2^53: is a milestone, warmup, decay or budget length mistyped?");
+  return static_cast<std::int64_t>(std::ceil(steps - 1e-9));
+}
+
 constexpr double kPi = 3.14159265358979323846;
 
 constexpr EnumName<Scaling> kScalings[] = {
@@ -123,20 +132,18 @@ Schedule::Schedule(ScheduleSpec spec, std::int64_t batch_size, std::int64_t exam
   for (const double milestone : spec_.decay.milestones) {
     step += steps_for_examples(milestone * r - position, batch);
     position = milestone * r;
-    const auto grown = static_cast<std::int64_t>(std::llround(static_cast<double>(batch) * batch_factor_));
-    const bool grow = spec_.batch_increase && grown <= spec_.batch_increase->max_batch;
-    if (grow) batch = grown;
+    const double grown = std::round(static_cast<double>(batch) * batch_factor_);
+    const bool grow = spec_.batch_increase && grown <= static_cast<double>(spec_.batch_increase->max_batch);
+    if (grow) batch = static_cast<std::int64_t>(grown);
     events_.push_back({warmup_steps_ + step, grow, batch});
   }
 }
 
 std::int64_t Schedule::steps_for_examples(double length, std::int64_t batch) const {
   if (length <= 0) return 0;
-  // A small tolerance so that 3 epochs of 60000 at batch 100 is 1800, not 1801.
-  const double steps = spec_.unit == Unit::kSteps
-                           ? length
-                           : length * static_cast<double>(examples_per_epoch_) / static_cast<double>(batch);
-  return static_cast<std::int64_t>(std::ceil(steps - 1e-9));
+  return whole_steps(spec_.unit == Unit::kSteps
+                         ? length
+                         : length * static_cast<double>(examples_per_epoch_) / static_cast<double>(batch));
 }
 
 double Schedule::lr(std::int64_t step) const {
@@ -196,20 +203,20 @@ std::int64_t Schedule::steps(double length, Unit unit) const {
   TORCH_CHECK(unit == Unit::kSteps || examples_per_epoch_ > 0,
               "Schedule::steps: a length in epochs needs examples_per_epoch > 0");
   const double scaled = length * static_cast<double>(regime_factor_);
-  if (unit == Unit::kSteps) return static_cast<std::int64_t>(std::ceil(scaled - 1e-9));
+  if (unit == Unit::kSteps) return whole_steps(scaled);
   // Walk the batch segments until scaled * N examples are seen.
   const double target = scaled * static_cast<double>(examples_per_epoch_);
   std::int64_t from = 0;
   double seen = 0;
   std::int64_t batch = batch_;
   for (const auto& e : events_) {
-    const double segment = static_cast<double>((e.step - from) * batch);
+    const double segment = static_cast<double>(e.step - from) * static_cast<double>(batch);
     if (seen + segment >= target) break;
     seen += segment;
     from = e.step;
     batch = e.batch_after;
   }
-  return from + static_cast<std::int64_t>(std::ceil((target - seen) / static_cast<double>(batch) - 1e-9));
+  return from + whole_steps((target - seen) / static_cast<double>(batch));
 }
 
 // ------------------------------------------------------------------- JSON ----

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 namespace {
@@ -229,6 +230,26 @@ TEST(Schedule, BadParametersNameTheParameter) {
   epochs.unit = Unit::kEpochs;
   EXPECT_EQ(error_of([&] { Schedule(epochs, 32); }),
             "Schedule: the schedule counts in epochs, so examples_per_epoch must be > 0, got 0");
+}
+
+// Lengths past 2^53 steps are refused by name rather than cast (undefined
+// behaviour: the schedule fuzz target found a milestone of 6.8e35 epochs), and
+// a batch increase whose growth passes any int64 stops at max_batch.
+TEST(Schedule, LengthsPastTwoToThe53StepsAreRefused) {
+  ScheduleSpec s = goyal_like();
+  s.decay.milestones = {3, 6.8e35};
+  const std::string e = error_of([&] { Schedule(s, 50, 50000); });
+  EXPECT_NE(e.find("more than 2^53"), std::string::npos) << e;
+  ScheduleSpec budget = goyal_like();
+  EXPECT_NE(error_of([&] { Schedule(budget, 50, 50000).steps(1e300); }).find("more than 2^53"), std::string::npos);
+  EXPECT_EQ(Schedule(budget, 50, 50000).steps(1e6), 1000000000);  // 1e6 epochs of 1000 steps: still fine
+
+  ScheduleSpec grow = goyal_like();
+  grow.batch_increase = BatchIncreaseSpec{};
+  grow.batch_increase->max_batch = std::numeric_limits<std::int64_t>::max();
+  grow.batch_increase->factor = 1e300;
+  const Schedule g(grow, 50, 50000);
+  EXPECT_EQ(g.batch_size(1000000), 50);  // 50 * 1e300 is past max_batch: no batch event applies
 }
 
 }  // namespace
