@@ -451,7 +451,11 @@ std::vector<NamedSweep> parse_sweeps(const json& j) {
   }
   json base = j;
   base.erase("variants");
-  const std::string name = base.value("name", std::string());
+  const auto given = base.find("name");
+  if (given != base.end() && !given->is_string()) {
+    throw ConfigError(std::string("name: expected a string, got ") + given->type_name());
+  }
+  const std::string name = given == base.end() ? std::string() : given->get<std::string>();
   check_name(name, "name");
   std::vector<NamedSweep> out;
   for (const auto& [variant, patch] : variants.items()) {

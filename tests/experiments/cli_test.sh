@@ -226,6 +226,8 @@ bad_configs)
   BIGBATCH_FASHION_MNIST_DIR=$work/nowhere expect_error 2 "dataset-fashion-mnist" "$bigbatch" sweep fmnist.json
   derive escape.json 'c["name"] = "../outside"'
   expect_error 2 'name: "../outside" is not a valid name' "$bigbatch" sweep escape.json
+  derive namenum.json 'c["name"] = {"sweep": 1}; c["variants"] = {"a": {}}'
+  expect_error 2 "namenum.json: name: expected a string, got object" "$bigbatch" sweep namenum.json
   derive variant.json 'c["variants"] = {"/abs": {}}'
   expect_error 2 'variants: "/abs" is not a valid name' "$bigbatch" sweep variant.json
   derive schedule.json 'c["schedule"]["decay"] = {"type": "step", "milestones": [30, 20]}'
