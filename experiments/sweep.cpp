@@ -121,6 +121,8 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
         .text("steps_to_target", 0,
               compare_report({{sweep.base.sweep, dir.string()}}, TableFormat::kMarkdown) + "\n\n```\n" +
                   report(dir.string()) + "```\n");
+  } else {
+    fs::remove(dir / tensorboard::kEventFileName);
   }
   summary.wall_time = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return summary;

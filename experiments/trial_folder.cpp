@@ -20,7 +20,8 @@ namespace {
 // Whether the folder's config.json is t's (false when missing or unreadable).
 bool same_config(const TrialConfig& t, const fs::path& dir) {
   try {
-    return fs::exists(dir / "config.json") && identity(read_json((dir / "config.json").string())) == identity(to_json(t));
+    return fs::exists(dir / "config.json") &&
+           identity(read_json((dir / "config.json").string())) == identity(to_json(t));
   } catch (const std::exception&) {
     return false;
   }
@@ -53,10 +54,13 @@ bool trial_finished(const TrialConfig& t, const std::string& folder) {
   const fs::path dir(folder);
   if (!fs::exists(dir / "summary.json") || !same_config(t, dir)) return false;
   try {
-    return read_json((dir / "summary.json").string()).contains("status");
+    if (read_json((dir / "summary.json").string()).contains("status")) return true;
+    std::cerr << "warning: " << (dir / "summary.json").string() << ": no status; redoing " << t.name << "\n";
   } catch (const std::exception&) {
-    return false;  // unreadable: redo it
+    // Cut short or damaged (a disk that filled up, a hand edit): redo it.
+    std::cerr << "warning: " << (dir / "summary.json").string() << ": not readable JSON; redoing " << t.name << "\n";
   }
+  return false;
 }
 
 TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::string& dir,
@@ -107,6 +111,8 @@ TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::st
   if (writer && trial.tensorboard) {
     events.emplace(folder.string(), resumed ? trainer->step() : -1);
     on_eval = [&](const EvalRow& row) { events->scalars(row.step, eval_scalars(row, *trainer)); };
+  } else if (writer) {
+    fs::remove(folder / tensorboard::kEventFileName);  // an earlier run's, which this one would contradict
   }
   const TrialResult r =
       trainer->run(writer ? progress : std::function<void(const TrialProgress&)>(), on_checkpoint, on_eval);

@@ -150,10 +150,14 @@ resume)
   rm runs/e2e/b32_p1_s0/summary.json runs/e2e/steps_to_target.csv runs/e2e/fit.json
   head -c 40 runs/e2e/b128_p0_s0/metrics.csv > runs/e2e/b128_p0_s0/metrics.csv.tmp.999
   rm runs/e2e/b128_p0_s0/summary.json
+  # and a summary.json cut short (a disk that filled up): redone, with one warning.
+  head -c 30 runs/e2e/b512_p1_s1/summary.json > cut && mv cut runs/e2e/b512_p1_s1/summary.json
   "$bigbatch" sweep "$config" --out runs --jobs 1 > again.txt 2> again.err
-  grep -q "38 of 40 trials already finished" again.err || fail "expected 2 trials redone: $(cat again.err)"
+  grep -q "37 of 40 trials already finished" again.err || fail "expected 3 trials redone: $(cat again.err)"
+  [ "$(grep -c "warning: runs/e2e/b512_p1_s1/summary.json: not readable JSON; redoing b512_p1_s1" again.err)" -eq 1 ] \
+    || fail "expected one warning for the cut summary: $(cat again.err)"
   cmp reference/e2e/steps_to_target.csv runs/e2e/steps_to_target.csv || fail "table differs after redo"
-  for t in b32_p1_s0 b128_p0_s0; do  # the same rows, but for wall_time (column 9)
+  for t in b32_p1_s0 b128_p0_s0 b512_p1_s1; do  # the same rows, but for wall_time (column 9)
     cmp <(cut -d, -f1-8,10 reference/e2e/$t/metrics.csv) <(cut -d, -f1-8,10 runs/e2e/$t/metrics.csv) \
       || fail "$t metrics differ"
   done
