@@ -45,7 +45,8 @@ IdxArray read_idx(const std::string& path) {
   bool more = false;  // the product exceeds `held`, unless a later dimension is 0
   for (std::size_t d = 0; d < ndims; ++d) {
     const std::uint8_t* p = &bytes[4 + 4 * d];
-    const std::uint32_t dim = (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
+    const std::uint32_t dim =
+        (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
     out.dims.push_back(dim);
     if (dim == 0) {
       count = 0;
