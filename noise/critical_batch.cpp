@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <limits>
+#include <algorithm>
+#include <random>
 #include <set>
 
 namespace bigbatch::noise {
@@ -51,6 +53,44 @@ CriticalBatchFit fit_critical_batch(const std::vector<std::pair<double, double>>
   for (const auto& [b, s] : batch_steps) sq += std::pow((a + e / b - s) / s, 2);
   fit.rms_relative_error = std::sqrt(sq / static_cast<double>(batch_steps.size()));
   return fit;
+}
+
+CriticalBatchRange bootstrap_critical_batch(const std::vector<std::pair<double, double>>& batch_steps, int resamples,
+                                            double level, std::uint64_t seed) {
+  std::set<double> distinct;
+  for (const auto& point : batch_steps) distinct.insert(point.first);
+  TORCH_CHECK(distinct.size() >= 3, "bootstrap_critical_batch: needs at least 3 distinct batch sizes, got ",
+              distinct.size());
+  TORCH_CHECK(resamples >= 10, "bootstrap_critical_batch: resamples must be >= 10, got ", resamples);
+  TORCH_CHECK(level > 0 && level < 1, "bootstrap_critical_batch: level must be in (0, 1), got ", level);
+  const CriticalBatchFit fit = fit_critical_batch(batch_steps);
+  const std::size_t n = batch_steps.size();
+  std::vector<double> fitted, residuals;
+  double mean = 0;
+  for (const auto& [b, s] : batch_steps) {
+    fitted.push_back(fit.s_min + fit.e_min / b);
+    residuals.push_back(std::log(s / fitted.back()));
+    mean += residuals.back() / static_cast<double>(n);
+  }
+  const double widen = std::sqrt(static_cast<double>(n) / static_cast<double>(n - 2));
+  for (double& r : residuals) r = (r - mean) * widen;
+  std::mt19937_64 generator(seed);
+  std::vector<double> b_crit, s_min;
+  std::vector<std::pair<double, double>> drawn(batch_steps);
+  for (int k = 0; k < resamples; ++k) {
+    for (std::size_t i = 0; i < n; ++i) drawn[i].second = fitted[i] * std::exp(residuals[generator() % n]);
+    const CriticalBatchFit f = fit_critical_batch(drawn);
+    b_crit.push_back(f.b_crit);
+    s_min.push_back(f.s_min);
+  }
+  // The order statistics at (1 - level) / 2 and (1 + level) / 2.
+  const auto quantile = [&](std::vector<double>& v, double q) {
+    const auto at = static_cast<std::size_t>(std::floor(q * static_cast<double>(v.size() - 1) + 0.5));
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
+    return v[at];
+  };
+  const double lo = (1 - level) / 2, hi = (1 + level) / 2;
+  return {quantile(b_crit, lo), quantile(b_crit, hi), quantile(s_min, lo), quantile(s_min, hi), level, resamples};
 }
 
 }  // namespace bigbatch::noise

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -19,5 +20,21 @@ struct CriticalBatchFit {
 /// Least squares in relative error of S = S_min + E_min / B over (B, S) pairs,
 /// with S_min, E_min >= 0. Needs two distinct batch sizes and positive values.
 CriticalBatchFit fit_critical_batch(const std::vector<std::pair<double, double>>& batch_steps);
+
+/// A central `level` range of B_crit and S_min from a residual bootstrap of
+/// the fit: the points' log residuals log(S / S_fit), centred and widened by
+/// sqrt(n / (n - 2)) for the two fitted parameters, are drawn with
+/// replacement onto the fitted curve and the curve refitted, `resamples`
+/// times (a fixed generator seeded by `seed`: the same points give the same
+/// range). b_crit_high is +infinity when enough refits show no plateau.
+/// Needs at least 3 distinct batch sizes (2 points fit exactly: no residual).
+struct CriticalBatchRange {
+  double b_crit_low, b_crit_high;
+  double s_min_low, s_min_high;
+  double level;
+  int resamples;
+};
+CriticalBatchRange bootstrap_critical_batch(const std::vector<std::pair<double, double>>& batch_steps,
+                                            int resamples = 2000, double level = 0.9, std::uint64_t seed = 0);
 
 }  // namespace bigbatch::noise

@@ -125,6 +125,44 @@ TEST(CriticalBatchFit, PerfectScalingHasNoPlateau) {
   EXPECT_EQ(fit.b_crit, std::numeric_limits<double>::infinity());
 }
 
+// The range's meaning, checked the frequentist way: over many sweeps with
+// known S_min and B_crit and 5% multiplicative noise, the 90% ranges hold the
+// true values about 90% of the time (a residual bootstrap with 9 points runs
+// a little narrow; 75% is far below what it gives, 99% far above).
+TEST(CriticalBatchRange, CoversTheTrueValuesAtAboutItsLevel) {
+  const auto gen = at::detail::createCPUGenerator(21);
+  int covered_b = 0, covered_s = 0;
+  const int sweeps = 200;
+  for (int k = 0; k < sweeps; ++k) {
+    std::vector<std::pair<double, double>> points;
+    for (double b = 16; b <= 4096; b *= 2) {
+      points.emplace_back(b, 1000 * (1 + 250 / b) * std::exp(0.05 * at::randn({1}, gen, at::kDouble).item<double>()));
+    }
+    const CriticalBatchRange r = bootstrap_critical_batch(points, 400, 0.9, static_cast<std::uint64_t>(k));
+    EXPECT_LE(r.b_crit_low, r.b_crit_high);
+    covered_b += r.b_crit_low <= 250 && 250 <= r.b_crit_high;
+    covered_s += r.s_min_low <= 1000 && 1000 <= r.s_min_high;
+  }
+  EXPECT_GE(covered_b, 0.75 * sweeps);
+  EXPECT_LE(covered_b, 0.99 * sweeps);
+  EXPECT_GE(covered_s, 0.75 * sweeps);
+  EXPECT_LE(covered_s, 0.99 * sweeps);
+}
+
+TEST(CriticalBatchRange, SameSeedSameRangeAndNeedsThreeBatchSizes) {
+  const std::vector<std::pair<double, double>> points{{16, 5200}, {64, 1900}, {256, 950}, {1024, 640}};
+  const CriticalBatchRange a = bootstrap_critical_batch(points, 500, 0.9, 7);
+  const CriticalBatchRange b = bootstrap_critical_batch(points, 500, 0.9, 7);
+  EXPECT_EQ(a.b_crit_low, b.b_crit_low);
+  EXPECT_EQ(a.b_crit_high, b.b_crit_high);
+  const CriticalBatchFit fit = fit_critical_batch(points);
+  EXPECT_LT(a.b_crit_low, fit.b_crit);
+  EXPECT_GT(a.b_crit_high, fit.b_crit);
+  EXPECT_THROW(bootstrap_critical_batch({{16, 5200}, {64, 1900}}), c10::Error);
+  EXPECT_THROW(bootstrap_critical_batch(points, 5), c10::Error);
+  EXPECT_THROW(bootstrap_critical_batch(points, 500, 1.5), c10::Error);
+}
+
 TEST(CriticalBatchFit, BadInput) {
   EXPECT_THROW(fit_critical_batch({{64, 100}}), c10::Error);
   EXPECT_THROW(fit_critical_batch({{64, 100}, {64, 90}}), c10::Error);
