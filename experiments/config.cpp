@@ -14,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -343,6 +344,7 @@ void sweep_fields(Io& io, Spec& s) {
   io.object("search", s.search, [](auto& q, auto& x) { search_fields(q, x); });
   io.field("seeds", s.seeds);
   io.check("seeds", !s.seeds.empty(), "must not be empty");
+  io.object("runner", s.runner, [](auto& q, auto& r) { q.field("prune", r.prune); });
   io.check("target.metric", t.target.metric != Metric::kValError || t.data.name != DatasetName::kLinearRegression,
            "val_error needs a classification dataset; linear_regression has val_loss");
 }
@@ -482,23 +484,42 @@ std::vector<NamedSweep> load_sweeps(const std::string& path) {
   }
 }
 
+namespace {
+
+TrialConfig make_trial(const SweepConfig& sweep, std::int64_t batch, double lr, std::optional<double> momentum,
+                       std::uint64_t seed, const char* kind, std::size_t k) {
+  TrialConfig t = sweep.base;
+  t.batch_size = batch;
+  t.seed = seed;
+  t.schedule.base_lr = lr;
+  if (momentum) t.optimizer.momentum = *momentum;
+  std::ostringstream name;  // (not string +: GCC 12 warns falsely about it, PR 105651)
+  name << 'b' << batch << '_' << kind << k << "_s" << seed;
+  t.name = name.str();
+  return t;
+}
+
+}  // namespace
+
 std::vector<TrialConfig> expand(const SweepConfig& sweep) {
   std::vector<TrialConfig> out;
   const auto points = search_points(sweep.search);
   for (const auto batch : sweep.batch_sizes) {
     for (std::size_t i = 0; i < points.size(); ++i) {
       for (const auto seed : sweep.seeds) {
-        TrialConfig t = sweep.base;
-        t.batch_size = batch;
-        t.seed = seed;
-        t.schedule.base_lr = points[i].lr;
-        if (points[i].momentum) t.optimizer.momentum = *points[i].momentum;
-        std::ostringstream name;  // (not string +: GCC 12 warns falsely about it, PR 105651)
-        name << 'b' << batch << "_p" << i << "_s" << seed;
-        t.name = name.str();
-        out.push_back(std::move(t));
+        out.push_back(make_trial(sweep, batch, points[i].lr, points[i].momentum, seed, "p", i));
       }
     }
+  }
+  return out;
+}
+
+std::vector<TrialConfig> expand(const SweepConfig& sweep, const std::vector<ExtraPoint>& extra) {
+  std::vector<TrialConfig> out = expand(sweep);
+  std::map<std::int64_t, std::size_t> count;
+  for (const ExtraPoint& p : extra) {
+    const std::size_t k = count[p.batch_size]++;
+    for (const auto seed : sweep.seeds) out.push_back(make_trial(sweep, p.batch_size, p.lr, p.momentum, seed, "x", k));
   }
   return out;
 }
@@ -516,7 +537,10 @@ json to_json(const TrialConfig& t) {
 }
 
 json identity(json resolved) {
-  if (resolved.is_object()) resolved.erase("tensorboard");
+  if (resolved.is_object()) {
+    resolved.erase("tensorboard");
+    resolved.erase("runner");
+  }
   return resolved;
 }
 

@@ -106,11 +106,18 @@ struct SearchSpec {
   double momentum_min = 0, momentum_max = 0;  ///< optional: 1 - momentum log-uniform, drawn with lr
 };
 
+/// How the runner goes about a sweep, not what it computes: left out of the
+/// sweep's identity, like "tensorboard".
+struct RunnerSpec {
+  bool prune = true;  ///< stop a trial once it cannot change the steps-to-target table (trial_queue.h)
+};
+
 struct SweepConfig {
   TrialConfig base;  ///< everything but batch size, rate, momentum, seed, name
   std::vector<std::int64_t> batch_sizes;
   SearchSpec search;
   std::vector<std::uint64_t> seeds{0};
+  RunnerSpec runner;
 };
 
 /// Parses a sweep config. Throws ConfigError "<key>: <problem>".
@@ -130,12 +137,25 @@ std::vector<NamedSweep> load_sweeps(const std::string& path);
 /// Every trial of the sweep: batch sizes x search points x seeds, in that order.
 std::vector<TrialConfig> expand(const SweepConfig& sweep);
 
+/// A rate the search added at one batch size beyond the edge of its rates
+/// (bigbatch sweep --extend-search), kept in the sweep folder's
+/// extensions.json. momentum: the trial's, when the search sets it.
+struct ExtraPoint {
+  std::int64_t batch_size = 0;
+  double lr = 0;
+  std::optional<double> momentum;
+};
+/// expand(sweep), then a trial per extra point and seed, named
+/// b<batch>_x<k>_s<seed> (k counts the points of that batch size), in order.
+std::vector<TrialConfig> expand(const SweepConfig& sweep, const std::vector<ExtraPoint>& extra);
+
 /// The resolved configs, every default written out (sweep.json, config.json).
 nlohmann::json to_json(const SweepConfig& sweep);
 nlohmann::json to_json(const TrialConfig& trial);
 
 /// A resolved config (sweep.json, config.json) without the keys that change
-/// how a run is recorded but not what it computes ("tensorboard"): what a
+/// how a run is recorded or scheduled but not what it computes ("tensorboard",
+/// "runner"): what a
 /// resumed sweep compares, so that turning a log on or off redoes nothing.
 nlohmann::json identity(nlohmann::json resolved);
 

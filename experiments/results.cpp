@@ -85,6 +85,18 @@ json summary_json(const TrialConfig& t, const TrialResult& r) {
   return j;
 }
 
+std::string search_edge(const std::vector<TrialConfig>& trials, const std::string& chosen) {
+  const auto it = std::find_if(trials.begin(), trials.end(), [&](const TrialConfig& t) { return t.name == chosen; });
+  if (it == trials.end()) return "";
+  std::set<double> rates;
+  for (const auto& t : trials) {
+    if (t.batch_size == it->batch_size) rates.insert(t.schedule.base_lr);
+  }
+  if (rates.size() < 2) return "";
+  const double lr = it->schedule.base_lr;
+  return lr == *rates.begin() ? "low" : lr == *rates.rbegin() ? "high" : "";
+}
+
 std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::string& sweep_dir) {
   const fs::path dir(sweep_dir);
   struct Best {
@@ -110,33 +122,41 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
     }
   }
   std::ostringstream csv;
-  csv << "batch_size,steps,examples,best_lr,trial,reached\n";
+  csv << "batch_size,steps,examples,best_lr,trial,reached,edge\n";
   std::vector<std::pair<double, double>> points;
   json fit_batches = json::array(), fit_steps = json::array();
   for (const auto& [batch, b] : best) {
+    const json& s = b.reached ? *b.reached : *b.closest;
+    const std::string trial = s["trial"].get<std::string>();
     if (b.reached) {
-      const json& s = *b.reached;
       const auto steps = s["steps_to_target"].get<std::int64_t>();
-      csv << batch << ',' << steps << ',' << s["examples_to_target"].get<std::int64_t>() << ','
-          << csv_number(s["peak_lr"].get<double>()) << ',' << s["trial"].get<std::string>() << ",1\n";
+      csv << batch << ',' << steps << ',' << s["examples_to_target"].get<std::int64_t>() << ',';
       points.emplace_back(static_cast<double>(batch), static_cast<double>(steps));
       fit_batches.push_back(batch);
       fit_steps.push_back(steps);
     } else {
-      const json& s = *b.closest;
-      csv << batch << ",,," << csv_number(s["peak_lr"].get<double>()) << ',' << s["trial"].get<std::string>() << ",0\n";
+      csv << batch << ",,,";
     }
+    csv << csv_number(s["peak_lr"].get<double>()) << ',' << trial << ',' << (b.reached ? 1 : 0) << ','
+        << search_edge(trials, trial) << "\n";
   }
   write_file_atomic((dir / "steps_to_target.csv").string(), csv.str());
   json fit = {{"batch_sizes", fit_batches}, {"steps", fit_steps}};
-  try {
+  if (points.size() < 3) {
+    // Two points fit two parameters exactly: no residual, no range, no evidence.
+    fit["error"] = "too few batch sizes: " + std::to_string(points.size()) +
+                   " reached the target, the fit needs 3 (2 parameters and a residual)";
+  } else {
     const noise::CriticalBatchFit f = noise::fit_critical_batch(points);
+    const noise::CriticalBatchRange range = noise::bootstrap_critical_batch(points);
     fit["s_min"] = f.s_min;
     fit["e_min"] = f.e_min;
     fit["b_crit"] = finite_or_null(f.b_crit);
     fit["rms_relative_error"] = f.rms_relative_error;
-  } catch (const c10::Error& e) {
-    fit["error"] = e.what_without_backtrace();
+    fit["range"] = {{"level", range.level},
+                    {"resamples", range.resamples},
+                    {"b_crit", {finite_or_null(range.b_crit_low), finite_or_null(range.b_crit_high)}},
+                    {"s_min", {range.s_min_low, range.s_min_high}}};
   }
   write_file_atomic((dir / "fit.json").string(), fit.dump(2) + "\n");
   return reached;
@@ -153,7 +173,7 @@ std::vector<TargetRow> read_steps_to_target(const std::string& sweep_dir) {
     std::vector<std::string> f;
     std::stringstream ls(line);
     for (std::string cell; std::getline(ls, cell, ',');) f.push_back(cell);
-    f.resize(6);
+    f.resize(7);  // files from before the edge column have 6
     TargetRow r;
     r.batch_size = std::stoll(f[0]);
     if (!f[1].empty()) r.steps = std::stoll(f[1]);
@@ -161,6 +181,7 @@ std::vector<TargetRow> read_steps_to_target(const std::string& sweep_dir) {
     r.best_lr = f[3].empty() ? std::numeric_limits<double>::quiet_NaN() : std::stod(f[3]);
     r.trial = f[4];
     r.reached = f[5] == "1";
+    r.edge = f[6];
     rows.push_back(std::move(r));
   }
   return rows;
@@ -171,25 +192,42 @@ std::string report(const std::string& sweep_dir) {
   const auto dash = [](const std::optional<std::int64_t>& x) { return x ? std::to_string(*x) : std::string("-"); };
   std::ostringstream out;
   out << std::left << std::setw(12) << "batch" << std::setw(10) << "steps" << std::setw(12) << "examples"
-      << std::setw(12) << "best lr" << std::setw(10) << "reached" << "trial\n";
+      << std::setw(12) << "best lr" << std::setw(10) << "reached" << std::setw(7) << "edge" << "trial\n";
+  std::vector<std::string> edges;
   for (const TargetRow& r : read_steps_to_target(sweep_dir)) {
     std::ostringstream lr;
     lr << std::setprecision(4) << r.best_lr;
     out << std::setw(12) << r.batch_size << std::setw(10) << dash(r.steps) << std::setw(12) << dash(r.examples)
         << std::setw(12) << (std::isfinite(r.best_lr) ? lr.str() : "-") << std::setw(10)
-        << (r.reached ? "yes" : "no") << r.trial << "\n";
+        << (r.reached ? "yes" : "no") << std::setw(7) << (r.edge.empty() ? "-" : r.edge) << r.trial << "\n";
+    if (!r.edge.empty()) edges.push_back(std::to_string(r.batch_size) + " (" + r.edge + ")");
   }
+  if (!edges.empty()) out << search_edge_warning(edges) << "\n";
   if (fs::exists(dir / "fit.json")) {
     const json fit = read_json((dir / "fit.json").string());
     if (fit.contains("error")) {
       out << "fit S(B) = S_min (1 + B_crit / B): " << fit["error"].get<std::string>() << "\n";
     } else {
+      const auto bound = [](const json& x) { return x.is_null() ? std::string("inf") : x.dump(); };
       out << "fit S(B) = S_min (1 + B_crit / B): S_min " << fit["s_min"].get<double>() << ", B_crit "
           << (fit["b_crit"].is_null() ? std::string("inf (no plateau)") : fit["b_crit"].dump()) << ", E_min "
           << fit["e_min"].get<double>() << " (rms relative error " << fit["rms_relative_error"].get<double>() << ")\n";
+      if (fit.contains("range")) {
+        const json& r = fit["range"];
+        out << "  " << std::lround(100 * r["level"].get<double>()) << "% bootstrap range: B_crit "
+            << bound(r["b_crit"][0]) << " to " << bound(r["b_crit"][1]) << ", S_min " << r["s_min"][0].dump()
+            << " to " << r["s_min"][1].dump() << "\n";
+      }
     }
   }
   return out.str();
+}
+
+std::string search_edge_warning(const std::vector<std::string>& rows) {
+  std::string list;
+  for (const auto& r : rows) list += (list.empty() ? "" : ", ") + r;
+  return "warning: the best rate is on the edge of the search at batch sizes " + list +
+         ": their steps may be overestimates (bigbatch sweep --extend-search tries rates beyond)";
 }
 
 void check_comparable(const std::vector<LabelledSweep>& sweeps) {

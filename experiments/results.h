@@ -1,8 +1,10 @@
 // The results a sweep leaves in its folder, and the table it prints:
 //   <trial>/metrics.csv      one row per evaluation (EvalRow's fields, in order)
 //   <trial>/summary.json     the trial's outcome, written last
-//   steps_to_target.csv      per batch size, the fastest trial that reached
+//   steps_to_target.csv      per batch size, the fastest trial that reached, and
+//                            whether its rate is on the edge of the search
 //   fit.json                 S(B) = S_min (1 + B_crit / B) fitted to that table
+//                            (from 3 batch sizes that reached), with a range
 #pragma once
 
 #include <bigbatch/experiments/config.h>
@@ -24,6 +26,11 @@ std::string metrics_csv(const std::vector<EvalRow>& rows);
 /// summary.json of a finished trial.
 nlohmann::json summary_json(const TrialConfig& trial, const TrialResult& result);
 
+/// "low" or "high" when trial `chosen`'s rate is the lowest or highest of the
+/// rates its batch size tried (at least two), else "": its batch size's best
+/// rate may lie outside the search, and its steps overestimate.
+std::string search_edge(const std::vector<TrialConfig>& trials, const std::string& chosen);
+
 /// Writes steps_to_target.csv and fit.json of the sweep folder `dir` from the
 /// summary.json of each of `trials`. Returns how many trials reached the target.
 std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::string& dir);
@@ -35,6 +42,7 @@ struct TargetRow {
   double best_lr = 0;
   std::string trial;  ///< the fastest trial that reached, else the closest
   bool reached = false;
+  std::string edge;  ///< search_edge() of the trial
 };
 
 /// A finished sweep folder's steps_to_target.csv. Throws ConfigError when the
@@ -44,6 +52,10 @@ std::vector<TargetRow> read_steps_to_target(const std::string& sweep_dir);
 /// The steps-to-target table of a sweep folder, formatted for a terminal.
 /// Throws ConfigError when the folder holds no finished sweep.
 std::string report(const std::string& sweep_dir);
+
+/// The one line that says which batch sizes ("64 (high)") have their best
+/// rate on the edge of the search.
+std::string search_edge_warning(const std::vector<std::string>& rows);
 
 /// A sweep folder under the name a comparison shows.
 struct LabelledSweep {

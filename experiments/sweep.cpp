@@ -8,23 +8,198 @@
 #include <bigbatch/experiments/results.h>
 #include <bigbatch/experiments/tensorboard.h>
 #include <bigbatch/experiments/trial_folder.h>
+#include <bigbatch/experiments/trial_queue.h>
 
 #include <ATen/Parallel.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/full.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <iostream>
 #include <mutex>
+#include <set>
 #include <thread>
 
 namespace bigbatch::experiments {
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+namespace {
+
+// extensions.json: the points --extend-search added, in the order added.
+std::string extensions_json(const std::vector<ExtraPoint>& extra) {
+  json points = json::array();
+  for (const auto& p : extra) {
+    points.push_back({{"batch_size", p.batch_size},
+                      {"lr", p.lr},
+                      {"momentum", p.momentum ? json(*p.momentum) : json(nullptr)}});
+  }
+  return json{{"points", points}}.dump(2) + "\n";
+}
+
+std::vector<ExtraPoint> parse_extensions(const std::string& text, const std::string& path) {
+  std::vector<ExtraPoint> out;
+  try {
+    const json parsed = json::parse(text);
+    for (const json& p : parsed.at("points")) {
+      ExtraPoint e{p.at("batch_size").get<std::int64_t>(), p.at("lr").get<double>(), std::nullopt};
+      if (!p.at("momentum").is_null()) e.momentum = p.at("momentum").get<double>();
+      if (!(e.lr > 0) || e.batch_size < 1) throw std::invalid_argument("a rate or batch size out of range");
+      out.push_back(e);
+    }
+  } catch (const std::exception& e) {
+    throw ConfigError(path + ": not a list of extension points (" + e.what() + "); remove it to drop them");
+  }
+  return out;
+}
+
+// One grid step beyond the edge, for each row of the table whose trial has
+// the lowest or highest rate of its batch size. The step is the geometric
+// mean spacing of the search's own rates there.
+std::vector<ExtraPoint> beyond_edges(const SweepConfig& sweep, const std::vector<TrialConfig>& trials,
+                                     const fs::path& dir) {
+  const std::vector<TrialConfig> grid = expand(sweep);
+  std::vector<ExtraPoint> out;
+  for (const TargetRow& row : read_steps_to_target(dir.string())) {
+    if (row.edge.empty()) continue;
+    std::set<double> own, all;
+    for (const auto& t : grid) {
+      if (t.batch_size == row.batch_size) own.insert(t.schedule.base_lr);
+    }
+    for (const auto& t : trials) {
+      if (t.batch_size == row.batch_size) all.insert(t.schedule.base_lr);
+    }
+    if (own.size() < 2) continue;
+    const double step = std::pow(*own.rbegin() / *own.begin(), 1.0 / static_cast<double>(own.size() - 1));
+    const double lr = row.edge == "low" ? *all.begin() / step : *all.rbegin() * step;
+    const auto chosen = std::find_if(trials.begin(), trials.end(), [&](const TrialConfig& t) { return t.name == row.trial; });
+    if (!sweep.search.momentum.empty()) {
+      for (const double m : sweep.search.momentum) out.push_back({row.batch_size, lr, m});
+    } else if (sweep.search.momentum_max > 0 && chosen != trials.end()) {
+      out.push_back({row.batch_size, lr, chosen->optimizer.momentum});
+    } else {
+      out.push_back({row.batch_size, lr, std::nullopt});
+    }
+  }
+  return out;
+}
+
+// What one pass over a sweep's trials did.
+struct RoundTotals {
+  std::int64_t skipped = 0;             // finished before
+  std::atomic<std::int64_t> pruned{0};  // stopped as hopeless
+};
+
+// Runs what is left of `trials` into `dir`, options.jobs at a time: the
+// body of run_sweep (sweep.h), once per round of the search.
+void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, const fs::path& dir,
+                const SweepOptions& options, bool prune, distributed::ProcessGroup* group, bool report_resume,
+                RoundTotals& totals) {
+  const bool writer = group == nullptr || group->rank() == 0;
+  TrialQueue queue(trials, prune);
+  // Rank 0 decides what is left (other nodes may not see its files) and the
+  // order; a finished trial that reached bounds its batch size from the start.
+  std::int64_t left = 0;
+  if (writer) {
+    for (std::size_t i = 0; i < trials.size(); ++i) {
+      const auto done = finished_summary(trials[i], (dir / trials[i].name).string(), prune);
+      if (!done) {
+        queue.add(i);
+        ++left;
+        continue;
+      }
+      ++totals.skipped;
+      const json& steps = (*done)["steps_to_target"];
+      queue.finished(i, (*done)["status"] == to_string(TrialStatus::kReached) && steps.is_number_integer()
+                            ? std::optional<std::int64_t>(steps.get<std::int64_t>())
+                            : std::nullopt);
+    }
+    if (report_resume && totals.skipped > 0) {
+      std::cerr << "resuming " << dir.string() << ": " << totals.skipped << " of " << trials.size()
+                << " trials already finished\n";
+    }
+  }
+  // The next trial and the bound it runs against. Under a process group rank 0
+  // picks and broadcasts both: trials then run one at a time, so the bound
+  // cannot move during one, and every rank prunes at the same step.
+  struct Job {
+    std::size_t index;
+    std::optional<TrialQueue::Bound> bound;
+  };
+  const auto take = [&]() -> std::optional<Job> {
+    if (group == nullptr) {
+      const auto i = queue.next();
+      return i ? std::optional<Job>(Job{*i, std::nullopt}) : std::nullopt;
+    }
+    std::vector<at::Tensor> message{at::full({3}, -1, at::kLong)};
+    if (writer) {
+      if (const auto i = queue.next()) {
+        message[0][0] = static_cast<std::int64_t>(*i);
+        if (const auto b = queue.bound(*i)) {
+          message[0][1] = b->steps;
+          message[0][2] = static_cast<std::int64_t>(b->index);
+        }
+      }
+    }
+    group->broadcast(message, 0);
+    const auto m = message[0].contiguous();
+    const std::int64_t* v = m.data_ptr<std::int64_t>();
+    if (v[0] < 0) return std::nullopt;
+    Job job{static_cast<std::size_t>(v[0]), std::nullopt};
+    if (v[1] >= 0) job.bound = TrialQueue::Bound{v[1], static_cast<std::size_t>(v[2])};
+    return job;
+  };
+  if (group != nullptr) {  // every rank learns how many trials are left
+    std::vector<at::Tensor> count{at::full({1}, left, at::kLong)};
+    group->broadcast(count, 0);
+    left = count[0].item<std::int64_t>();
+  }
+  ProgressBoard board(left);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int jobs = std::min<int>(options.jobs, static_cast<int>(std::max<std::int64_t>(1, left)));
+  // Ranks on this machine (torchrun's LOCAL_WORLD_SIZE) share its cores too.
+  const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+  const int local_ranks = group != nullptr && local_world != nullptr ? std::max(1, std::atoi(local_world)) : 1;
+  const int threads = std::max(1, cores / jobs / local_ranks);
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  const auto worker = [&] {
+    at::set_num_threads(threads);  // this thread's intra-op pool: cores / jobs
+    while (!failed) {
+      const auto job = take();
+      if (!job) return;
+      const TrialConfig& t = trials[job->index];
+      const std::size_t i = job->index;
+      const auto hopeless = [&](std::int64_t next_eval) {
+        return group == nullptr ? queue.pruned(i, next_eval) : prune && TrialQueue::beaten(job->bound, i, next_eval);
+      };
+      try {
+        const TrialResult r = run_one(t, data, (dir / t.name).string(),
+                                      [&](const TrialProgress& p) { board.update(t.name, p); }, group, hopeless);
+        queue.finished(i, r.status == TrialStatus::kReached ? r.steps_to_target : std::nullopt);
+        if (r.status == TrialStatus::kPruned) ++totals.pruned;
+        if (writer) board.finished(t.name, r, t.target.metric);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int j = 1; j < jobs; ++j) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
 
 SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, distributed::ProcessGroup* group) {
   const auto start = std::chrono::steady_clock::now();
@@ -48,73 +223,56 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   }
   // The folder is made (and tried) before the data: a bad --out fails in a moment.
   if (writer) check_folder(dir.string(), "--out");
+  // Rates an earlier --extend-search added: part of this folder's sweep.
+  const fs::path extensions = dir / "extensions.json";
+  std::string extra_text;
+  if (writer && fs::exists(extensions)) extra_text = read_file(extensions.string());
+  if (group != nullptr) extra_text = distributed::broadcast_bytes(*group, extra_text);
+  std::vector<ExtraPoint> extra;
+  if (!extra_text.empty()) extra = parse_extensions(extra_text, extensions.string());
   const Dataset data = load_data(sweep);
   if (writer) write_file_atomic((dir / "sweep.json").string(), resolved.dump(2) + "\n");
 
-  const std::vector<TrialConfig> trials = expand(sweep);
-  // Rank 0 decides what is left (other nodes may not see its files).
-  at::Tensor left = at::zeros({static_cast<std::int64_t>(trials.size())}, at::kInt);
-  if (writer) {
-    for (std::size_t i = 0; i < trials.size(); ++i) {
-      left[static_cast<std::int64_t>(i)] = trial_finished(trials[i], (dir / trials[i].name).string()) ? 0 : 1;
-    }
-  }
-  if (group != nullptr) {
-    std::vector<at::Tensor> mask{left};
-    group->broadcast(mask, 0);
-    left = mask[0];
-  }
-  std::vector<const TrialConfig*> pending;
+  const bool prune = sweep.runner.prune;
   SweepSummary summary;
   summary.dir = dir.string();
-  summary.trials = static_cast<std::int64_t>(trials.size());
-  for (std::size_t i = 0; i < trials.size(); ++i) {
-    if (left[static_cast<std::int64_t>(i)].item<int>() == 0) {
-      ++summary.skipped;
-    } else {
-      pending.push_back(&trials[i]);
-    }
-  }
-  if (writer && summary.skipped > 0) {
-    std::cerr << "resuming " << dir.string() << ": " << summary.skipped << " of " << trials.size()
-              << " trials already finished\n";
-  }
-  ProgressBoard board(static_cast<std::int64_t>(pending.size()));
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int jobs = std::min<int>(options.jobs, static_cast<int>(std::max<std::size_t>(1, pending.size())));
-  // Ranks on this machine (torchrun's LOCAL_WORLD_SIZE) share its cores too.
-  const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
-  const int local_ranks = group != nullptr && local_world != nullptr ? std::max(1, std::atoi(local_world)) : 1;
-  const int threads = std::max(1, cores / jobs / local_ranks);
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  const auto worker = [&] {
-    at::set_num_threads(threads);  // this thread's intra-op pool: cores / jobs
-    while (!failed) {
-      const std::size_t i = next++;
-      if (i >= pending.size()) return;
-      const TrialConfig& t = *pending[i];
-      try {
-        const TrialResult r = run_one(t, data, (dir / t.name).string(),
-                                      [&](const TrialProgress& p) { board.update(t.name, p); }, group);
-        if (writer) board.finished(t.name, r, t.target.metric);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
-        failed = true;
+  const auto run_round = [&](const std::vector<TrialConfig>& trials, bool first) {
+    RoundTotals totals;
+    run_trials(trials, data, dir, options, prune, group, first, totals);
+    if (first) summary.skipped = totals.skipped;
+    summary.trials = static_cast<std::int64_t>(trials.size());
+    summary.pruned += totals.pruned;
+    if (writer) summary.reached = write_tables(trials, dir.string());
+  };
+
+  // The search's own trials, then any points an --extend-search added (now or
+  // in an earlier run), one round of edges at a time.
+  std::vector<TrialConfig> trials = expand(sweep, extra);
+  run_round(trials, true);
+  for (int round = 0; round < options.extend_search; ++round) {
+    std::string more;
+    if (writer) {
+      const std::vector<ExtraPoint> added = beyond_edges(sweep, trials, dir);
+      if (!added.empty()) {
+        extra.insert(extra.end(), added.begin(), added.end());
+        more = extensions_json(extra);
+        write_file_atomic(extensions.string(), more);
+        std::cerr << "extending the search (round " << round + 1 << " of " << options.extend_search << "): "
+                  << added.size() << " rate(s) beyond the edge\n";
       }
     }
-  };
-  std::vector<std::thread> pool;
-  for (int j = 1; j < jobs; ++j) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
-  if (error) std::rethrow_exception(error);
-
+    if (group != nullptr) more = distributed::broadcast_bytes(*group, more);
+    if (more.empty()) break;
+    extra = parse_extensions(more, extensions.string());
+    trials = expand(sweep, extra);
+    run_round(trials, false);
+  }
   if (!writer) return summary;
-  summary.reached = write_tables(trials, dir.string());
+  std::vector<std::string> edges;
+  for (const TargetRow& row : read_steps_to_target(dir.string())) {
+    if (!row.edge.empty()) edges.push_back(std::to_string(row.batch_size) + " (" + row.edge + ")");
+  }
+  if (!edges.empty()) std::cerr << search_edge_warning(edges) << "\n";
   if (sweep.base.tensorboard) {
     // TensorBoard's Text tab, on the sweep folder's own run ".".
     tensorboard::EventWriter(dir.string())

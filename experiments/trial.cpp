@@ -199,7 +199,8 @@ std::pair<double, double> Trainer::evaluate_local() {
 
 TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progress,
                          const std::function<void(const std::string&)>& on_checkpoint,
-                         const std::function<void(const EvalRow&)>& on_eval) {
+                         const std::function<void(const EvalRow&)>& on_eval,
+                         const std::function<bool(std::int64_t)>& prune) {
   const auto start = std::chrono::steady_clock::now();
   const double before = elapsed_;
   const auto seconds = [&] {
@@ -212,7 +213,12 @@ TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progre
   double loss_sum = 0;
   std::int64_t loss_count = 0;
   double last_report = 0;
+  const std::int64_t every = config_.target.eval_every;
   while (step_ < budget_) {
+    if (prune && prune(std::min(budget_, (step_ / every + 1) * every))) {
+      r.status = TrialStatus::kPruned;
+      break;
+    }
     const double loss = train_step();
     if (!std::isfinite(loss)) {
       r.status = TrialStatus::kDiverged;
@@ -224,7 +230,7 @@ TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progre
       last_report = seconds();
       progress({step_, budget_, loss, static_cast<double>(step_) / std::max(1e-9, last_report)});
     }
-    if (step_ % config_.target.eval_every != 0 && step_ != budget_) continue;
+    if (step_ % every != 0 && step_ != budget_) continue;
     const auto [val_loss, val_error] = evaluate();
     EvalRow row;
     row.step = step_;

@@ -54,10 +54,12 @@ void for_each_field(Row&& row, Visit&& visit) {
   visit("gns", row.gns);
 }
 
-enum class TrialStatus { kReached, kNotReached, kDiverged };
+/// kPruned: stopped by the sweep once a sibling (same batch size) had reached
+/// the target at a step this trial could no longer beat (sweep.h).
+enum class TrialStatus { kReached, kNotReached, kDiverged, kPruned };
 inline constexpr schedules::EnumName<TrialStatus> kTrialStatuses[] = {
     {TrialStatus::kReached, "reached"}, {TrialStatus::kNotReached, "not_reached"},
-    {TrialStatus::kDiverged, "diverged"}};
+    {TrialStatus::kDiverged, "diverged"}, {TrialStatus::kPruned, "pruned"}};
 std::string to_string(TrialStatus status);
 
 struct TrialResult {
@@ -104,9 +106,12 @@ class Trainer {
   /// it). With config.checkpoint_every > 0, on_checkpoint gets checkpoint()
   /// after each evaluation at a multiple of it that does not end the trial.
   /// on_eval sees each evaluation's row as it is made (before a checkpoint).
+  /// prune is asked before every step with the step of the next evaluation;
+  /// true ends the run there as kPruned (every rank must answer alike).
   TrialResult run(const std::function<void(const TrialProgress&)>& progress = {},
                   const std::function<void(const std::string&)>& on_checkpoint = {},
-                  const std::function<void(const EvalRow&)>& on_eval = {});
+                  const std::function<void(const EvalRow&)>& on_eval = {},
+                  const std::function<bool(std::int64_t)>& prune = {});
 
   /// The trust ratio of each parameter the layer-wise optimizer adapts, by the
   /// model's parameter names ("0.weight"): LARS's and LAMB's ratio, LARC's

@@ -50,22 +50,30 @@ std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const T
 
 }  // namespace
 
-bool trial_finished(const TrialConfig& t, const std::string& folder) {
+std::optional<nlohmann::json> finished_summary(const TrialConfig& t, const std::string& folder, bool accept_pruned) {
   const fs::path dir(folder);
-  if (!fs::exists(dir / "summary.json") || !same_config(t, dir)) return false;
+  if (!fs::exists(dir / "summary.json") || !same_config(t, dir)) return std::nullopt;
+  nlohmann::json summary;
   try {
-    if (read_json((dir / "summary.json").string()).contains("status")) return true;
-    std::cerr << "warning: " << (dir / "summary.json").string() << ": no status; redoing " << t.name << "\n";
+    summary = read_json((dir / "summary.json").string());
   } catch (const std::exception&) {
     // Cut short or damaged (a disk that filled up, a hand edit): redo it.
     std::cerr << "warning: " << (dir / "summary.json").string() << ": not readable JSON; redoing " << t.name << "\n";
+    return std::nullopt;
   }
-  return false;
+  if (!summary.is_object() || !summary.contains("status")) {
+    std::cerr << "warning: " << (dir / "summary.json").string() << ": no status; redoing " << t.name << "\n";
+    return std::nullopt;
+  }
+  if (!accept_pruned && summary["status"] == to_string(TrialStatus::kPruned)) return std::nullopt;
+  return summary;
 }
+
+bool trial_finished(const TrialConfig& t, const std::string& folder) { return finished_summary(t, folder).has_value(); }
 
 TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::string& dir,
                     const std::function<void(const TrialProgress&)>& progress,
-                    distributed::ProcessGroup* group) {
+                    distributed::ProcessGroup* group, const std::function<bool(std::int64_t)>& prune) {
   const bool writer = group == nullptr || group->rank() == 0;
   const fs::path folder(dir);
   const fs::path checkpoint = folder / "checkpoint.pt";
@@ -115,7 +123,7 @@ TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::st
     fs::remove(folder / tensorboard::kEventFileName);  // an earlier run's, which this one would contradict
   }
   const TrialResult r =
-      trainer->run(writer ? progress : std::function<void(const TrialProgress&)>(), on_checkpoint, on_eval);
+      trainer->run(writer ? progress : std::function<void(const TrialProgress&)>(), on_checkpoint, on_eval, prune);
   if (writer) {
     write_file_atomic((folder / "metrics.csv").string(), metrics_csv(r.rows));
     write_file_atomic((folder / "summary.json").string(), summary_json(trial, r).dump(2) + "\n");

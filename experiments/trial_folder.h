@@ -11,19 +11,29 @@
 #include <bigbatch/experiments/trial.h>
 #include <bigbatch/distributed/process_group.h>
 
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace bigbatch::experiments {
 
+/// The summary.json of `trial`'s finished run in `dir`, if it has one. A
+/// pruned trial counts as finished only with accept_pruned (a sweep run with
+/// pruning off redoes it in full).
+std::optional<nlohmann::json> finished_summary(const TrialConfig& trial, const std::string& dir,
+                                               bool accept_pruned = true);
 /// Whether `dir` holds the finished run of `trial`.
 bool trial_finished(const TrialConfig& trial, const std::string& dir);
 
 /// Runs one trial into `dir`, resuming from its checkpoint when the folder
 /// holds one of the same config. Data-parallel with a process group; only
-/// rank 0 writes (and reports progress).
+/// rank 0 writes (and reports progress). `prune` is Trainer::run's.
 TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::string& dir,
                     const std::function<void(const TrialProgress&)>& progress = {},
-                    distributed::ProcessGroup* group = nullptr);
+                    distributed::ProcessGroup* group = nullptr,
+                    const std::function<bool(std::int64_t)>& prune = {});
 
 }  // namespace bigbatch::experiments

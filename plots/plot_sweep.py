@@ -5,7 +5,8 @@ One sweep, into SWEEP_DIR/plots/:
   1. validation metric and training loss of the best trial of each batch
      size, against step and against examples seen (four panels)
   2. steps to target against batch size (log2 axes), perfect scaling, fit S(B)
-  3. best learning rate against batch size, with linear and sqrt slopes
+  3. best learning rate against batch size, with linear and sqrt slopes; a
+     rate on the edge of its search circled
   4. learning rate and batch size schedules against step (drawn as steps)
   5. the gradient noise scale B_simple over training
 
@@ -110,8 +111,13 @@ def main(sweep_dir):
             b_crit = fit["b_crit"] if fit["b_crit"] is not None else math.inf
             curve = [fit["s_min"] + fit["e_min"] / b for b in grid]
             label = f"S_min(1+B_crit/B), B_crit={b_crit:.0f}"
+            if "range" in fit:
+                low, high = (x if x is not None else math.inf for x in fit["range"]["b_crit"])
+                label += f" ({fit['range']['level']:.0%}: {low:.0f}-{high:.0f})"
             ax.plot(grid, curve, "r--", label=label)
             points["fit_curve"] = {"batch_sizes": grid, "steps": curve}
+    if "error" in fit:
+        ax.text(0.03, 0.03, "no fit: " + fit["error"], transform=ax.transAxes, fontsize=7, color="r")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xlabel("batch size")
@@ -120,12 +126,18 @@ def main(sweep_dir):
     save(fig, out, "steps_to_target", points)
 
     # 3. best learning rate against batch size
-    rates = [(int(r["batch_size"]), float(r["best_lr"])) for r in table if r["reached"] == "1"]
+    rows = [r for r in table if r["reached"] == "1"]
+    rates = [(int(r["batch_size"]), float(r["best_lr"])) for r in rows]
+    edges = [r.get("edge", "") for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4.5))
-    points = {"batch_sizes": [b for b, _ in rates], "best_lr": [x for _, x in rates]}
+    points = {"batch_sizes": [b for b, _ in rates], "best_lr": [x for _, x in rates], "edge": edges}
     if rates:
         bs, lrs = zip(*rates)
         ax.plot(bs, lrs, "o-", label="best rate")
+        on_edge = [(b, x) for (b, x), e in zip(rates, edges) if e]
+        if on_edge:  # hollow: the best rate may lie beyond the search
+            ax.plot(*zip(*on_edge), "o", markersize=11, markerfacecolor="none", markeredgecolor="r",
+                    label="on the search's edge")
         ax.plot(bs, [lrs[0] * b / bs[0] for b in bs], "k:", label="linear")
         ax.plot(bs, [lrs[0] * math.sqrt(b / bs[0]) for b in bs], "k--", label="sqrt")
     ax.set_xscale("log", base=2)

@@ -201,6 +201,13 @@ int run(int argc, char** argv) {
   sweep->add_option("CONFIG", config, "sweep config (JSON)")->required();
   sweep->add_option("--out", out, "output folder; the sweep goes to OUT/<name>/")->capture_default_str();
   sweep->add_option("--jobs", jobs, "trials in parallel (intra-op threads: cores / jobs)")->capture_default_str();
+  bool no_prune = false, extend_search = false;
+  sweep->add_flag("--extend-search", extend_search,
+                  "for each batch size whose best rate is the lowest or highest it tried, try one grid step "
+                  "beyond, up to 3 rounds (kept in the folder's extensions.json)");
+  sweep->add_flag("--no-prune", no_prune,
+                  "run every trial to its end, even one that can no longer change the steps-to-target table "
+                  "(config: runner.prune)");
   Parallel parallel;
   parallel.add_to(sweep);
 
@@ -249,7 +256,11 @@ int run(int argc, char** argv) {
   }
 
   if (*sweep) {
-    const auto sweeps = load(config, parallel);  // every variant parsed before any runs
+    auto sweeps = load(config, parallel);  // every variant parsed before any runs
+    if (no_prune) {
+      for (auto& named : sweeps) named.sweep.runner.prune = false;
+    }
+    const int extend_rounds = extend_search ? 3 : 0;
     if (parallel.launcher()) {
       for (const auto& named : sweeps) bx::check_world(named.sweep, parallel.world_size());
       return bx::launch_local(parallel.launch, argc, argv);
@@ -257,16 +268,18 @@ int run(int argc, char** argv) {
     const auto group = join(parallel, sweeps.front().sweep.base.device);
     if (group && group->rank() != 0) {
       for (const auto& named : sweeps) {
-        bx::run_sweep(named.sweep, {(fs::path(out) / named.folder).parent_path().string(), jobs}, group.get());
+        bx::run_sweep(named.sweep, {(fs::path(out) / named.folder).parent_path().string(), jobs, extend_rounds},
+                      group.get());
       }
       return 0;
     }
     for (const auto& named : sweeps) {
       const std::string parent = (fs::path(out) / named.folder).parent_path().string();
-      const bx::SweepSummary s = bx::run_sweep(named.sweep, {parent, jobs}, group.get());
+      const bx::SweepSummary s = bx::run_sweep(named.sweep, {parent, jobs, extend_rounds}, group.get());
       std::cout << bx::report(s.dir);
       std::cout << "sweep " << named.folder << ": " << s.trials << " trials (" << s.skipped << " resumed), "
-                << s.reached << " reached the target, " << s.wall_time << " s; results in " << s.dir << "\n";
+                << s.reached << " reached the target, " << s.pruned << " pruned, " << s.wall_time
+                << " s; results in " << s.dir << "\n";
     }
     const std::string top = (fs::path(out) / fs::path(sweeps.front().folder).begin()->string()).string();
     std::cout << "plots: bigbatch plot " << top << "\n";

@@ -157,9 +157,16 @@ resume)
   [ "$(grep -c "warning: runs/e2e/b512_p1_s1/summary.json: not readable JSON; redoing b512_p1_s1" again.err)" -eq 1 ] \
     || fail "expected one warning for the cut summary: $(cat again.err)"
   cmp reference/e2e/steps_to_target.csv runs/e2e/steps_to_target.csv || fail "table differs after redo"
-  for t in b32_p1_s0 b128_p0_s0 b512_p1_s1; do  # the same rows, but for wall_time (column 9)
-    cmp <(cut -d, -f1-8,10 reference/e2e/$t/metrics.csv) <(cut -d, -f1-8,10 runs/e2e/$t/metrics.csv) \
-      || fail "$t metrics differ"
+  # The same rows, but for wall_time (column 9); a trial pruned at another
+  # point (its batch size's bound was known sooner) has the same rows, cut.
+  for t in b32_p1_s0 b128_p0_s0 b512_p1_s1; do
+    cut -d, -f1-8,10 reference/e2e/$t/metrics.csv > a.csv
+    cut -d, -f1-8,10 runs/e2e/$t/metrics.csv > b.csv
+    n=$(( $(wc -l < a.csv) < $(wc -l < b.csv) ? $(wc -l < a.csv) : $(wc -l < b.csv) ))
+    cmp <(head -n "$n" a.csv) <(head -n "$n" b.csv) || fail "$t metrics differ"
+    if ! grep -q '"status": "pruned"' reference/e2e/$t/summary.json runs/e2e/$t/summary.json; then
+      cmp a.csv b.csv || fail "$t metrics differ"
+    fi
   done
   [ -z "$(find runs -name '*.tmp.*' -newer again.txt)" ] || fail "a temporary file was left by the rerun"
   [ "$(sort runs/e2e/steps_to_target.csv | uniq -d | wc -l)" -eq 0 ] || fail "duplicated rows"
@@ -182,6 +189,112 @@ c["target"] = {"metric": "val_loss", "threshold": 1e-9, "eval_every": 100}'
     || fail "the resumed trial's metrics differ"
   [ ! -e runs/$trial/checkpoint.pt ] || fail "the finished trial kept its checkpoint"
   echo "resume ok"
+  ;;
+prune)
+  # Pruning is exact: the table, the fit and the best trials' curves are the
+  # same with it on (either job count) and off; every trial it stopped could
+  # not have become its batch size's row.
+  "$bigbatch" sweep "$config" --out on --jobs 2 > on.txt 2> on.err
+  "$bigbatch" sweep "$config" --out on1 --jobs 1 > /dev/null 2>&1
+  "$bigbatch" sweep "$config" --out off --jobs 2 --no-prune > off.txt 2> off.err
+  "$bigbatch" sweep "$config" --out off1 --jobs 1 --no-prune > /dev/null 2>&1
+  grep -q ", 0 pruned," off.txt || fail "--no-prune pruned: $(tail -1 off.txt)"
+  # (the same job count on both sides: --jobs sets the threads per trial, and
+  # with them the rounding)
+  for d in on on1; do
+    cmp off${d#on}/e2e/steps_to_target.csv $d/e2e/steps_to_target.csv || fail "$d: the table differs"
+    cmp off${d#on}/e2e/fit.json $d/e2e/fit.json || fail "$d: the fit differs"
+  done
+  for d in on on1; do
+  $py - $d/e2e off${d#on}/e2e "$(cat "$config")" <<'PY'
+import csv, json, os, sys
+on, off, config = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+seeds = config["seeds"]
+def order(name):  # the trial's index in expand(): point, then seed
+    b, p, s = name.split("_")
+    return (int(p[1:]), seeds.index(int(s[1:])))
+def strip(path):  # metrics.csv without wall_time
+    return [{k: v for k, v in r.items() if k != "wall_time"} for r in csv.DictReader(open(path))]
+table = {int(r["batch_size"]): r for r in csv.DictReader(open(os.path.join(on, "steps_to_target.csv")))}
+pruned = 0
+for t in sorted(os.listdir(on)):
+    s = os.path.join(on, t, "summary.json")
+    if not os.path.exists(s):
+        continue
+    a, b = json.load(open(s)), json.load(open(os.path.join(off, t, "summary.json")))
+    row = table[a["batch_size"]]
+    if t == row["trial"]:
+        assert strip(os.path.join(on, t, "metrics.csv")) == strip(os.path.join(off, t, "metrics.csv")), t
+    if a["status"] != "pruned":
+        assert a["status"] == b["status"] and a["steps_to_target"] == b["steps_to_target"], (t, a, b)
+        continue
+    pruned += 1
+    bound = (int(row["steps"]), order(row["trial"]))
+    # Unpruned, it did not reach, or reached no sooner than the row (ties go to the earlier trial).
+    assert b["status"] != "reached" or (b["steps_to_target"], order(t)) > bound, (t, b, bound)
+    # Its evaluations are the unpruned run's, cut short.
+    rows_a, rows_b = strip(os.path.join(on, t, "metrics.csv")), strip(os.path.join(off, t, "metrics.csv"))
+    assert rows_a == rows_b[:len(rows_a)], t
+assert pruned >= 10, pruned
+print(on, "exact:", pruned, "of 40 trials pruned, table and fit unchanged")
+PY
+  done
+  grep -q ", [1-9][0-9]* pruned," on.txt || fail "nothing pruned: $(tail -1 on.txt)"
+  # The best trials' plots are the same.
+  "$bigbatch" plot on/e2e > /dev/null
+  "$bigbatch" plot off/e2e > /dev/null
+  for f in validation steps_to_target best_lr; do
+    cmp on/e2e/plots/$f.json off/e2e/plots/$f.json || fail "the $f plot's points differ"
+  done
+  # A pruned trial is finished; with pruning off, a rerun completes it.
+  n=$(grep -l '"status": "pruned"' on/e2e/*/summary.json | wc -l)
+  "$bigbatch" sweep "$config" --out on --jobs 2 > again.txt 2> again.err
+  grep -q "40 of 40 trials already finished" again.err || fail "pruned trials were rerun: $(cat again.err)"
+  "$bigbatch" sweep "$config" --out on --jobs 2 --no-prune > full.txt 2> full.err
+  grep -q "$((40 - n)) of 40 trials already finished" full.err || fail "want $n trials completed: $(cat full.err)"
+  [ -z "$(grep -l '"status": "pruned"' on/e2e/*/summary.json)" ] || fail "pruned trials left after --no-prune"
+  cmp off/e2e/steps_to_target.csv on/e2e/steps_to_target.csv || fail "the completed sweep's table differs"
+  # The search's edges: with rates 0.003 and 0.01 only, the best rate is on an
+  # edge somewhere; --extend-search adds one grid step (x 0.01 / 0.003) beyond
+  # it for those batch sizes only, keeps the finished trials, and resumes.
+  derive edge.json 'c["search"] = {"lr": [0.003, 0.01]}; c["seeds"] = [0]'
+  "$bigbatch" sweep edge.json --out edge > edge.txt 2> edge.err
+  grep -q "warning: the best rate is on the edge of the search at batch sizes" edge.err \
+    || fail "no edge warning: $(cat edge.err)"
+  grep -q "high" edge.txt || fail "no row marked in the report: $(cat edge.txt)"
+  cp edge/e2e/steps_to_target.csv before.csv
+  "$bigbatch" plot edge/e2e > /dev/null
+  $py - edge/e2e <<'PY'
+import csv, json, os, sys
+rows = [r for r in csv.DictReader(open(os.path.join(sys.argv[1], "steps_to_target.csv"))) if r["reached"] == "1"]
+assert json.load(open(os.path.join(sys.argv[1], "plots", "best_lr.json")))["edge"] == [r["edge"] for r in rows]
+PY
+  "$bigbatch" sweep edge.json --out edge --extend-search > extend.txt 2> extend.err
+  grep -q "10 of 10 trials already finished" extend.err || fail "finished trials redone: $(cat extend.err)"
+  $py - edge/e2e before.csv <<'PY'
+import csv, json, os, sys
+d = sys.argv[1]
+before = list(csv.DictReader(open(sys.argv[2])))
+points = json.load(open(os.path.join(d, "extensions.json")))["points"]
+step = 0.01 / 0.003
+first = {}
+for p in points:
+    first.setdefault(p["batch_size"], p)
+for r in before:
+    b = int(r["batch_size"])
+    lr = {"b%d_p0_s0" % b: 0.003, "b%d_p1_s0" % b: 0.01}[r["trial"]]
+    if r["edge"]:
+        want = 0.003 / step if r["edge"] == "low" else 0.01 * step
+        assert abs(first[b]["lr"] - want) < 1e-12 * want, (b, first[b], want)
+        assert os.path.exists(os.path.join(d, "b%d_x0_s0" % b, "summary.json")), b
+    else:
+        assert b not in first, (b, first)
+print("extended:", [(p["batch_size"], round(p["lr"], 5)) for p in points])
+PY
+  m=$(ls -d edge/e2e/b*_s0 | wc -l)
+  "$bigbatch" sweep edge.json --out edge > resumed.txt 2> resumed.err
+  grep -q "$m of $m trials already finished" resumed.err || fail "the extension's trials are not kept: $(cat resumed.err)"
+  echo "prune ok"
   ;;
 tensorboard)
   # Every trial's events read back by the real tensorboard package (installed
