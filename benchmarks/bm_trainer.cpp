@@ -1,5 +1,9 @@
 // The trainer's overhead: one training step of the same MLP, batch and
 // optimizer through experiments::Trainer and through a bare LibTorch loop.
+// Batched trials: a step of 5 LAMB trials (rates 1e-3 to 5e-3) as one
+// stacked group against a step of each of 5 separate trainers, at batch
+// sizes 16, 256 and 4096; and one evaluation (1024 examples) of each.
+#include <bigbatch/experiments/batched.h>
 #include <bigbatch/experiments/trial.h>
 #include <bigbatch/optimizers/lamb.h>
 #include <bigbatch/optimizers/param_groups.h>
@@ -72,8 +76,58 @@ void bm_bare_loop(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * kBatch);
 }
 
+constexpr int kLanes = 5;
+
+std::vector<bx::TrialConfig> five(std::int64_t batch) {
+  std::vector<bx::TrialConfig> out;
+  for (int k = 0; k < kLanes; ++k) {
+    bx::TrialConfig c = config();
+    c.batch_size = batch;
+    c.schedule.base_lr = 1e-3 * (k + 1);
+    c.name = "trial" + std::to_string(k);
+    out.push_back(c);
+  }
+  return out;
+}
+
+void bm_five_separate(benchmark::State& state) {
+  const bx::Dataset d = data();
+  std::vector<std::unique_ptr<bx::Trainer>> trainers;
+  for (const auto& c : five(state.range(0))) trainers.push_back(std::make_unique<bx::Trainer>(c, d));
+  for (auto _ : state) {
+    for (auto& t : trainers) benchmark::DoNotOptimize(t->train_step());
+  }
+  state.SetItemsProcessed(state.iterations() * kLanes * state.range(0));
+}
+
+void bm_five_batched(benchmark::State& state) {
+  const bx::Dataset d = data();
+  bx::GroupTrainer group(five(state.range(0)), d);
+  for (auto _ : state) group.train_step();
+  state.SetItemsProcessed(state.iterations() * kLanes * state.range(0));
+}
+
+void bm_five_separate_eval(benchmark::State& state) {
+  const bx::Dataset d = data();
+  std::vector<std::unique_ptr<bx::Trainer>> trainers;
+  for (const auto& c : five(256)) trainers.push_back(std::make_unique<bx::Trainer>(c, d));
+  for (auto _ : state) {
+    for (auto& t : trainers) benchmark::DoNotOptimize(t->evaluate());
+  }
+}
+
+void bm_five_batched_eval(benchmark::State& state) {
+  const bx::Dataset d = data();
+  bx::GroupTrainer group(five(256), d);
+  for (auto _ : state) benchmark::DoNotOptimize(group.evaluate());
+}
+
 }  // namespace
 
+BENCHMARK(bm_five_separate)->Arg(16)->Arg(256)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(bm_five_batched)->Arg(16)->Arg(256)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(bm_five_separate_eval)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(bm_five_batched_eval)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(bm_bare_loop)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(bm_trainer)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_MAIN();

@@ -344,7 +344,10 @@ void sweep_fields(Io& io, Spec& s) {
   io.object("search", s.search, [](auto& q, auto& x) { search_fields(q, x); });
   io.field("seeds", s.seeds);
   io.check("seeds", !s.seeds.empty(), "must not be empty");
-  io.object("runner", s.runner, [](auto& q, auto& r) { q.field("prune", r.prune); });
+  io.object("runner", s.runner, [](auto& q, auto& r) {
+    q.field("prune", r.prune);
+    q.field("batch_trials", r.batch_trials);
+  });
   io.check("target.metric", t.target.metric != Metric::kValError || t.data.name != DatasetName::kLinearRegression,
            "val_error needs a classification dataset; linear_regression has val_loss");
 }

@@ -110,6 +110,9 @@ struct SearchSpec {
 /// sweep's identity, like "tensorboard".
 struct RunnerSpec {
   bool prune = true;  ///< stop a trial once it cannot change the steps-to-target table (trial_queue.h)
+  /// Train trials that differ only in rate and momentum as one stacked model
+  /// (batched.h). Off by default: on CPUs it measured no faster (docs/experiments.md).
+  bool batch_trials = false;
 };
 
 struct SweepConfig {

@@ -2,6 +2,7 @@
 // trials left, and a pool of `jobs` threads that runs them.
 #include <bigbatch/experiments/sweep.h>
 
+#include <bigbatch/experiments/batched.h>
 #include <bigbatch/experiments/files.h>
 #include <bigbatch/experiments/preflight.h>
 #include <bigbatch/experiments/progress.h>
@@ -98,8 +99,12 @@ struct RoundTotals {
 // Runs what is left of `trials` into `dir`, options.jobs at a time: the
 // body of run_sweep (sweep.h), once per round of the search.
 void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, const fs::path& dir,
-                const SweepOptions& options, bool prune, distributed::ProcessGroup* group, bool report_resume,
-                RoundTotals& totals) {
+                const SweepOptions& options, const RunnerSpec& runner, distributed::ProcessGroup* group,
+                bool report_resume, RoundTotals& totals) {
+  const bool prune = runner.prune;
+  // Batched groups on one process only (a data-parallel sweep runs trial by trial).
+  const bool batch = runner.batch_trials && group == nullptr;
+  constexpr std::size_t kMaxLanes = 32;
   const bool writer = group == nullptr || group->rank() == 0;
   TrialQueue queue(trials, prune);
   // Rank 0 decides what is left (other nodes may not see its files) and the
@@ -130,11 +135,18 @@ void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, con
   struct Job {
     std::size_t index;
     std::optional<TrialQueue::Bound> bound;
+    std::vector<std::size_t> group;  // a batched group (more than one trial), index among them
   };
+  const auto together = [&](std::size_t a, std::size_t b) { return batchable_together(trials[a], trials[b]); };
   const auto take = [&]() -> std::optional<Job> {
+    if (group == nullptr && batch) {
+      auto indices = queue.next_group(together, kMaxLanes);
+      if (indices.empty()) return std::nullopt;
+      return Job{indices.front(), std::nullopt, indices.size() > 1 ? indices : std::vector<std::size_t>()};
+    }
     if (group == nullptr) {
       const auto i = queue.next();
-      return i ? std::optional<Job>(Job{*i, std::nullopt}) : std::nullopt;
+      return i ? std::optional<Job>(Job{*i, std::nullopt, {}}) : std::nullopt;
     }
     std::vector<at::Tensor> message{at::full({3}, -1, at::kLong)};
     if (writer) {
@@ -150,7 +162,7 @@ void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, con
     const auto m = message[0].contiguous();
     const std::int64_t* v = m.data_ptr<std::int64_t>();
     if (v[0] < 0) return std::nullopt;
-    Job job{static_cast<std::size_t>(v[0]), std::nullopt};
+    Job job{static_cast<std::size_t>(v[0]), std::nullopt, {}};
     if (v[1] >= 0) job.bound = TrialQueue::Bound{v[1], static_cast<std::size_t>(v[2])};
     return job;
   };
@@ -174,12 +186,32 @@ void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, con
     while (!failed) {
       const auto job = take();
       if (!job) return;
-      const TrialConfig& t = trials[job->index];
-      const std::size_t i = job->index;
-      const auto hopeless = [&](std::int64_t next_eval) {
-        return group == nullptr ? queue.pruned(i, next_eval) : prune && TrialQueue::beaten(job->bound, i, next_eval);
-      };
       try {
+        if (!job->group.empty()) {
+          std::vector<TrialConfig> configs;
+          std::vector<std::string> dirs;
+          for (const auto i : job->group) {
+            configs.push_back(trials[i]);
+            dirs.push_back((dir / trials[i].name).string());
+          }
+          const std::string& shown = trials[job->group.front()].name;
+          run_group(
+              configs, data, dirs, [&](const TrialProgress& p) { board.update(shown, p); },
+              [&](std::size_t lane, std::int64_t next_eval) { return queue.pruned(job->group[lane], next_eval); },
+              [&](std::size_t lane, const TrialResult& r) {
+                const std::size_t i = job->group[lane];
+                queue.finished(i, r.status == TrialStatus::kReached ? r.steps_to_target : std::nullopt);
+                if (r.status == TrialStatus::kPruned) ++totals.pruned;
+                board.finished(trials[i].name, r, trials[i].target.metric);
+              });
+          continue;
+        }
+        const TrialConfig& t = trials[job->index];
+        const std::size_t i = job->index;
+        const auto hopeless = [&](std::int64_t next_eval) {
+          return group == nullptr ? queue.pruned(i, next_eval)
+                                  : prune && TrialQueue::beaten(job->bound, i, next_eval);
+        };
         const TrialResult r = run_one(t, data, (dir / t.name).string(),
                                       [&](const TrialProgress& p) { board.update(t.name, p); }, group, hopeless);
         queue.finished(i, r.status == TrialStatus::kReached ? r.steps_to_target : std::nullopt);
@@ -233,12 +265,11 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   const Dataset data = load_data(sweep);
   if (writer) write_file_atomic((dir / "sweep.json").string(), resolved.dump(2) + "\n");
 
-  const bool prune = sweep.runner.prune;
   SweepSummary summary;
   summary.dir = dir.string();
   const auto run_round = [&](const std::vector<TrialConfig>& trials, bool first) {
     RoundTotals totals;
-    run_trials(trials, data, dir, options, prune, group, first, totals);
+    run_trials(trials, data, dir, options, sweep.runner, group, first, totals);
     if (first) summary.skipped = totals.skipped;
     summary.trials = static_cast<std::int64_t>(trials.size());
     summary.pruned += totals.pruned;

@@ -30,13 +30,6 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// Model initialization draws from LibTorch's global generator: one trial at a
-// time seeds and builds, so parallel trials stay reproducible.
-std::mutex& init_mutex() {
-  static std::mutex m;
-  return m;
-}
-
 // "cpu", or "cuda": device LOCAL_RANK (modulo the devices) under a process group.
 at::Device trial_device(DeviceType type, const distributed::ProcessGroup* group) {
   if (type == DeviceType::kCpu) return at::Device(at::kCPU);
@@ -47,6 +40,11 @@ at::Device trial_device(DeviceType type, const distributed::ProcessGroup* group)
 }
 
 }  // namespace
+
+std::mutex& model_init_mutex() {
+  static std::mutex m;
+  return m;
+}
 
 std::string to_string(TrialStatus status) { return schedules::enum_name(kTrialStatuses, status); }
 
@@ -59,7 +57,7 @@ Trainer::Trainer(const TrialConfig& config, const Dataset& data, distributed::Pr
       gns_(config.gns.beta),
       best_metric_(std::numeric_limits<double>::infinity()) {
   {
-    std::lock_guard<std::mutex> lock(init_mutex());
+    std::lock_guard<std::mutex> lock(model_init_mutex());
     at::manual_seed(config.seed);
     model_ = make_model(config.model, data.example_shape(), data.classes > 0 ? data.classes : 1);
   }
@@ -297,13 +295,14 @@ std::optional<double> lamb_ratio(const optim::LAMB& lamb, const optim::LAMBOptio
 
 }  // namespace
 
-std::vector<std::pair<std::string, double>> Trainer::trust_ratios() const {
+std::vector<std::pair<std::string, double>> trust_ratios(const torch::optim::Optimizer& optimizer,
+                                                        const torch::nn::Module& model) {
   at::NoGradGuard no_grad;
   std::map<const void*, std::string> names;
-  for (const auto& item : model_->named_parameters()) names[item.value().unsafeGetTensorImpl()] = item.key();
-  const auto* lamb = dynamic_cast<const optim::LAMB*>(optimizer_.get());
+  for (const auto& item : model.named_parameters()) names[item.value().unsafeGetTensorImpl()] = item.key();
+  const auto* lamb = dynamic_cast<const optim::LAMB*>(&optimizer);
   std::vector<std::pair<std::string, double>> out;
-  for (const auto& group : optimizer_->param_groups()) {
+  for (const auto& group : optimizer.param_groups()) {
     const auto& options = group.options();
     const auto* lars = dynamic_cast<const optim::LARSOptions*>(&options);
     const auto* larc = dynamic_cast<const optim::LARCOptions*>(&options);
@@ -324,6 +323,10 @@ std::vector<std::pair<std::string, double>> Trainer::trust_ratios() const {
     }
   }
   return out;
+}
+
+std::vector<std::pair<std::string, double>> Trainer::trust_ratios() const {
+  return experiments::trust_ratios(*optimizer_, *model_);
 }
 
 // --------------------------------------------------------------- checkpoints --

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,6 +74,15 @@ struct TrialResult {
   double wall_time = 0;
   std::vector<EvalRow> rows;
 };
+
+/// The trust ratio of each parameter of `model` that the layer-wise
+/// `optimizer` adapts (Trainer::trust_ratios), by its name in `model`.
+std::vector<std::pair<std::string, double>> trust_ratios(const torch::optim::Optimizer& optimizer,
+                                                        const torch::nn::Module& model);
+
+/// Model initialization draws from LibTorch's global generator: a trainer
+/// seeds and builds under this lock, so parallel trials stay reproducible.
+std::mutex& model_init_mutex();
 
 /// What a progress line shows.
 struct TrialProgress {

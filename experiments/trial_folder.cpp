@@ -1,6 +1,7 @@
 // Trial folders (trial_folder.h).
 #include <bigbatch/experiments/trial_folder.h>
 
+#include <bigbatch/experiments/batched.h>
 #include <bigbatch/experiments/files.h>
 #include <bigbatch/experiments/results.h>
 #include <bigbatch/experiments/tensorboard.h>
@@ -29,7 +30,8 @@ bool same_config(const TrialConfig& t, const fs::path& dir) {
 
 // An evaluation as TensorBoard scalars: what metrics.csv holds (NaN cells
 // left out) and the optimizer's trust ratios.
-std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const Trainer& trainer) {
+std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row,
+                                                     const std::vector<std::pair<std::string, double>>& ratios) {
   std::vector<tensorboard::Event::Scalar> out;
   const auto add = [&](const char* tag, double value) {
     if (!std::isnan(value)) out.push_back({tag, static_cast<float>(value)});
@@ -42,7 +44,7 @@ std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const T
   add("examples", static_cast<double>(row.examples));
   add("epoch", row.epoch);
   add("gns/b_simple", row.gns);
-  for (const auto& [name, ratio] : trainer.trust_ratios()) {
+  for (const auto& [name, ratio] : ratios) {
     out.push_back({"trust_ratio/" + name, static_cast<float>(ratio)});
   }
   return out;
@@ -118,7 +120,7 @@ TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::st
   std::function<void(const EvalRow&)> on_eval;
   if (writer && trial.tensorboard) {
     events.emplace(folder.string(), resumed ? trainer->step() : -1);
-    on_eval = [&](const EvalRow& row) { events->scalars(row.step, eval_scalars(row, *trainer)); };
+    on_eval = [&](const EvalRow& row) { events->scalars(row.step, eval_scalars(row, trainer->trust_ratios())); };
   } else if (writer) {
     fs::remove(folder / tensorboard::kEventFileName);  // an earlier run's, which this one would contradict
   }
@@ -130,6 +132,40 @@ TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::st
     fs::remove(checkpoint);  // finished: the summary and metrics are the record
   }
   return r;
+}
+
+void run_group(const std::vector<TrialConfig>& trials, const Dataset& data, const std::vector<std::string>& dirs,
+               const std::function<void(const TrialProgress&)>& progress,
+               const std::function<bool(std::size_t, std::int64_t)>& prune,
+               const std::function<void(std::size_t, const TrialResult&)>& finished) {
+  std::vector<std::optional<tensorboard::EventWriter>> events(trials.size());
+  for (std::size_t i = 0; i < trials.size(); ++i) {
+    const fs::path folder(dirs[i]);
+    fs::create_directories(folder);
+    fs::remove(folder / "summary.json");  // unfinished until the end
+    fs::remove(folder / "checkpoint.pt");
+    write_file_atomic((folder / "config.json").string(), to_json(trials[i]).dump(2) + "\n");
+    if (trials[i].tensorboard) {
+      events[i].emplace(folder.string(), -1);
+    } else {
+      fs::remove(folder / tensorboard::kEventFileName);
+    }
+  }
+  GroupTrainer group(trials, data);
+  GroupTrainer::Hooks hooks;
+  hooks.progress = progress;
+  hooks.prune = prune;
+  hooks.on_eval = [&](std::size_t i, const EvalRow& row) {
+    if (events[i]) events[i]->scalars(row.step, eval_scalars(row, trust_ratios(group.lane_optimizer(i), group.lane_module(i))));
+  };
+  hooks.finished = [&](std::size_t i, const TrialResult& r) {
+    const fs::path folder(dirs[i]);
+    write_file_atomic((folder / "metrics.csv").string(), metrics_csv(r.rows));
+    write_file_atomic((folder / "summary.json").string(), summary_json(trials[i], r).dump(2) + "\n");
+    events[i].reset();
+    if (finished) finished(i, r);
+  };
+  group.run(hooks);
 }
 
 }  // namespace bigbatch::experiments

@@ -17,6 +17,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace bigbatch::experiments {
 
@@ -35,5 +36,14 @@ TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::st
                     const std::function<void(const TrialProgress&)>& progress = {},
                     distributed::ProcessGroup* group = nullptr,
                     const std::function<bool(std::int64_t)>& prune = {});
+
+/// Runs a batched group of trials (batched.h), each into its own folder of
+/// `dirs` exactly as run_one would (no checkpoints: batched trials have
+/// none). `prune(lane, next_eval)` as Trainer::run's; `finished` sees each
+/// lane's result as soon as its files are written.
+void run_group(const std::vector<TrialConfig>& trials, const Dataset& data, const std::vector<std::string>& dirs,
+               const std::function<void(const TrialProgress&)>& progress,
+               const std::function<bool(std::size_t, std::int64_t)>& prune,
+               const std::function<void(std::size_t, const TrialResult&)>& finished);
 
 }  // namespace bigbatch::experiments

@@ -59,6 +59,26 @@ std::optional<double> TrialQueue::predicted_lr(std::size_t g) const {
 
 std::optional<std::size_t> TrialQueue::next() {
   std::lock_guard<std::mutex> lock(mutex_);
+  return next_locked();
+}
+
+std::vector<std::size_t> TrialQueue::next_group(const std::function<bool(std::size_t, std::size_t)>& together,
+                                                std::size_t max) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::optional<std::size_t> first = next_locked();
+  if (!first) return {};
+  std::vector<std::size_t> group{*first};
+  for (std::size_t i = 0; i < trials_.size() && group.size() < max; ++i) {
+    if (i == *first || !pending_[i] || out_[i] || group_[i] != group_[*first] || !together(*first, i)) continue;
+    out_[i] = true;
+    ++running_[group_[i]];
+    group.push_back(i);
+  }
+  std::sort(group.begin(), group.end());
+  return group;
+}
+
+std::optional<std::size_t> TrialQueue::next_locked() {
   std::vector<bool> waiting(batches_.size(), false);
   for (std::size_t i = 0; i < trials_.size(); ++i) {
     if (pending_[i] && !out_[i]) waiting[group_[i]] = true;

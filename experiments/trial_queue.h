@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -47,6 +48,11 @@ class TrialQueue {
   /// that reached (log rate against log batch), else the one nearest, else the
   /// middle of its rates. Ties go by index.
   std::optional<std::size_t> next();
+  /// next(), then every other trial left to hand out whose batch size is the
+  /// same and for which together(first, other) holds, in index order: a
+  /// batched group (batched.h), at most `max` trials. Empty when none is left.
+  std::vector<std::size_t> next_group(const std::function<bool(std::size_t, std::size_t)>& together,
+                                      std::size_t max);
 
   /// Whether trial `index`, whose next evaluation is at step `next_eval`, can
   /// no longer become its batch size's row. Thread-safe; cheap.
@@ -60,6 +66,7 @@ class TrialQueue {
 
  private:
   std::optional<double> predicted_lr(std::size_t group) const;
+  std::optional<std::size_t> next_locked();
 
   const std::vector<TrialConfig>& trials_;
   const bool prune_;

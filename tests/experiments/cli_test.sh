@@ -291,6 +291,28 @@ for r in before:
         assert b not in first, (b, first)
 print("extended:", [(p["batch_size"], round(p["lr"], 5)) for p in points])
 PY
+  # Batched trials (--batch-trials): every trial's folder as an unbatched
+  # trial's, each row's steps within fp32 rounding's reach of the unbatched
+  # table's (a borderline evaluation may flip), pruning exact within a group.
+  "$bigbatch" sweep "$config" --out batched --jobs 2 --batch-trials > batched.txt 2> batched.err
+  $py - batched/e2e off/e2e <<'PY'
+import csv, json, os, sys
+b, u = sys.argv[1], sys.argv[2]
+tb = {r["batch_size"]: r for r in csv.DictReader(open(os.path.join(b, "steps_to_target.csv")))}
+tu = {r["batch_size"]: r for r in csv.DictReader(open(os.path.join(u, "steps_to_target.csv")))}
+assert tb.keys() == tu.keys()
+for k in tb:
+    assert tb[k]["reached"] == tu[k]["reached"] == "1", (k, tb[k], tu[k])
+    sb, su = int(tb[k]["steps"]), int(tu[k]["steps"])
+    assert abs(sb - su) <= max(10, 0.2 * su), (k, sb, su)
+names = sorted(t for t in os.listdir(u) if t.startswith("b"))
+assert sorted(t for t in os.listdir(b) if t.startswith("b")) == names
+for t in names:
+    files = sorted(os.listdir(os.path.join(b, t)))
+    assert files == ["config.json", "events.out.tfevents.bigbatch", "metrics.csv", "summary.json"], (t, files)
+    assert json.load(open(os.path.join(b, t, "config.json"))) == json.load(open(os.path.join(u, t, "config.json"))), t
+print("batched ok:", {k: (tb[k]["steps"], tu[k]["steps"]) for k in tb})
+PY
   m=$(ls -d edge/e2e/b*_s0 | wc -l)
   "$bigbatch" sweep edge.json --out edge > resumed.txt 2> resumed.err
   grep -q "$m of $m trials already finished" resumed.err || fail "the extension's trials are not kept: $(cat resumed.err)"
@@ -304,6 +326,9 @@ tensorboard)
   derive lamb.json 'c["optimizer"] = {"name": "lamb"}; c["search"] = {"lr": [0.01, 0.03]}; c["batch_sizes"] = [32, 512]'
   "$bigbatch" sweep lamb.json --out runs --jobs 2 > /dev/null
   tb runs/e2e --trust-ratios
+  # Batched trials write the same files, trust ratios included.
+  "$bigbatch" sweep lamb.json --out batched --jobs 2 --batch-trials > /dev/null
+  tb batched/e2e --trust-ratios
   # A trial killed after a checkpoint: the resumed run's events hold each step
   # once, as its metrics.csv does.
   derive long.json 'c["budget"] = {"steps": 20000}; c["checkpoint_every"] = 2000; c["batch_sizes"] = [64]

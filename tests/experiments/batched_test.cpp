@@ -1,0 +1,165 @@
+// Batched trials (batched.h) against the same trials run one by one through
+// Trainer: per-lane evaluations over the first 50 steps and the final
+// parameters agree to fp32 rounding, for LAMB, LARS, SGD with momentum and
+// AdamW, with and without BatchNorm, with the noise scale measured. The
+// tolerance, 2e-4 relative: the stacked model computes the lanes' first layer
+// as one GEMM and the rest as batched ones, whose sums round differently from
+// the separate products; 50 steps of training carry that 1e-7 to about 1e-5.
+// One exception, which is not batching's: the bias of a linear layer followed
+// by BatchNorm has a zero gradient but for rounding, and Adam's (and LAMB's,
+// for 1-D parameters) division by sqrt(v) turns that noise into full-size
+// steps. The trial run alone with 1 and with 2 threads differs there by 0.01
+// to 0.025 after 50 AdamW steps. Those biases are left out of the parameter
+// check; they shift BatchNorm's running mean, which moves the validation loss
+// of Adam-type lanes with BatchNorm by up to 1e-3 relative (kRtolBatchNormAdam).
+#include <bigbatch/experiments/batched.h>
+#include <bigbatch/experiments/trial.h>
+
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+
+namespace {
+
+using namespace bigbatch::experiments;
+
+constexpr double kRtol = 2e-4;
+constexpr double kRtolBatchNormAdam = 2e-3;
+
+TrialConfig lane(OptimizerName optimizer, Norm norm, double lr, int index) {
+  TrialConfig c;
+  c.sweep = "batched";
+  c.name = "lane" + std::to_string(index);
+  c.data.name = DatasetName::kGaussianMixture;
+  c.data.train_size = 2048;
+  c.data.val_size = 512;
+  c.data.classes = 4;
+  c.data.dim = 12;
+  c.data.separation = 0.7;  // overlapping classes: no lane reaches the target
+  c.model.widths = {32, 16};
+  c.model.norm = norm;
+  c.optimizer.name = optimizer;
+  c.optimizer.momentum = index == 1 ? 0.8 : 0.9;  // lanes may differ in momentum too
+  c.schedule.base_lr = lr;
+  c.target.threshold = 0.01;
+  c.target.eval_every = 10;
+  c.budget = {50, bigbatch::schedules::Unit::kSteps};
+  c.gns.micro_batches = 2;
+  c.batch_size = 32;
+  return c;
+}
+
+// |a - b| <= rtol * max(|a|, |b|) + a small absolute floor.
+void expect_close(double a, double b, double rtol, const std::string& what) {
+  if (std::isnan(a) && std::isnan(b)) return;
+  EXPECT_LE(std::abs(a - b), rtol * std::max(std::abs(a), std::abs(b)) + 1e-7) << what << ": " << a << " vs " << b;
+}
+
+void expect_lanes_equal_separate(const std::vector<TrialConfig>& trials, const std::string& label) {
+  const Dataset data = load_dataset(trials[0].data);
+  GroupTrainer group(trials, data);
+  const std::vector<TrialResult> batched = group.run({});
+  ASSERT_EQ(batched.size(), trials.size());
+  const bool adam_like = trials[0].optimizer.name == OptimizerName::kAdamW ||
+                         trials[0].optimizer.name == OptimizerName::kLamb ||
+                         trials[0].optimizer.name == OptimizerName::kAdam;
+  const double val_rtol = adam_like && trials[0].model.norm != Norm::kNone ? kRtolBatchNormAdam : kRtol;
+  for (std::size_t k = 0; k < trials.size(); ++k) {
+    Trainer alone(trials[k], data);
+    const TrialResult r = alone.run();
+    const std::string where = label + " lane " + std::to_string(k);
+    EXPECT_EQ(batched[k].status, r.status) << where;
+    EXPECT_EQ(batched[k].steps, r.steps) << where;
+    ASSERT_EQ(batched[k].rows.size(), r.rows.size()) << where;
+    for (std::size_t i = 0; i < r.rows.size(); ++i) {
+      const EvalRow &a = batched[k].rows[i], &b = r.rows[i];
+      const std::string at = where + " step " + std::to_string(b.step);
+      EXPECT_EQ(a.step, b.step) << at;
+      EXPECT_EQ(a.examples, b.examples) << at;
+      EXPECT_EQ(a.lr, b.lr) << at;
+      expect_close(a.train_loss, b.train_loss, kRtol, at + " train_loss");
+      expect_close(a.val_loss, b.val_loss, val_rtol, at + " val_loss");
+      expect_close(a.gns, b.gns, kRtol, at + " gns");
+      EXPECT_LE(std::abs(a.val_error - b.val_error), 2.0 / 512) << at << " val_error";  // at most 2 examples flip
+    }
+    if (r.status == TrialStatus::kDiverged) continue;
+    const auto mine = group.lane_module(k).named_parameters();
+    std::set<std::string> before_norm;  // "<i>.bias" of a linear layer i that feeds a norm layer
+    for (std::size_t i = 0; i + 1 < alone.model()->size(); ++i) {
+      const std::string next = alone.model()->ptr(i + 1)->name();
+      if (next.find("BatchNorm") != std::string::npos) before_norm.insert(std::to_string(i) + ".bias");
+    }
+    for (const auto& p : alone.model()->named_parameters()) {
+      if (before_norm.count(p.key()) > 0) continue;
+      ASSERT_TRUE(mine.contains(p.key())) << where << " has no " << p.key();
+      EXPECT_TRUE(at::allclose(mine[p.key()], p.value(), kRtol, 1e-6))
+          << where << " " << p.key() << ": max |difference| " << (mine[p.key()] - p.value()).abs().max().item<double>()
+          << ", max |value| " << p.value().abs().max().item<double>();
+    }
+  }
+}
+
+TEST(BatchedTrials, EachLaneEqualsItsTrialRunAlone) {
+  for (const auto optimizer : {OptimizerName::kLamb, OptimizerName::kLars, OptimizerName::kSgd, OptimizerName::kAdamW}) {
+    for (const auto norm : {Norm::kNone, Norm::kBatch}) {
+      const double base = optimizer == OptimizerName::kAdamW || optimizer == OptimizerName::kLamb ? 1e-3 : 0.05;
+      std::vector<TrialConfig> trials;
+      for (int k = 0; k < 3; ++k) trials.push_back(lane(optimizer, norm, base * std::pow(3.0, k), k));
+      expect_lanes_equal_separate(trials, to_string(optimizer) + (norm == Norm::kBatch ? " batchnorm" : ""));
+    }
+  }
+}
+
+// The same on the GPU, against the trials run alone there.
+TEST(BatchedTrials, EachLaneEqualsItsTrialRunAlone_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const auto optimizer : {OptimizerName::kLamb, OptimizerName::kSgd}) {
+    std::vector<TrialConfig> trials;
+    for (int k = 0; k < 3; ++k) {
+      trials.push_back(lane(optimizer, Norm::kBatch, (optimizer == OptimizerName::kLamb ? 1e-3 : 0.05) * (k + 1), k));
+      trials.back().device = DeviceType::kCuda;
+    }
+    expect_lanes_equal_separate(trials, to_string(optimizer) + " cuda");
+  }
+}
+
+TEST(BatchedTrials, GhostBatchNormAndALaneThatDivergesLeaveTheOthersAlone) {
+  std::vector<TrialConfig> trials;
+  for (int k = 0; k < 3; ++k) trials.push_back(lane(OptimizerName::kSgd, Norm::kGhost, 0.05, k));
+  for (auto& t : trials) t.model.ghost_batch_size = 8;
+  trials[1].schedule.base_lr = 1e30;  // diverges within a few steps
+  const Dataset data = load_dataset(trials[0].data);
+  GroupTrainer group(trials, data);
+  const std::vector<TrialResult> results = group.run({});
+  EXPECT_EQ(results[1].status, TrialStatus::kDiverged);
+  expect_lanes_equal_separate(trials, "ghost");
+}
+
+TEST(BatchedTrials, WhoMayShareAGroup) {
+  const TrialConfig a = lane(OptimizerName::kLamb, Norm::kNone, 1e-3, 0);
+  TrialConfig b = lane(OptimizerName::kLamb, Norm::kNone, 3e-3, 1);
+  EXPECT_TRUE(batchable_together(a, b));  // rate, momentum and name differ
+  b.seed = 1;
+  EXPECT_FALSE(batchable_together(a, b));  // other batches and initial weights
+  b = a;
+  b.batch_size = 64;
+  EXPECT_FALSE(batchable_together(a, b));
+  b = a;
+  b.optimizer.weight_decay = 0.1;
+  EXPECT_FALSE(batchable_together(a, b));
+  b = a;
+  b.model.type = ModelType::kSimpleCnn;
+  EXPECT_NE(batch_refusal(b).find("simple_cnn"), std::string::npos);
+  b = a;
+  b.noise.type = NoiseType::kAnnealed;
+  EXPECT_EQ(batch_refusal(b), "gradient noise");
+  b = a;
+  b.checkpoint_every = 10;
+  EXPECT_EQ(batch_refusal(b), "checkpoints");
+  EXPECT_THROW(GroupTrainer({a, b}, load_dataset(a.data)), c10::Error);
+}
+
+}  // namespace
