@@ -8,8 +8,13 @@
 // throughout, which 2.x's c10::optional is an alias of).
 #pragma once
 
+#include <torch/expanding_array.h>
 #include <torch/optim/optimizer.h>
 
+#include <cstdint>
+#include <optional>
+#include <variant>
+#include <vector>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -34,6 +39,16 @@ Key optimizer_state_key(const at::Tensor& p) {
   } else {
     return static_cast<Key>(p.unsafeGetTensorImpl());
   }
+}
+
+/// The explicit padding of convolution options (a c10::variant in 1.13, a
+/// std::variant in 2.x, of ExpandingArray, kValid and kSame); nullopt for
+/// "valid" and "same". (The unqualified get_if finds either through ADL.)
+template <std::size_t D, typename Padding>
+std::optional<std::vector<std::int64_t>> explicit_padding(const Padding& padding) {
+  using std::get_if;
+  if (const auto* a = get_if<torch::ExpandingArray<D>>(&padding)) return c10::IntArrayRef(*a).vec();
+  return std::nullopt;
 }
 
 }  // namespace bigbatch::compat

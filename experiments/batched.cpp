@@ -3,6 +3,7 @@
 // Trainer::run step for step.
 #include <bigbatch/experiments/batched.h>
 
+#include <bigbatch/compat/torch_compat.h>
 #include <bigbatch/experiments/models.h>
 #include <bigbatch/experiments/optimizer_registry.h>
 #include <bigbatch/normalization/ghost_batch_norm.h>
@@ -15,6 +16,8 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/pooling.h>
 #include <torch/nn/modules/linear.h>
 
 #include <chrono>
@@ -40,9 +43,6 @@ nlohmann::json group_key(const TrialConfig& t) {
 }  // namespace
 
 std::string batch_refusal(const TrialConfig& t) {
-  if (t.model.type != ModelType::kLinear && t.model.type != ModelType::kMlp) {
-    return "model " + schedules::enum_name(kModelTypes, t.model.type) + " (batched: linear, mlp)";
-  }
   if (t.noise.type != NoiseType::kNone) return "gradient noise";
   if (t.checkpoint_every > 0) return "checkpoints";
   return "";
@@ -53,103 +53,223 @@ bool batchable_together(const TrialConfig& a, const TrialConfig& b) {
 }
 
 // ------------------------------------------------------------ stacked model --
-// Activations are [K, B, F] once lane-specific (the input [B, ...] is shared).
-// A linear layer's weight is [K, out, in] and bias [K, out]; on the shared
-// input all K products are one GEMM. A norm layer is the unbatched module
-// over K * F features, which normalizes each lane's channels on their own.
+// The activations of K lanes take one of three layouts:
+//   shared    the input [B, ...], before any lane-specific layer;
+//   channels  [B, K * C, H, W], image layers: lane k's channels are k's run;
+//   lanes     [K, B, F], after a flatten of lane-specific features.
+// A linear layer's weight is [K, out, in] (bias [K, out]): on the shared
+// input all K products are one GEMM, on lanes a batched one. A convolution's
+// weight is [K * out, in, kh, kw]: on the shared input one convolution with
+// K * out filters, on channels a grouped one (K groups). A norm layer is the
+// unbatched module over K * C channels, which normalizes each lane's own;
+// pooling and ReLU are per channel already. A residual block stacks its body
+// and shortcut. Parameters keep the unbatched model's names in the slots.
 
-class StackedModel : public torch::nn::Module {
+class StackedModel;
+
+namespace {
+
+enum class Layout { kShared, kChannels, kLanes };
+
+struct Slot {
+  std::string name;  // the unbatched parameter's name ("3.body.0.weight")
+  at::Tensor stacked;
+  std::int64_t run = 0;  // lane k's slice: select(0, k) when 0, else narrow(0, k * run, run)
+  at::Tensor slice(const at::Tensor& t, std::int64_t k) const {
+    return run == 0 ? t.select(0, k) : t.narrow(0, k * run, run);
+  }
+};
+
+void tile(at::Tensor into, const at::Tensor& from, std::int64_t lanes) {
+  if (!into.defined() || !from.defined()) return;
+  into.copy_(from.dim() == 0 ? from : from.repeat({lanes}));  // (a 0-dim buffer: a count)
+}
+
+// One Sequential of the unbatched model, stacked (recursively for blocks).
+class StackedSequence : public torch::nn::Module {
  public:
-  // The unbatched model's parameter names of one stacked tensor, and how lane
-  // k's slice is cut from it: along dim 0 (select) or in K runs of `run`.
-  struct Slot {
-    std::string name;
-    at::Tensor stacked;
-    std::int64_t run = 0;  // 0: select(0, k); else narrow(0, k * run, run)
-    at::Tensor slice(const at::Tensor& t, std::int64_t k) const {
-      return run == 0 ? t.select(0, k) : t.narrow(0, k * run, run);
-    }
-  };
-
-  StackedModel(torch::nn::Sequential& unbatched, std::int64_t lanes) : lanes_(lanes) {
+  StackedSequence(const torch::nn::Sequential& unbatched, std::int64_t lanes, const std::string& prefix,
+                  std::vector<Slot>& slots)
+      : lanes_(lanes) {
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < unbatched->size(); ++i) {
-      const std::string index = std::to_string(i);
+      const std::string name = prefix + std::to_string(i);
+      const std::string key = std::to_string(i);  // the registered names may not hold dots
       const auto& module = unbatched->ptr(i);
       Layer layer;
       if (module->as<torch::nn::Flatten>() != nullptr) {
         layer.kind = Layer::kFlatten;
       } else if (module->as<torch::nn::ReLU>() != nullptr) {
         layer.kind = Layer::kRelu;
+      } else if (module->as<torch::nn::MaxPool2d>() != nullptr || module->as<torch::nn::AdaptiveAvgPool2d>() != nullptr) {
+        layer.kind = Layer::kPerChannel;
+        layer.forward = [module](const at::Tensor& x) {
+          if (auto* m = module->as<torch::nn::MaxPool2d>()) return m->forward(x);
+          return module->as<torch::nn::AdaptiveAvgPool2d>()->forward(x);
+        };
       } else if (auto* linear = module->as<torch::nn::Linear>()) {
         layer.kind = Layer::kLinear;
-        layer.weight = register_parameter(index + "_weight", linear->weight.unsqueeze(0).repeat({lanes, 1, 1}));
-        layer.bias = register_parameter(index + "_bias", linear->bias.unsqueeze(0).repeat({lanes, 1}));
-        slots_.push_back({index + ".weight", layer.weight, 0});
-        slots_.push_back({index + ".bias", layer.bias, 0});
-      } else if (auto* bn = module->as<torch::nn::BatchNorm1d>()) {
-        layer.kind = Layer::kNorm;
-        const std::int64_t f = bn->options.num_features();
-        auto stacked = torch::nn::BatchNorm1d(torch::nn::BatchNorm1dOptions(bn->options).num_features(lanes * f));
-        tile(stacked->weight, bn->weight, lanes);
-        tile(stacked->bias, bn->bias, lanes);
-        tile(stacked->running_mean, bn->running_mean, lanes);
-        tile(stacked->running_var, bn->running_var, lanes);
-        layer.norm = register_module(index + "_norm", stacked);
-        layer.forward = [stacked](const at::Tensor& x) mutable { return stacked->forward(x); };
-        slots_.push_back({index + ".weight", stacked->weight, f});
-        slots_.push_back({index + ".bias", stacked->bias, f});
-      } else if (auto* ghost = module->as<nn::GhostBatchNorm1d>()) {
-        layer.kind = Layer::kNorm;
-        nn::GhostBatchNormOptions o = ghost->options;
-        const std::int64_t f = o.num_features();
-        auto stacked = nn::GhostBatchNorm1d(o.num_features(lanes * f));
-        const auto own = ghost->named_parameters(false);
-        const auto own_buffers = ghost->named_buffers(false);
-        for (auto& item : stacked->named_parameters(false)) tile(item.value(), own[item.key()], lanes);
-        for (auto& item : stacked->named_buffers(false)) tile(item.value(), own_buffers[item.key()], lanes);
-        layer.norm = register_module(index + "_norm", stacked);
-        layer.forward = [stacked](const at::Tensor& x) mutable { return stacked->forward(x); };
-        for (auto& item : stacked->named_parameters(false)) slots_.push_back({index + "." + item.key(), item.value(), f});
+        layer.weight = register_parameter(key + "_weight", linear->weight.unsqueeze(0).repeat({lanes, 1, 1}));
+        layer.bias = register_parameter(key + "_bias", linear->bias.unsqueeze(0).repeat({lanes, 1}));
+        slots.push_back({name + ".weight", layer.weight, 0});
+        slots.push_back({name + ".bias", layer.bias, 0});
+      } else if (auto* conv = module->as<torch::nn::Conv2d>()) {
+        layer.kind = Layer::kConv;
+        const auto& o = conv->options;
+        const std::int64_t out = o.out_channels();
+        const auto padding = compat::explicit_padding<2>(o.padding());
+        TORCH_CHECK(o.groups() == 1 && padding, "batched trials: a grouped or \"same\"-padded convolution at ",
+                    name);
+        layer.stride = c10::IntArrayRef(o.stride()).vec();
+        layer.padding = *padding;
+        layer.dilation = c10::IntArrayRef(o.dilation()).vec();
+        layer.weight = register_parameter(key + "_weight", conv->weight.repeat({lanes, 1, 1, 1}));
+        slots.push_back({name + ".weight", layer.weight, out});
+        if (conv->bias.defined()) {
+          layer.bias = register_parameter(key + "_bias", conv->bias.repeat({lanes}));
+          slots.push_back({name + ".bias", layer.bias, out});
+        }
+      } else if (auto* block = module->as<ResidualBlock>()) {
+        layer.kind = Layer::kResidual;
+        layer.body = register_module(key + "_body", std::make_shared<StackedSequence>(block->body(), lanes,
+                                                                                      name + ".body.", slots));
+        if (block->shortcut()) {
+          layer.shortcut = register_module(
+              key + "_shortcut",
+              std::make_shared<StackedSequence>(block->shortcut(), lanes, name + ".shortcut.", slots));
+        }
       } else {
-        TORCH_CHECK(false, "batched trials: no stacked form of layer ", index, " (", module->name(), ")");
+        layer.kind = Layer::kNorm;
+        std::shared_ptr<torch::nn::Module> stacked;
+        std::int64_t f = 0;
+        if (auto* bn = module->as<torch::nn::BatchNorm1d>()) {
+          f = bn->options.num_features();
+          auto m = torch::nn::BatchNorm1d(torch::nn::BatchNorm1dOptions(bn->options).num_features(lanes * f));
+          layer.forward = [m](const at::Tensor& x) mutable { return m->forward(x); };
+          stacked = m.ptr();
+        } else if (auto* bn2 = module->as<torch::nn::BatchNorm2d>()) {
+          f = bn2->options.num_features();
+          auto m = torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(bn2->options).num_features(lanes * f));
+          layer.forward = [m](const at::Tensor& x) mutable { return m->forward(x); };
+          stacked = m.ptr();
+        } else if (auto* g1 = module->as<nn::GhostBatchNorm1d>()) {
+          nn::GhostBatchNormOptions o = g1->options;
+          f = o.num_features();
+          auto m = nn::GhostBatchNorm1d(o.num_features(lanes * f));
+          layer.forward = [m](const at::Tensor& x) mutable { return m->forward(x); };
+          stacked = m.ptr();
+        } else if (auto* g2 = module->as<nn::GhostBatchNorm2d>()) {
+          nn::GhostBatchNormOptions o = g2->options;
+          f = o.num_features();
+          auto m = nn::GhostBatchNorm2d(o.num_features(lanes * f));
+          layer.forward = [m](const at::Tensor& x) mutable { return m->forward(x); };
+          stacked = m.ptr();
+        } else {
+          TORCH_CHECK(false, "batched trials: no stacked form of layer ", name, " (", module->name(), ")");
+        }
+        const auto own = module->named_parameters(false);
+        const auto own_buffers = module->named_buffers(false);
+        for (auto& item : stacked->named_parameters(false)) {
+          tile(item.value(), own[item.key()], lanes);
+          slots.push_back({name + "." + item.key(), item.value(), f});
+        }
+        for (auto& item : stacked->named_buffers(false)) tile(item.value(), own_buffers[item.key()], lanes);
+        layer.module = register_module(key + "_norm", stacked);
       }
       layers_.push_back(std::move(layer));
     }
   }
 
-  // [B, ...] -> [K, B, outputs].
-  at::Tensor forward(at::Tensor x) {
-    bool shared = true;
+  at::Tensor forward(at::Tensor x, Layout& layout) {
     for (auto& layer : layers_) {
       switch (layer.kind) {
         case Layer::kFlatten:
-          x = x.flatten(shared ? 1 : 2);
+          if (layout == Layout::kChannels) {  // [B, K*C, H, W] -> [K, B, C*H*W]
+            x = x.reshape({x.size(0), lanes_, -1}).transpose(0, 1);
+            layout = Layout::kLanes;
+          } else {
+            x = x.flatten(layout == Layout::kShared ? 1 : 2);
+          }
           break;
         case Layer::kRelu:
           x = x.relu();
           break;
+        case Layer::kPerChannel:
+          TORCH_CHECK(layout != Layout::kLanes, "batched trials: pooling after a flatten");
+          x = layer.forward(x);
+          break;
         case Layer::kLinear: {
           const std::int64_t out = layer.weight.size(1), in = layer.weight.size(2);
-          if (shared) {  // one GEMM: [B, in] x [in, K * out]
+          if (layout == Layout::kShared) {  // one GEMM: [B, in] x [in, K * out]
             const std::int64_t b = x.size(0);
             x = x.mm(layer.weight.view({lanes_ * out, in}).t()).view({b, lanes_, out}).transpose(0, 1) +
                 layer.bias.unsqueeze(1);
-            shared = false;
+            layout = Layout::kLanes;
           } else {
+            TORCH_CHECK(layout == Layout::kLanes, "batched trials: a linear layer on image features");
             x = at::baddbmm(layer.bias.unsqueeze(1), x, layer.weight.transpose(1, 2));
           }
           break;
         }
-        case Layer::kNorm: {
-          TORCH_CHECK(!shared, "batched trials: a norm layer before the first linear layer");
-          const std::int64_t b = x.size(1), f = x.size(2);
-          x = layer.forward(x.transpose(0, 1).reshape({b, lanes_ * f})).view({b, lanes_, f}).transpose(0, 1);
+        case Layer::kConv: {
+          TORCH_CHECK(layout != Layout::kLanes, "batched trials: a convolution after a flatten");
+          x = at::conv2d(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation,
+                         layout == Layout::kShared ? 1 : lanes_);
+          layout = Layout::kChannels;
+          break;
+        }
+        case Layer::kNorm:
+          if (layout == Layout::kLanes) {  // [K, B, F] -> [B, K*F] and back
+            const std::int64_t b = x.size(1), f = x.size(2);
+            x = layer.forward(x.transpose(0, 1).reshape({b, lanes_ * f})).view({b, lanes_, f}).transpose(0, 1);
+          } else {
+            TORCH_CHECK(layout == Layout::kChannels, "batched trials: a norm layer before any lane's own layer");
+            x = layer.forward(x);
+          }
+          break;
+        case Layer::kResidual: {
+          if (layout == Layout::kShared) {  // every lane's copy of the input, as channels
+            x = x.repeat({1, lanes_, 1, 1});
+            layout = Layout::kChannels;
+          }
+          Layout body_layout = layout, skip_layout = layout;
+          const at::Tensor body = layer.body->forward(x, body_layout);
+          const at::Tensor skip = layer.shortcut ? layer.shortcut->forward(x, skip_layout) : x;
+          x = at::relu(body + skip);
           break;
         }
       }
     }
-    if (shared) x = x.unsqueeze(0).expand({lanes_, x.size(0), x.size(1)});  // (a model of no linear layer)
+    return x;
+  }
+
+ private:
+  struct Layer {
+    enum Kind { kFlatten, kRelu, kPerChannel, kLinear, kConv, kNorm, kResidual } kind = kFlatten;
+    at::Tensor weight, bias;
+    std::vector<std::int64_t> stride, padding, dilation;  // a convolution's
+    std::shared_ptr<torch::nn::Module> module;
+    std::shared_ptr<StackedSequence> body, shortcut;
+    std::function<at::Tensor(const at::Tensor&)> forward;
+  };
+  std::int64_t lanes_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace
+
+class StackedModel : public torch::nn::Module {
+ public:
+  StackedModel(const torch::nn::Sequential& unbatched, std::int64_t lanes) : lanes_(lanes) {
+    net_ = register_module("net", std::make_shared<StackedSequence>(unbatched, lanes, "", slots_));
+  }
+
+  // [B, ...] -> [K, B, outputs].
+  at::Tensor forward(const at::Tensor& input) {
+    Layout layout = Layout::kShared;
+    at::Tensor x = net_->forward(input, layout);
+    if (layout == Layout::kShared) x = x.unsqueeze(0).expand({lanes_, x.size(0), x.size(1)});  // (no lane layer)
+    TORCH_CHECK(layout != Layout::kChannels, "batched trials: the model ends in image features");
     return x;
   }
 
@@ -157,20 +277,9 @@ class StackedModel : public torch::nn::Module {
   std::int64_t lanes() const { return lanes_; }
 
  private:
-  struct Layer {
-    enum Kind { kFlatten, kRelu, kLinear, kNorm } kind = kFlatten;
-    at::Tensor weight, bias;
-    std::shared_ptr<torch::nn::Module> norm;
-    std::function<at::Tensor(const at::Tensor&)> forward;
-  };
-  static void tile(at::Tensor& into, const at::Tensor& from, std::int64_t lanes) {
-    if (!into.defined() || !from.defined()) return;
-    into.copy_(from.dim() == 0 ? from : from.repeat({lanes}));  // (a 0-dim buffer: a count)
-  }
-
   std::int64_t lanes_;
-  std::vector<Layer> layers_;
   std::vector<Slot> slots_;
+  std::shared_ptr<StackedSequence> net_;
 };
 
 // ------------------------------------------------------------------- lanes --
@@ -178,7 +287,7 @@ class StackedModel : public torch::nn::Module {
 struct GroupTrainer::Lane {
   TrialConfig config;
   std::shared_ptr<torch::nn::Module> module;  // views of the lane's slices, under the unbatched names
-  std::vector<std::pair<at::Tensor, const StackedModel::Slot*>> views;
+  std::vector<std::pair<at::Tensor, const Slot*>> views;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::optional<schedules::LRAdapter> adapter;
   noise::GradientNoiseScale gns;
@@ -212,14 +321,24 @@ GroupTrainer::GroupTrainer(const std::vector<TrialConfig>& trials, const Dataset
   for (std::int64_t i = 0; i < k; ++i) {
     auto lane = std::make_unique<Lane>(trials[static_cast<std::size_t>(i)]);
     lane->module = std::make_shared<torch::nn::Module>("Lane");
-    std::map<std::string, std::shared_ptr<torch::nn::Module>> children;
+    // A module per prefix of the names ("3", "3.body", "3.body.0"), so that
+    // named_parameters() gives the unbatched names.
+    std::map<std::string, std::shared_ptr<torch::nn::Module>> modules{{"", lane->module}};
     for (const auto& slot : model_->slots()) {
-      const auto dot = slot.name.find('.');
-      auto& child = children[slot.name.substr(0, dot)];
-      if (!child) child = lane->module->register_module(slot.name.substr(0, dot), std::make_shared<torch::nn::Module>());
-      at::Tensor view = slot.slice(slot.stacked.detach(), i);
-      child->register_parameter(slot.name.substr(dot + 1), view, /*requires_grad=*/true);
-      lane->views.emplace_back(child->named_parameters(false)[slot.name.substr(dot + 1)], &slot);
+      std::string path;
+      std::size_t begin = 0;
+      for (std::size_t dot = slot.name.find('.'); dot != std::string::npos; dot = slot.name.find('.', begin)) {
+        const std::string part = slot.name.substr(begin, dot - begin);
+        const std::string child = path.empty() ? part : path + "." + part;
+        if (modules.count(child) == 0) {
+          modules[child] = modules[path]->register_module(part, std::make_shared<torch::nn::Module>());
+        }
+        path = child;
+        begin = dot + 1;
+      }
+      const std::string leaf = slot.name.substr(begin);
+      modules[path]->register_parameter(leaf, slot.slice(slot.stacked.detach(), i), /*requires_grad=*/true);
+      lane->views.emplace_back(modules[path]->named_parameters(false)[leaf], &slot);
     }
     const TrialConfig& c = lane->config;
     lane->optimizer = make_optimizer(c.optimizer, c.schedule.base_lr, *lane->module);

@@ -23,10 +23,9 @@
 
 namespace bigbatch::experiments {
 
-/// Why `trial` cannot be trained in a batched group ("" when it can): models
-/// linear and mlp (with none, batch or ghost norm), no gradient noise, no
-/// checkpoints, not data-parallel (the caller's business). With device cuda
-/// the group trains on cuda:0.
+/// Why `trial` cannot be trained in a batched group ("" when it can): no
+/// gradient noise, no checkpoints, not data-parallel (the caller's business).
+/// Every model batches; with device cuda the group trains on cuda:0.
 std::string batch_refusal(const TrialConfig& trial);
 
 /// Whether trials a and b can share a group: both batchable, and equal but

@@ -42,42 +42,37 @@ torch::nn::Conv2d conv(std::int64_t in, std::int64_t out, std::int64_t k, std::i
   return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, k).stride(stride).padding(k / 2).bias(bias));
 }
 
-// relu(x + F(x)), F = conv-norm-relu-conv-norm; a strided 1x1 projection
-// when the shape changes.
-class ResidualBlockImpl : public torch::nn::Cloneable<ResidualBlockImpl> {
- public:
-  ResidualBlockImpl(const ModelSpec& spec, std::int64_t in, std::int64_t out, std::int64_t stride)
-      : spec_(spec), in_(in), out_(out), stride_(stride) {
-    reset();
-  }
-  void reset() override {
-    const bool norm = spec_.norm != Norm::kNone;
-    body_ = Sequential();
-    body_->push_back(conv(in_, out_, 3, stride_, !norm));
-    add_norm2d(body_, spec_, out_);
-    body_->push_back(torch::nn::ReLU());
-    body_->push_back(conv(out_, out_, 3, 1, !norm));
-    add_norm2d(body_, spec_, out_);
-    register_module("body", body_);
-    if (in_ != out_ || stride_ != 1) {
-      shortcut_ = Sequential();
-      shortcut_->push_back(conv(in_, out_, 1, stride_, !norm));
-      add_norm2d(shortcut_, spec_, out_);
-      register_module("shortcut", shortcut_);
-    }
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    const at::Tensor skip = shortcut_ ? shortcut_->forward(x) : x;
-    return at::relu(body_->forward(x) + skip);
-  }
+}  // namespace
 
- private:
-  ModelSpec spec_;
-  std::int64_t in_, out_, stride_;
-  Sequential body_{nullptr};
-  Sequential shortcut_{nullptr};
-};
-TORCH_MODULE(ResidualBlock);
+ResidualBlockImpl::ResidualBlockImpl(const ModelSpec& spec, std::int64_t in, std::int64_t out, std::int64_t stride)
+    : spec_(spec), in_(in), out_(out), stride_(stride) {
+  reset();
+}
+
+void ResidualBlockImpl::reset() {
+  const bool norm = spec_.norm != Norm::kNone;
+  body_ = Sequential();
+  body_->push_back(conv(in_, out_, 3, stride_, !norm));
+  add_norm2d(body_, spec_, out_);
+  body_->push_back(torch::nn::ReLU());
+  body_->push_back(conv(out_, out_, 3, 1, !norm));
+  add_norm2d(body_, spec_, out_);
+  register_module("body", body_);
+  if (in_ != out_ || stride_ != 1) {
+    shortcut_ = Sequential();
+    shortcut_->push_back(conv(in_, out_, 1, stride_, !norm));
+    add_norm2d(shortcut_, spec_, out_);
+    register_module("shortcut", shortcut_);
+  }
+}
+
+at::Tensor ResidualBlockImpl::forward(const at::Tensor& x) {
+  const at::Tensor skip = shortcut_ ? shortcut_->forward(x) : x;
+  return at::relu(body_->forward(x) + skip);
+}
+
+namespace {
+
 
 Sequential mlp(const ModelSpec& s, std::int64_t inputs, std::int64_t outputs) {
   check_norm(s);

@@ -5,6 +5,7 @@
 
 #include <bigbatch/schedules/json_reader.h>
 
+#include <torch/nn/cloneable.h>
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
@@ -34,6 +35,26 @@ struct ModelSpec {
   CnnVariant variant = CnnVariant::kBase;      ///< simple_cnn
   std::int64_t width = 16;                     ///< resnet: channels of the first stage
 };
+
+/// The small ResNet's block: relu(x + F(x)), F = conv-norm-relu-conv-norm,
+/// with a strided 1x1 projection (conv-norm) as the shortcut when the shape
+/// changes. Public for the batched trials, which stack its two parts.
+class ResidualBlockImpl : public torch::nn::Cloneable<ResidualBlockImpl> {
+ public:
+  ResidualBlockImpl(const ModelSpec& spec, std::int64_t in, std::int64_t out, std::int64_t stride);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x);
+  const torch::nn::Sequential& body() const { return body_; }
+  /// Null when the shortcut is the identity.
+  const torch::nn::Sequential& shortcut() const { return shortcut_; }
+
+ private:
+  ModelSpec spec_;
+  std::int64_t in_, out_, stride_;
+  torch::nn::Sequential body_{nullptr};
+  torch::nn::Sequential shortcut_{nullptr};
+};
+TORCH_MODULE(ResidualBlock);
 
 /// Builds the model for inputs of `example_shape` and `outputs` outputs
 /// (classes, or 1 for regression). Parameters are initialized from LibTorch's

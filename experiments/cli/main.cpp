@@ -203,8 +203,8 @@ int run(int argc, char** argv) {
   sweep->add_option("--jobs", jobs, "trials in parallel (intra-op threads: cores / jobs)")->capture_default_str();
   bool no_prune = false, extend_search = false, batch_trials = false;
   sweep->add_flag("--batch-trials", batch_trials,
-                  "train trials that differ only in rate and momentum as one stacked model (linear and mlp "
-                  "models; config: runner.batch_trials; measured no faster on CPUs)");
+                  "train trials that differ only in rate and momentum as one stacked model (config: "
+                  "runner.batch_trials; measured no faster on CPUs)");
   sweep->add_flag("--extend-search", extend_search,
                   "for each batch size whose best rate is the lowest or highest it tried, try one grid step "
                   "beyond, up to 3 rounds (kept in the folder's extensions.json)");
