@@ -85,6 +85,22 @@ void tile(at::Tensor into, const at::Tensor& from, std::int64_t lanes) {
   into.copy_(from.dim() == 0 ? from : from.repeat({lanes}));  // (a 0-dim buffer: a count)
 }
 
+// A norm layer of type Holder over `features` channels, as the same layer over
+// lanes x features (parameters and buffers still to be tiled); false when
+// `module` is not a Holder.
+template <typename Holder>
+bool stack_norm(const std::shared_ptr<torch::nn::Module>& module, std::int64_t lanes, std::int64_t& features,
+                std::shared_ptr<torch::nn::Module>& stacked, std::function<at::Tensor(const at::Tensor&)>& forward) {
+  const auto* norm = module->as<Holder>();
+  if (norm == nullptr) return false;
+  auto options = norm->options;
+  features = options.num_features();
+  Holder m(options.num_features(lanes * features));
+  forward = [m](const at::Tensor& x) mutable { return m->forward(x); };
+  stacked = m.ptr();
+  return true;
+}
+
 // One Sequential of the unbatched model, stacked (recursively for blocks).
 class StackedSequence : public torch::nn::Module {
  public:
@@ -142,31 +158,11 @@ class StackedSequence : public torch::nn::Module {
         layer.kind = Layer::kNorm;
         std::shared_ptr<torch::nn::Module> stacked;
         std::int64_t f = 0;
-        if (auto* bn = module->as<torch::nn::BatchNorm1d>()) {
-          f = bn->options.num_features();
-          auto m = torch::nn::BatchNorm1d(torch::nn::BatchNorm1dOptions(bn->options).num_features(lanes * f));
-          layer.forward = [m](const at::Tensor& x) mutable { return m->forward(x); };
-          stacked = m.ptr();
-        } else if (auto* bn2 = module->as<torch::nn::BatchNorm2d>()) {
-          f = bn2->options.num_features();
-          auto m = torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(bn2->options).num_features(lanes * f));
-          layer.forward = [m](const at::Tensor& x) mutable { return m->forward(x); };
-          stacked = m.ptr();
-        } else if (auto* g1 = module->as<nn::GhostBatchNorm1d>()) {
-          nn::GhostBatchNormOptions o = g1->options;
-          f = o.num_features();
-          auto m = nn::GhostBatchNorm1d(o.num_features(lanes * f));
-          layer.forward = [m](const at::Tensor& x) mutable { return m->forward(x); };
-          stacked = m.ptr();
-        } else if (auto* g2 = module->as<nn::GhostBatchNorm2d>()) {
-          nn::GhostBatchNormOptions o = g2->options;
-          f = o.num_features();
-          auto m = nn::GhostBatchNorm2d(o.num_features(lanes * f));
-          layer.forward = [m](const at::Tensor& x) mutable { return m->forward(x); };
-          stacked = m.ptr();
-        } else {
-          TORCH_CHECK(false, "batched trials: no stacked form of layer ", name, " (", module->name(), ")");
-        }
+        const bool known = stack_norm<torch::nn::BatchNorm1d>(module, lanes, f, stacked, layer.forward) ||
+                           stack_norm<torch::nn::BatchNorm2d>(module, lanes, f, stacked, layer.forward) ||
+                           stack_norm<nn::GhostBatchNorm1d>(module, lanes, f, stacked, layer.forward) ||
+                           stack_norm<nn::GhostBatchNorm2d>(module, lanes, f, stacked, layer.forward);
+        TORCH_CHECK(known, "batched trials: no stacked form of layer ", name, " (", module->name(), ")");
         const auto own = module->named_parameters(false);
         const auto own_buffers = module->named_buffers(false);
         for (auto& item : stacked->named_parameters(false)) {

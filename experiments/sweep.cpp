@@ -279,6 +279,10 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   // The search's own trials, then any points an --extend-search added (now or
   // in an earlier run), one round of edges at a time.
   std::vector<TrialConfig> trials = expand(sweep, extra);
+  if (writer && sweep.runner.batch_trials) {  // say when batching cannot be done
+    const std::string refusal = group != nullptr ? "a data-parallel sweep" : batch_refusal(trials.front());
+    if (!refusal.empty()) std::cerr << "note: no batched trials (" << refusal << "): each trial runs alone\n";
+  }
   run_round(trials, true);
   for (int round = 0; round < options.extend_search; ++round) {
     std::string more;

@@ -130,7 +130,7 @@ Dataset images() {
 // rounding fast (weights scaled by 1 + 1e-7 at the start differ from the
 // unscaled run by 3e-4 after 30 steps, measured), so later steps could not
 // tell a bug from rounding; a grouped convolution rounds differently from K
-// plain ones. With one lane the group equals the trial alone exactly.
+// plain ones. With one lane the group equals the trial alone to 1e-5.
 TEST(BatchedTrials, TheConvolutionalModelsToo) {
   const Dataset data = images();
   for (const auto type : {ModelType::kSimpleCnn, ModelType::kResnet}) {
@@ -149,7 +149,9 @@ TEST(BatchedTrials, TheConvolutionalModelsToo) {
       }
       expect_lanes_equal_separate(trials, schedules_name(type) + " norm " + std::to_string(static_cast<int>(norm)),
                                   data);
-      // One lane: the same operations as the trial alone, so the same bits.
+      // One lane: the same operations as the trial alone but for the batched
+      // products of the linear layers on lanes (bmm for mm), which LibTorch
+      // 1.13 rounds alike (the same bits) and 2.x nearly so.
       TrialConfig one = trials[0];
       one.budget = {30, bigbatch::schedules::Unit::kSteps};
       GroupTrainer group({one}, data);
@@ -158,7 +160,9 @@ TEST(BatchedTrials, TheConvolutionalModelsToo) {
       alone.run();
       const auto mine = group.lane_module(0).named_parameters();
       for (const auto& p : alone.model()->named_parameters()) {
-        EXPECT_TRUE(at::equal(mine[p.key()], p.value())) << schedules_name(type) << " one lane " << p.key();
+        EXPECT_TRUE(at::allclose(mine[p.key()], p.value(), 1e-5, 1e-7))
+            << schedules_name(type) << " one lane " << p.key() << ": max |difference| "
+            << (mine[p.key()] - p.value()).abs().max().item<double>();
       }
     }
   }

@@ -421,7 +421,10 @@ print("2 ranks match 1 process over", len(a), "evaluations")
 PY
   # A data-parallel sweep: rank 0 alone writes; the table has one row per batch size.
   derive dp.json 'c["batch_sizes"] = [32, 512]; c["seeds"] = [0]; c["search"] = {"lr": [0.03]}'
-  "$bigbatch" sweep dp.json --out runs --nproc 2 --master-port $((port + 1)) > sweep.txt
+  # (--batch-trials does not apply to it: one line says so.)
+  "$bigbatch" sweep dp.json --out runs --nproc 2 --master-port $((port + 1)) --batch-trials > sweep.txt 2> sweep.err
+  grep -q "note: no batched trials (a data-parallel sweep): each trial runs alone" sweep.err \
+    || fail "no note about batching: $(cat sweep.err)"
   [ "$(wc -l < runs/e2e/steps_to_target.csv)" -eq 3 ] || fail "table: $(cat runs/e2e/steps_to_target.csv)"
   [ -z "$(find runs -name '*.tmp.*')" ] || fail "temporary files left"
   # A rank killed from outside: the launcher stops the other and fails, fast.
