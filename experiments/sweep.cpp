@@ -303,11 +303,6 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
     run_round(trials, false);
   }
   if (!writer) return summary;
-  std::vector<std::string> edges;
-  for (const TargetRow& row : read_steps_to_target(dir.string())) {
-    if (!row.edge.empty()) edges.push_back(std::to_string(row.batch_size) + " (" + row.edge + ")");
-  }
-  if (!edges.empty()) std::cerr << search_edge_warning(edges) << "\n";
   if (sweep.base.tensorboard) {
     // TensorBoard's Text tab, on the sweep folder's own run ".".
     tensorboard::EventWriter(dir.string())

@@ -259,8 +259,8 @@ PY
   # it for those batch sizes only, keeps the finished trials, and resumes.
   derive edge.json 'c["search"] = {"lr": [0.003, 0.01]}; c["seeds"] = [0]'
   "$bigbatch" sweep edge.json --out edge > edge.txt 2> edge.err
-  grep -q "warning: the best rate is on the edge of the search at batch sizes" edge.err \
-    || fail "no edge warning: $(cat edge.err)"
+  [ "$(grep -c "warning: the best rate is on the edge of the search at batch sizes" edge.txt edge.err \
+        | awk -F: '{s += $2} END {print s}')" -eq 1 ] || fail "want one edge warning: $(cat edge.txt edge.err)"
   grep -q "high" edge.txt || fail "no row marked in the report: $(cat edge.txt)"
   cp edge/e2e/steps_to_target.csv before.csv
   "$bigbatch" plot edge/e2e > /dev/null
