@@ -296,9 +296,10 @@ struct GroupTrainer::Lane {
 };
 
 GroupTrainer::GroupTrainer(const std::vector<TrialConfig>& trials, const Dataset& data)
-    : data_(data), configs_(trials), device_(at::kCPU), sampler_(data.train_size(), trials.at(0).seed * 7919 + 1) {
+    : data_(data), device_(at::kCPU), sampler_(data.train_size(), trials.at(0).seed * 7919 + 1) {
   if (trials[0].device == DeviceType::kCuda) {
-    TORCH_CHECK(torch::cuda::device_count() > 0, "device \"cuda\": no CUDA device is visible (or this LibTorch has no CUDA)");
+    TORCH_CHECK(torch::cuda::device_count() > 0,
+                "device \"cuda\": no CUDA device is visible (or this LibTorch has no CUDA)");
     device_ = at::Device(at::kCUDA, 0);
   }
   for (const auto& t : trials) {
@@ -314,6 +315,7 @@ GroupTrainer::GroupTrainer(const std::vector<TrialConfig>& trials, const Dataset
   const auto k = static_cast<std::int64_t>(trials.size());
   model_ = std::make_unique<StackedModel>(unbatched, k);
   model_->to(device_);  // (parameters keep their handles: the slots stay valid)
+  for (const auto& slot : model_->slots()) stacked_.push_back(slot.stacked);
   for (std::int64_t i = 0; i < k; ++i) {
     auto lane = std::make_unique<Lane>(trials[static_cast<std::size_t>(i)]);
     lane->module = std::make_shared<torch::nn::Module>("Lane");
@@ -410,19 +412,19 @@ void GroupTrainer::train_step() {
   const at::Tensor x = data_.x_train.index_select(0, index).to(device_);
   const at::Tensor y = data_.y_train.index_select(0, index).to(device_);
   const at::Tensor which = at::tensor(active, at::kLong).to(device_);
-  for (const auto& slot : model_->slots()) {
-    if (slot.stacked.grad().defined()) slot.stacked.mutable_grad().zero_();
-  }
-  const std::int64_t micro = configs_[0].gns.micro_batches;
+  const auto zero_grads = [&] {
+    for (const auto& p : stacked_) {
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+  };
+  const std::int64_t micro = lanes_[0]->config.gns.micro_batches;
   std::vector<double> losses(lanes_.size(), 0.0);
   if (micro >= 2) {  // noise::micro_batch_step, per lane
     const std::int64_t size = batch / micro;
-    std::vector<at::Tensor> sum(model_->slots().size());
+    noise::GradientSum sum;
     std::vector<double> small(lanes_.size(), 0.0);
     for (std::int64_t m = 0; m < micro; ++m) {
-      for (const auto& slot : model_->slots()) {
-        if (slot.stacked.grad().defined()) slot.stacked.mutable_grad().zero_();
-      }
+      zero_grads();
       const at::Tensor l = lane_losses(*model_, data_, x.slice(0, m * size, (m + 1) * size),
                                        y.slice(0, m * size, (m + 1) * size));
       l.index_select(0, which).sum().backward();
@@ -432,27 +434,16 @@ void GroupTrainer::train_step() {
         losses[i] += values[i] / static_cast<double>(micro);
         small[i] += norms[i] / static_cast<double>(micro);
       }
-      at::NoGradGuard no_grad;
-      for (std::size_t s = 0; s < sum.size(); ++s) {
-        const at::Tensor& g = model_->slots()[s].stacked.grad();
-        if (!g.defined()) continue;
-        if (!sum[s].defined()) {
-          sum[s] = g.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-        } else {
-          sum[s].add_(g);
-        }
-      }
+      sum.add(stacked_);
     }
-    at::NoGradGuard no_grad;
-    for (std::size_t s = 0; s < sum.size(); ++s) {
-      if (sum[s].defined()) model_->slots()[s].stacked.mutable_grad().copy_(sum[s].div_(static_cast<double>(micro)));
-    }
+    sum.set_mean(stacked_, micro);
     const auto big = lane_sq_norms(*model_, device_);
     for (const auto i : active) {
       Lane& lane = *lanes_[static_cast<std::size_t>(i)];
       if (std::isfinite(small[i]) && std::isfinite(big[i])) lane.gns.update(small[i], size, big[i], batch);
     }
   } else {
+    zero_grads();
     const at::Tensor l = lane_losses(*model_, data_, x, y);
     l.index_select(0, which).sum().backward();
     losses = to_vector(l);
@@ -503,8 +494,9 @@ std::vector<std::pair<double, double>> GroupTrainer::evaluate() {
 std::vector<TrialResult> GroupTrainer::run(const Hooks& hooks) {
   const auto start = std::chrono::steady_clock::now();
   const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-  const std::int64_t every = configs_[0].target.eval_every;
-  const bool use_error = configs_[0].target.metric == Metric::kValError;
+  const TrialConfig& config = lanes_[0]->config;  // what the lanes share
+  const std::int64_t every = config.target.eval_every;
+  const bool use_error = config.target.metric == Metric::kValError;
   double last_report = 0;
   const auto leave = [&](std::size_t i, TrialStatus status) {
     Lane& lane = *lanes_[i];

@@ -70,9 +70,9 @@ class GroupTrainer {
   struct Lane;
 
   const Dataset& data_;
-  std::vector<TrialConfig> configs_;
   at::Device device_;
   std::unique_ptr<StackedModel> model_;
+  std::vector<at::Tensor> stacked_;  // the stacked model's parameters, as its slots list them
   std::vector<std::unique_ptr<Lane>> lanes_;
   BatchSampler sampler_;
   std::int64_t step_ = 0, examples_ = 0, budget_ = 0;

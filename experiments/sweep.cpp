@@ -139,7 +139,7 @@ void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, con
   };
   const auto together = [&](std::size_t a, std::size_t b) { return batchable_together(trials[a], trials[b]); };
   const auto take = [&]() -> std::optional<Job> {
-    if (group == nullptr && batch) {
+    if (batch) {
       auto indices = queue.next_group(together, kMaxLanes);
       if (indices.empty()) return std::nullopt;
       return Job{indices.front(), std::nullopt, indices.size() > 1 ? indices : std::vector<std::size_t>()};
@@ -181,6 +181,12 @@ void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, con
   std::atomic<bool> failed{false};
   std::exception_ptr error;
   std::mutex error_mutex;
+  // A trial's end: its bound for its siblings, the counts, the board.
+  const auto record = [&](std::size_t i, const TrialResult& r) {
+    queue.finished(i, r.status == TrialStatus::kReached ? r.steps_to_target : std::nullopt);
+    if (r.status == TrialStatus::kPruned) ++totals.pruned;
+    if (writer) board.finished(trials[i].name, r, trials[i].target.metric);
+  };
   const auto worker = [&] {
     at::set_num_threads(threads);  // this thread's intra-op pool: cores / jobs
     while (!failed) {
@@ -198,12 +204,7 @@ void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, con
           run_group(
               configs, data, dirs, [&](const TrialProgress& p) { board.update(shown, p); },
               [&](std::size_t lane, std::int64_t next_eval) { return queue.pruned(job->group[lane], next_eval); },
-              [&](std::size_t lane, const TrialResult& r) {
-                const std::size_t i = job->group[lane];
-                queue.finished(i, r.status == TrialStatus::kReached ? r.steps_to_target : std::nullopt);
-                if (r.status == TrialStatus::kPruned) ++totals.pruned;
-                board.finished(trials[i].name, r, trials[i].target.metric);
-              });
+              [&](std::size_t lane, const TrialResult& r) { record(job->group[lane], r); });
           continue;
         }
         const TrialConfig& t = trials[job->index];
@@ -214,9 +215,7 @@ void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, con
         };
         const TrialResult r = run_one(t, data, (dir / t.name).string(),
                                       [&](const TrialProgress& p) { board.update(t.name, p); }, group, hopeless);
-        queue.finished(i, r.status == TrialStatus::kReached ? r.steps_to_target : std::nullopt);
-        if (r.status == TrialStatus::kPruned) ++totals.pruned;
-        if (writer) board.finished(t.name, r, t.target.metric);
+        record(i, r);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (!error) error = std::current_exception();

@@ -50,6 +50,22 @@ std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row,
   return out;
 }
 
+// The trial's event file: kept up to step keep_through (-1: a new one), or,
+// with TensorBoard off, none, and an earlier run's removed (this run would
+// contradict it).
+std::optional<tensorboard::EventWriter> open_events(const TrialConfig& t, const fs::path& folder,
+                                                    std::int64_t keep_through) {
+  if (t.tensorboard) return tensorboard::EventWriter(folder.string(), keep_through);
+  fs::remove(folder / tensorboard::kEventFileName);
+  return std::nullopt;
+}
+
+// A finished trial's record; summary.json last, since it marks the trial finished.
+void write_results(const TrialConfig& t, const fs::path& folder, const TrialResult& r) {
+  write_file_atomic((folder / "metrics.csv").string(), metrics_csv(r.rows));
+  write_file_atomic((folder / "summary.json").string(), summary_json(t, r).dump(2) + "\n");
+}
+
 }  // namespace
 
 std::optional<nlohmann::json> finished_summary(const TrialConfig& t, const std::string& folder, bool accept_pruned) {
@@ -118,17 +134,14 @@ TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::st
   // The event file keeps what an interrupted run wrote up to its checkpoint.
   std::optional<tensorboard::EventWriter> events;
   std::function<void(const EvalRow&)> on_eval;
-  if (writer && trial.tensorboard) {
-    events.emplace(folder.string(), resumed ? trainer->step() : -1);
+  if (writer) events = open_events(trial, folder, resumed ? trainer->step() : -1);
+  if (events) {
     on_eval = [&](const EvalRow& row) { events->scalars(row.step, eval_scalars(row, trainer->trust_ratios())); };
-  } else if (writer) {
-    fs::remove(folder / tensorboard::kEventFileName);  // an earlier run's, which this one would contradict
   }
   const TrialResult r =
       trainer->run(writer ? progress : std::function<void(const TrialProgress&)>(), on_checkpoint, on_eval, prune);
   if (writer) {
-    write_file_atomic((folder / "metrics.csv").string(), metrics_csv(r.rows));
-    write_file_atomic((folder / "summary.json").string(), summary_json(trial, r).dump(2) + "\n");
+    write_results(trial, folder, r);
     fs::remove(checkpoint);  // finished: the summary and metrics are the record
   }
   return r;
@@ -145,23 +158,18 @@ void run_group(const std::vector<TrialConfig>& trials, const Dataset& data, cons
     fs::remove(folder / "summary.json");  // unfinished until the end
     fs::remove(folder / "checkpoint.pt");
     write_file_atomic((folder / "config.json").string(), to_json(trials[i]).dump(2) + "\n");
-    if (trials[i].tensorboard) {
-      events[i].emplace(folder.string(), -1);
-    } else {
-      fs::remove(folder / tensorboard::kEventFileName);
-    }
+    events[i] = open_events(trials[i], folder, -1);
   }
   GroupTrainer group(trials, data);
   GroupTrainer::Hooks hooks;
   hooks.progress = progress;
   hooks.prune = prune;
   hooks.on_eval = [&](std::size_t i, const EvalRow& row) {
-    if (events[i]) events[i]->scalars(row.step, eval_scalars(row, trust_ratios(group.lane_optimizer(i), group.lane_module(i))));
+    if (!events[i]) return;
+    events[i]->scalars(row.step, eval_scalars(row, trust_ratios(group.lane_optimizer(i), group.lane_module(i))));
   };
   hooks.finished = [&](std::size_t i, const TrialResult& r) {
-    const fs::path folder(dirs[i]);
-    write_file_atomic((folder / "metrics.csv").string(), metrics_csv(r.rows));
-    write_file_atomic((folder / "summary.json").string(), summary_json(trials[i], r).dump(2) + "\n");
+    write_results(trials[i], dirs[i], r);
     events[i].reset();
     if (finished) finished(i, r);
   };

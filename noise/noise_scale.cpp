@@ -53,6 +53,27 @@ double GradientNoiseScale::b_simple() const {
   return updates_ == 0 ? std::numeric_limits<double>::quiet_NaN() : trace_ / grad_sq_;
 }
 
+void GradientSum::add(const std::vector<at::Tensor>& params) {
+  at::NoGradGuard no_grad;
+  sum_.resize(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& g = params[i].grad();
+    if (!g.defined()) continue;
+    if (!sum_[i].defined()) {
+      sum_[i] = g.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    } else {
+      sum_[i].add_(g);
+    }
+  }
+}
+
+void GradientSum::set_mean(const std::vector<at::Tensor>& params, std::int64_t count) {
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params.size() && i < sum_.size(); ++i) {
+    if (sum_[i].defined()) params[i].grad().copy_(sum_[i].div_(static_cast<double>(count)));
+  }
+}
+
 MicroBatchStep micro_batch_step(const std::vector<at::Tensor>& params, std::int64_t batch,
                                 std::int64_t micro_batches,
                                 const std::function<at::Tensor(std::int64_t, std::int64_t)>& loss_of_rows) {
@@ -60,7 +81,7 @@ MicroBatchStep micro_batch_step(const std::vector<at::Tensor>& params, std::int6
   TORCH_CHECK(batch > 0 && batch % micro_batches == 0, "micro_batch_step: batch ", batch,
               " is not divisible into ", micro_batches, " equal micro-batches");
   const std::int64_t size = batch / micro_batches;
-  std::vector<at::Tensor> sum(params.size());
+  GradientSum sum;
   MicroBatchStep out{0, 0, size, 0, batch};
   for (std::int64_t k = 0; k < micro_batches; ++k) {
     for (const auto& p : params) {
@@ -72,21 +93,9 @@ MicroBatchStep micro_batch_step(const std::vector<at::Tensor>& params, std::int6
     loss.backward();
     out.loss += loss.item<double>() / static_cast<double>(micro_batches);
     out.small_sq_norm += grad_sq_norm(params) / static_cast<double>(micro_batches);
-    at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const at::Tensor& g = params[i].grad();
-      if (!g.defined()) continue;
-      if (!sum[i].defined()) {
-        sum[i] = g.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-      } else {
-        sum[i].add_(g);
-      }
-    }
+    sum.add(params);
   }
-  at::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    if (sum[i].defined()) params[i].grad().copy_(sum[i].div_(static_cast<double>(micro_batches)));
-  }
+  sum.set_mean(params, micro_batches);
   out.big_sq_norm = grad_sq_norm(params);
   return out;
 }

@@ -75,6 +75,18 @@ struct MicroBatchStep {
   std::int64_t big_batch;
 };
 
+/// The sum of parameters' gradients over micro-batches, in fp32: add() after
+/// each micro-batch's backward (the first makes the buffers), then set_mean()
+/// writes sum / count into the gradients. (micro_batch_step, batched trials.)
+class GradientSum {
+ public:
+  void add(const std::vector<at::Tensor>& params);
+  void set_mean(const std::vector<at::Tensor>& params, std::int64_t count);
+
+ private:
+  std::vector<at::Tensor> sum_;  // per parameter; undefined while its gradient is
+};
+
 /// One training step's forward/backward split into `micro_batches` equal
 /// parts: loss_of_rows(begin, end) returns the mean loss over rows [begin, end)
 /// of the batch. Leaves the whole batch's mean gradient in each parameter's
