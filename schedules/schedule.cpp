@@ -97,12 +97,29 @@ void ScheduleSpec::validate() const {
     TORCH_CHECK(factor > 1, "schedule.batch_increase.factor: must be > 1, got ", factor,
                 batch_increase->factor ? "" : " (1 / schedule.decay.gamma)");
   }
+  for (std::size_t i = 0; i < batch_warmup.size(); ++i) {
+    const auto& st = batch_warmup[i];
+    TORCH_CHECK(st.batch > 0, "schedule.batch_warmup[", i, "].batch: must be > 0, got ", st.batch);
+    TORCH_CHECK(st.until_examples > (i == 0 ? 0 : batch_warmup[i - 1].until_examples),
+                "schedule.batch_warmup[", i, "].until_examples: must be > ",
+                i == 0 ? std::string("0") : "the previous stage's (" + std::to_string(batch_warmup[i - 1].until_examples) + ")",
+                ", got ", st.until_examples);
+  }
+  if (!batch_warmup.empty()) {
+    TORCH_CHECK(!batch_increase, "schedule.batch_warmup: cannot be combined with schedule.batch_increase");
+    TORCH_CHECK(!regime_adaptation, "schedule.batch_warmup: cannot be combined with schedule.regime_adaptation");
+    TORCH_CHECK(d.type != DecayType::kStep,
+                "schedule.batch_warmup: cannot be combined with a step decay (schedule.batch_increase is the "
+                "milestone-driven batch schedule)");
+    TORCH_CHECK(unit == Unit::kSteps, "schedule.batch_warmup: needs schedule.unit \"steps\" (got \"",
+                to_string(unit), "\"): an epoch's steps would change with the batch");
+  }
 }
 
 // ------------------------------------------------------------- resolution ----
 
 Schedule::Schedule(ScheduleSpec spec, std::int64_t batch_size, std::int64_t examples_per_epoch)
-    : spec_(std::move(spec)), batch_(batch_size), examples_per_epoch_(examples_per_epoch) {
+    : spec_(std::move(spec)), batch_(batch_size), first_batch_(batch_size), examples_per_epoch_(examples_per_epoch) {
   spec_.validate();
   TORCH_CHECK(batch_size > 0, "Schedule: batch_size must be > 0, got ", batch_size);
   TORCH_CHECK(spec_.unit == Unit::kSteps || examples_per_epoch > 0,
@@ -120,6 +137,21 @@ Schedule::Schedule(ScheduleSpec spec, std::int64_t batch_size, std::int64_t exam
                              ? 1.0
                              : static_cast<double>(examples_per_epoch_) / static_cast<double>(batch_));
 
+  // Batch warmup: each stage ends at the first step at or past its examples.
+  if (!spec_.batch_warmup.empty()) {
+    first_batch_ = spec_.batch_warmup.front().batch;
+    std::int64_t step = 0;
+    std::int64_t seen = 0;
+    for (std::size_t i = 0; i < spec_.batch_warmup.size(); ++i) {
+      const auto& st = spec_.batch_warmup[i];
+      const std::int64_t steps = std::max<std::int64_t>(0, (st.until_examples - seen + st.batch - 1) / st.batch);
+      step += steps;
+      seen += steps * st.batch;
+      const std::int64_t next = i + 1 < spec_.batch_warmup.size() ? spec_.batch_warmup[i + 1].batch : batch_;
+      events_.push_back({step, true, next});
+    }
+    return;
+  }
   // Step-decay milestones, counted from the end of warmup, become events; with
   // batch increase each is a batch event while the batch stays <= max_batch.
   if (spec_.decay.type != DecayType::kStep) return;
@@ -148,28 +180,32 @@ std::int64_t Schedule::steps_for_examples(double length, std::int64_t batch) con
 
 double Schedule::lr(std::int64_t step) const {
   TORCH_CHECK(step >= 0, "Schedule::lr: step must be >= 0, got ", step);
+  // With batch warmup the scaled rate follows each step's batch.
+  const double peak = spec_.batch_warmup.empty()
+                          ? peak_lr_
+                          : scale_lr(spec_.base_lr, spec_.scaling, batch_size(step), spec_.base_batch);
   if (step < warmup_steps_) {
-    return start_lr_ + (peak_lr_ - start_lr_) * static_cast<double>(step) / static_cast<double>(warmup_steps_);
+    return start_lr_ + (peak - start_lr_) * static_cast<double>(step) / static_cast<double>(warmup_steps_);
   }
   const auto s = static_cast<double>(step - warmup_steps_);
   const DecaySpec& d = spec_.decay;
   switch (d.type) {
-    case DecayType::kConstant: return peak_lr_;
+    case DecayType::kConstant: return peak;
     case DecayType::kStep: {
       int decays = 0;
       for (const auto& e : events_) decays += (e.step <= step && !e.batch) ? 1 : 0;
-      return peak_lr_ * std::pow(d.gamma, decays);
+      return peak * std::pow(d.gamma, decays);
     }
-    case DecayType::kExponential: return peak_lr_ * std::pow(d.gamma, s / steps_per_unit_);
+    case DecayType::kExponential: return peak * std::pow(d.gamma, s / steps_per_unit_);
     case DecayType::kPolynomial:
     case DecayType::kLinear:
     case DecayType::kCosine: {
       const double frac = std::min(s, static_cast<double>(decay_length_)) / static_cast<double>(decay_length_);
       if (d.type == DecayType::kCosine) {
-        return d.end_lr + (peak_lr_ - d.end_lr) * 0.5 * (1 + std::cos(kPi * frac));
+        return d.end_lr + (peak - d.end_lr) * 0.5 * (1 + std::cos(kPi * frac));
       }
       const double power = d.type == DecayType::kLinear ? 1.0 : d.power;
-      return d.end_lr + (peak_lr_ - d.end_lr) * std::pow(1 - frac, power);
+      return d.end_lr + (peak - d.end_lr) * std::pow(1 - frac, power);
     }
   }
   TORCH_INTERNAL_ASSERT(false, "unknown decay type");
@@ -177,7 +213,7 @@ double Schedule::lr(std::int64_t step) const {
 
 std::int64_t Schedule::batch_size(std::int64_t step) const {
   TORCH_CHECK(step >= 0, "Schedule::batch_size: step must be >= 0, got ", step);
-  std::int64_t batch = batch_;
+  std::int64_t batch = first_batch_;
   for (const auto& e : events_) {
     if (e.step <= step) batch = e.batch_after;
   }
@@ -188,7 +224,7 @@ std::int64_t Schedule::examples_seen(std::int64_t step) const {
   TORCH_CHECK(step >= 0, "Schedule::examples_seen: step must be >= 0, got ", step);
   std::int64_t seen = 0;
   std::int64_t from = 0;
-  std::int64_t batch = batch_;
+  std::int64_t batch = first_batch_;
   for (const auto& e : events_) {
     if (e.step >= step) break;
     seen += (e.step - from) * batch;
@@ -208,7 +244,7 @@ std::int64_t Schedule::steps(double length, Unit unit) const {
   const double target = scaled * static_cast<double>(examples_per_epoch_);
   std::int64_t from = 0;
   double seen = 0;
-  std::int64_t batch = batch_;
+  std::int64_t batch = first_batch_;
   for (const auto& e : events_) {
     const double segment = static_cast<double>(e.step - from) * static_cast<double>(batch);
     if (seen + segment >= target) break;
@@ -243,6 +279,12 @@ nlohmann::json to_json(const ScheduleSpec& spec) {
     j["batch_increase"] = {{"max_batch", spec.batch_increase->max_batch}};
     if (spec.batch_increase->factor) j["batch_increase"]["factor"] = *spec.batch_increase->factor;
   }
+  if (!spec.batch_warmup.empty()) {
+    j["batch_warmup"] = nlohmann::json::array();
+    for (const auto& st : spec.batch_warmup) {
+      j["batch_warmup"].push_back({{"batch", st.batch}, {"until_examples", st.until_examples}});
+    }
+  }
   j["regime_adaptation"] = spec.regime_adaptation;
   return j;
 }
@@ -275,6 +317,17 @@ ScheduleSpec schedule_from_json(const nlohmann::json& j) {
     s.batch_increase = bi;
   } else {
     r.raw("batch_increase");
+  }
+  if (const nlohmann::json* stages = r.raw("batch_warmup"); stages != nullptr && !stages->is_null()) {
+    if (!stages->is_array()) config_error(r.path_of("batch_warmup"), "must be an array of {batch, until_examples}");
+    for (std::size_t i = 0; i < stages->size(); ++i) {
+      JsonReader st((*stages)[i], r.path_of("batch_warmup") + "[" + std::to_string(i) + "]");
+      BatchStage stage;
+      stage.batch = st.integer("batch");
+      stage.until_examples = st.integer("until_examples");
+      st.finish();
+      s.batch_warmup.push_back(stage);
+    }
   }
   s.regime_adaptation = r.boolean("regime_adaptation", false);
   r.finish();

@@ -54,6 +54,13 @@ struct BatchIncreaseSpec {
   std::optional<double> factor;
 };
 
+/// One stage of a batch-size warmup: train at `batch` until `until_examples`
+/// examples have been seen (counted from the run's start).
+struct BatchStage {
+  std::int64_t batch = 0;
+  std::int64_t until_examples = 0;
+};
+
 /// A whole schedule as a config holds it. `base_lr` is lr0, tuned at
 /// `base_batch`; the batch a run uses is given when the schedule is resolved.
 struct ScheduleSpec {
@@ -64,6 +71,14 @@ struct ScheduleSpec {
   WarmupSpec warmup;
   DecaySpec decay;
   std::optional<BatchIncreaseSpec> batch_increase;
+  /// Batch-size warmup (Merrill et al. 2025; bigbatch cbs derives one): the
+  /// stages in order, then the run's own batch size. A stage ends at the
+  /// first step boundary at or past its until_examples. The rate follows
+  /// `scaling` at each step's batch (warmup and decay apply on top).
+  /// Steps unit only, with a constant, exponential, polynomial, cosine or
+  /// linear decay (a step decay is batch_increase's; regime adaptation needs
+  /// one batch).
+  std::vector<BatchStage> batch_warmup;
   /// Hoffer et al.: milestones, decay length (and budgets through
   /// Schedule::steps()) multiplied by ceil(B / B0).
   bool regime_adaptation = false;
@@ -100,7 +115,7 @@ class Schedule {
  private:
   struct Event {
     std::int64_t step;         // global step from which it applies
-    bool batch;                // batch *= factor, else lr *= gamma
+    bool batch;                // the batch changes (increase, warmup stage), else lr *= gamma
     std::int64_t batch_after;  // the batch size from this step on
   };
   // Steps a length in the spec's unit takes at a constant batch (rounded up).
@@ -108,6 +123,7 @@ class Schedule {
 
   ScheduleSpec spec_;
   std::int64_t batch_;
+  std::int64_t first_batch_;  // the batch of step 0: batch_warmup's first stage, else batch_
   std::int64_t examples_per_epoch_;
   std::int64_t regime_factor_ = 1;
   double peak_lr_ = 0;

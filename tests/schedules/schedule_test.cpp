@@ -155,6 +155,36 @@ TEST(Schedule, BatchIncreaseInEpochsCountsExamplesAtEachBatch) {
   EXPECT_DOUBLE_EQ(s.lr(100), 0.1);  // both milestones grew the batch
 }
 
+// Merrill et al.'s batch-size warmup, by hand: stage 1 is ceil(100/32) = 4
+// steps (128 examples), stage 2 ceil((300-128)/64) = 3 steps (to 320), then
+// the run's batch of 128; the rate follows sqrt scaling at each batch.
+TEST(Schedule, BatchWarmupStagesByExamplesWithTheRateScaled) {
+  ScheduleSpec spec;
+  spec.base_lr = 0.1;
+  spec.base_batch = 32;
+  spec.scaling = Scaling::kSqrt;
+  spec.batch_warmup = {{32, 100}, {64, 300}};
+  const Schedule s(spec, 128, 1000);
+  EXPECT_EQ(s.batch_size(0), 32);
+  EXPECT_EQ(s.batch_size(3), 32);
+  EXPECT_EQ(s.batch_size(4), 64);
+  EXPECT_EQ(s.batch_size(6), 64);
+  EXPECT_EQ(s.batch_size(7), 128);
+  EXPECT_EQ(s.examples_seen(4), 128);
+  EXPECT_EQ(s.examples_seen(7), 320);
+  EXPECT_EQ(s.examples_seen(9), 576);
+  EXPECT_DOUBLE_EQ(s.lr(3), 0.1);
+  EXPECT_DOUBLE_EQ(s.lr(4), 0.1 * std::sqrt(2.0));
+  EXPECT_DOUBLE_EQ(s.lr(7), 0.2);
+  EXPECT_DOUBLE_EQ(s.peak_lr(), 0.2);
+  EXPECT_EQ(s.steps(1, Unit::kEpochs), 13);  // 680 more examples at 128: 5.3 -> 6 steps after step 7
+  EXPECT_EQ(s.steps(20), 20);
+  // A warmup of the rate rises to each step's scaled rate.
+  spec.warmup.length = 8;
+  spec.warmup.start_lr = 0.0;
+  EXPECT_DOUBLE_EQ(Schedule(spec, 128).lr(4), 0.1 * std::sqrt(2.0) * 4 / 8);
+}
+
 TEST(Schedule, RegimeAdaptationStretchesMilestonesAndBudget) {
   ScheduleSpec spec;
   spec.base_lr = 0.1;
@@ -180,6 +210,12 @@ TEST(Schedule, JsonRoundTrip) {
     "batch_increase": {"max_batch": 4096, "factor": 5},
     "regime_adaptation": true})");
   const ScheduleSpec spec = schedule_from_json(j);
+  const nlohmann::json warm = nlohmann::json::parse(R"({
+    "base_lr": 0.1, "base_batch": 32, "scaling": "sqrt", "unit": "steps", "warmup": {"length": 0},
+    "decay": {"type": "constant"}, "batch_warmup": [{"batch": 32, "until_examples": 1000},
+    {"batch": 64, "until_examples": 5000}], "regime_adaptation": false})");
+  EXPECT_EQ(to_json(schedule_from_json(warm)), warm);
+  EXPECT_EQ(schedule_from_json(warm).batch_warmup[1].until_examples, 5000);
   EXPECT_EQ(spec.scaling, Scaling::kSqrt);
   EXPECT_EQ(spec.unit, Unit::kEpochs);
   ASSERT_TRUE(spec.warmup.start_lr.has_value());
@@ -226,6 +262,18 @@ TEST(Schedule, BadParametersNameTheParameter) {
   EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "cosine", "length": 5},
                       "batch_increase": {"max_batch": 64}})"),
             "schedule.batch_increase: replaces the milestones of a step decay; decay type is cosine");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "batch_warmup": [{"batch": 32, "until_examples": 900},
+                      {"batch": 64, "until_examples": 900}]})"),
+            "schedule.batch_warmup[1].until_examples: must be > the previous stage's (900), got 900");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "batch_warmup": [{"batch": 0, "until_examples": 900}]})"),
+            "schedule.batch_warmup[0].batch: must be > 0, got 0");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "batch_warmup": [{"batch": 8, "until": 900}]})"),
+            "schedule.batch_warmup[0].until_examples: missing (an integer is required)");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "unit": "epochs", "batch_warmup": [{"batch": 8, "until_examples": 9}]})"),
+            "schedule.batch_warmup: needs schedule.unit \"steps\" (got \"epochs\"): an epoch's steps would "
+            "change with the batch");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "batch_warmup": {"batch": 8}})"),
+            "schedule.batch_warmup: must be an array of {batch, until_examples}");
   ScheduleSpec epochs;
   epochs.unit = Unit::kEpochs;
   EXPECT_EQ(error_of([&] { Schedule(epochs, 32); }),
