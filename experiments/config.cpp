@@ -430,8 +430,6 @@ SweepConfig parse_sweep(const json& j) {
   }
 }
 
-namespace {
-
 json read_config(const std::string& path) {
   if (std::filesystem::is_directory(path)) throw ConfigError(path + ": a folder, not a config file");
   std::ifstream in(path);
@@ -443,7 +441,6 @@ json read_config(const std::string& path) {
   }
 }
 
-}  // namespace
 
 std::vector<NamedSweep> parse_sweeps(const json& j) {
   if (!j.is_object() || !j.contains("variants")) {

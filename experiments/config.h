@@ -136,6 +136,9 @@ struct NamedSweep {
 };
 std::vector<NamedSweep> parse_sweeps(const nlohmann::json& j);
 std::vector<NamedSweep> load_sweeps(const std::string& path);
+/// The JSON of a config file; ConfigError naming the file when it is missing
+/// or not JSON.
+nlohmann::json read_config(const std::string& path);
 
 /// Every trial of the sweep: batch sizes x search points x seeds, in that order.
 std::vector<TrialConfig> expand(const SweepConfig& sweep);

@@ -21,15 +21,14 @@ namespace bigbatch::experiments {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
-
-// A number for CSV: empty when not finite, shortest round-trip form otherwise.
 std::string csv_number(double x) {
   if (!std::isfinite(x)) return "";
   std::ostringstream s;
   s << std::setprecision(10) << x;
   return s.str();
 }
+
+namespace {
 
 json finite_or_null(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
 

@@ -19,6 +19,9 @@
 
 namespace bigbatch::experiments {
 
+/// A number for CSV: empty when not finite, else 10 significant digits.
+std::string csv_number(double x);
+
 /// metrics.csv: a header of EvalRow's field names, then one line per row;
 /// a number that is not finite is an empty cell.
 std::string metrics_csv(const std::vector<EvalRow>& rows);

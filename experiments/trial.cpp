@@ -435,27 +435,31 @@ std::string Trainer::checkpoint() const {
   return std::string(kCheckpointHeader) + tensorboard::frame(out.str());
 }
 
-void Trainer::restore(const std::string& bytes) {
+namespace {
+
+// The archive inside checkpoint() bytes, checked (header, framing, format)
+// before LibTorch reads it.
+void open_checkpoint(const std::string& bytes, const at::Device& device, InputArchive& archive) {
   TORCH_CHECK(bytes.compare(0, kCheckpointHeader.size(), kCheckpointHeader) == 0,
               "checkpoint: not a bigbatch checkpoint of this version (no \"bigbatch checkpoint\" header)");
   const std::string_view body = std::string_view(bytes).substr(kCheckpointHeader.size());
   const tensorboard::Records records = tensorboard::read_records(body);
   TORCH_CHECK(records.payloads.size() == 1 && records.whole_bytes == body.size(),
               "checkpoint: cut short or damaged (its length or CRC32C does not match)");
-  InputArchive archive, model, optimizer, sampler;
   std::istringstream in(records.payloads.front());
-  archive.load_from(in, device_);
+  archive.load_from(in, device);
   at::Tensor format;
   TORCH_CHECK(archive.try_read("format", format) && format.item<std::int64_t>() == kCheckpointFormat,
               "checkpoint: not of format ", kCheckpointFormat, " (written by another version of bigbatch)");
-  archive.read("model", model);
-  archive.read("optimizer", optimizer);
-  archive.read("sampler", sampler);
-  model_->load(model);
-  optimizer_->load(optimizer);
-  sampler_.load(sampler);
+}
+
+}  // namespace
+
+void Trainer::restore(const std::string& bytes) {
+  InputArchive archive;
+  open_checkpoint(bytes, device_, archive);
+  load_run(archive);
   get(archive, "step", step_);
-  get(archive, "examples", examples_);
   get(archive, "last_lr", last_lr_);
   get(archive, "best_metric", best_metric_);
   get(archive, "elapsed", elapsed_);
@@ -468,5 +472,24 @@ void Trainer::restore(const std::string& bytes) {
   rows_ = get_rows(archive);
   TORCH_CHECK(step_ <= budget_, "checkpoint: step ", step_, " is past this trial's budget of ", budget_, " steps");
 }
+
+void Trainer::branch_from(const std::string& bytes) {
+  InputArchive archive;
+  open_checkpoint(bytes, device_, archive);
+  load_run(archive);
+}
+
+void Trainer::load_run(torch::serialize::InputArchive& archive) {
+  InputArchive model, optimizer, sampler;
+  archive.read("model", model);
+  archive.read("optimizer", optimizer);
+  archive.read("sampler", sampler);
+  model_->load(model);
+  optimizer_->load(optimizer);
+  sampler_.load(sampler);
+  get(archive, "examples", examples_);
+}
+
+double Trainer::b_simple() const { return gns_.updates() > 0 ? gns_.b_simple() : kNaN; }
 
 }  // namespace bigbatch::experiments

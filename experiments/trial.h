@@ -143,6 +143,13 @@ class Trainer {
   /// Throws c10::Error on bytes cut short, damaged (checked before LibTorch
   /// reads them), or of another format.
   void restore(const std::string& bytes);
+  /// Starts this trainer as a branch of another run (bigbatch cbs) from that
+  /// run's checkpoint() bytes: its weights, optimizer state, data order and
+  /// examples seen, under this trainer's own config (batch size, rate,
+  /// budget) from step 0, with no evaluations yet. Same checks as restore().
+  void branch_from(const std::string& bytes);
+  /// B_simple of the steps so far (NaN before the first measurement).
+  double b_simple() const;
 
   torch::nn::Sequential& model() { return model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
@@ -163,6 +170,8 @@ class Trainer {
   double gradients_data_parallel(const Batch& b);
   double gradients_in_micro_batches(const Batch& b);
   std::pair<double, double> evaluate_local();
+  // The weights, optimizer state, sampler and examples of a checkpoint.
+  void load_run(torch::serialize::InputArchive& archive);
 
   TrialConfig config_;
   const Dataset& data_;

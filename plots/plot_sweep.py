@@ -23,6 +23,7 @@ Each figure is written as PNG and SVG, with the plotted points beside it as
 JSON (same name), so tests and readers can check them against the tables.
 Usage: plot_sweep.py SWEEP_DIR
        plot_sweep.py --compare OUT_DIR LABEL=SWEEP_DIR [LABEL=SWEEP_DIR ...]
+       plot_sweep.py --cbs CBS_DIR   (a `bigbatch cbs` folder: plot_cbs.py)
 """
 import csv
 import json
@@ -272,7 +273,11 @@ def compare(out, labelled):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 4 and sys.argv[1] == "--compare":
+    if len(sys.argv) == 3 and sys.argv[1] == "--cbs":  # a bigbatch cbs folder
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import plot_cbs
+        plot_cbs.main(sys.argv[2])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "--compare":
         compare(sys.argv[2], [arg.split("=", 1) for arg in sys.argv[3:]])
     elif len(sys.argv) == 2:
         main(sys.argv[1])

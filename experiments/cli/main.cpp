@@ -1,10 +1,12 @@
 // bigbatch: the command line of the experiment runner.
 //   bigbatch sweep CONFIG [--out DIR] [--jobs N]   run or resume a sweep
 //   bigbatch train CONFIG [--out DIR] [...]        one trial of a sweep config
+//   bigbatch cbs CONFIG [--out DIR] [--compare]    the critical batch size over training
 //   bigbatch plot DIR... [--out FIG_DIR]           the plots of sweep folders, compared
 //   bigbatch report DIR... [--format F]            their steps-to-target tables
 // Exit 0 on success, 2 on a bad config or arguments (one line), 1 on failures.
 #include <bigbatch/distributed/process_group.h>
+#include <bigbatch/experiments/cbs.h>
 #include <bigbatch/experiments/config.h>
 #include <bigbatch/experiments/launch.h>
 #include <bigbatch/experiments/preflight.h>
@@ -99,6 +101,10 @@ std::vector<bx::LabelledSweep> labelled_sweeps(const std::vector<std::string>& d
 // DIRs) also the comparison figures, into --out or else DIR/plots.
 int plot(const std::vector<std::string>& dirs, const std::optional<std::string>& out,
          const std::vector<std::string>& labels) {
+  if (dirs.size() == 1 && fs::exists(fs::path(dirs.front()) / "cbs.csv")) {  // a cbs folder
+    run_plot_script({"--cbs", dirs.front()});
+    return 0;
+  }
   const auto sweeps = labelled_sweeps(dirs, labels);
   if (dirs.size() > 1 && !out) throw bx::ConfigError("--out: needed where several folders are compared");
   bool compare = sweeps.size() > 1;
@@ -124,6 +130,10 @@ int plot(const std::vector<std::string>& dirs, const std::optional<std::string>&
 }
 
 int report(const std::vector<std::string>& dirs, bx::TableFormat format, const std::vector<std::string>& labels) {
+  if (dirs.size() == 1 && fs::exists(fs::path(dirs.front()) / "cbs.csv")) {  // a cbs folder
+    std::cout << bx::cbs_report(dirs.front());
+    return 0;
+  }
   const auto sweeps = labelled_sweeps(dirs, labels);
   if (format == bx::TableFormat::kText) {
     for (const auto& s : sweeps) {
@@ -228,6 +238,20 @@ int run(int argc, char** argv) {
   train->add_option("--variant", variant, "which variant of the config (default: the first)");
   parallel.add_to(train);
 
+  auto* cbs = app.add_subcommand(
+      "cbs", "measure the critical batch size over training (Merrill et al. 2025): a reference run, branches at "
+             "each checkpoint, cbs.csv and the batch-size warmup it allows (schedule.json), then its plots");
+  cbs->add_option("CONFIG", config, "cbs config (JSON)")->required();
+  cbs->add_option("--out", out, "output folder; the run goes to OUT/<name>/")->capture_default_str();
+  cbs->add_option("--jobs", jobs, "branches in parallel (intra-op threads: cores / jobs)")->capture_default_str();
+  bool compare = false, no_plots = false;
+  cbs->add_flag("--compare", compare,
+                "then train the derived warmup against the fixed reference batch and a fixed large batch to the "
+                "config's target (compare.csv)");
+  cbs->add_flag("--no-plots", no_plots, "skip the plots");
+  Parallel cbs_parallel;
+  cbs_parallel.add_to(cbs);
+
   std::vector<std::string> dirs, labels;
   std::optional<std::string> fig_out;
   auto* plot_cmd = app.add_subcommand(
@@ -326,6 +350,25 @@ int run(int argc, char** argv) {
               << trial.name << ": " << bx::to_string(r.status) << " after " << r.steps << " steps, best "
               << bx::to_string(trial.target.metric)
               << " " << r.best_metric << "; results in " << tdir << "\n";
+    return 0;
+  }
+  if (*cbs) {
+    bx::CbsConfig c = bx::load_cbs(config);
+    if (cbs_parallel.device) c.sweep.base.device = bigbatch::schedules::enum_value(bx::kDeviceTypes, *cbs_parallel.device, "--device");
+    if (cbs_parallel.launcher()) {
+      bx::check_world(c.sweep, cbs_parallel.world_size());
+      return bx::launch_local(cbs_parallel.launch, argc, argv);
+    }
+    const auto group = join(cbs_parallel, c.sweep.base.device);
+    const bx::CbsSummary s = bx::run_cbs(c, {out, jobs, compare}, group.get());
+    if (group && group->rank() != 0) return 0;
+    std::cout << bx::cbs_report(s.dir);
+    std::cout << "cbs " << c.sweep.base.sweep << ": " << s.branches << " branches (" << s.skipped << " resumed), "
+              << s.wall_time << " s; results in " << s.dir << "\n";
+    if (!no_plots) {
+      run_plot_script({"--cbs", s.dir});
+      std::cout << "plots in " << (fs::path(s.dir) / "plots").string() << "\n";
+    }
     return 0;
   }
   if (*plot_cmd) return plot(dirs, fig_out, labels);
