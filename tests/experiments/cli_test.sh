@@ -136,6 +136,121 @@ PY
   [ ! -e refused ] || fail "a refused comparison wrote figures"
   expect_error 2 "--out: needed" "$bigbatch" plot runs/e2e runs/vs
   ;;
+cbs)
+  cfg=$src/tests/experiments/e2e_cbs.json
+  "$bigbatch" cbs "$cfg" --out reference --compare --jobs 2 > ref.txt 2> ref.err || fail "cbs failed: $(tail -3 ref.err)"
+  cat ref.txt
+  d=reference/e2e_cbs
+  for f in cbs.json cbs.csv schedule.json compare.csv plots/cbs_curve.png plots/cbs_branches.svg plots/cbs_compare.json; do
+    [ -s $d/$f ] || fail "no $f"
+  done
+  grep -q "batch-size warmup (schedule.json)" ref.txt || fail "no warmup in the report"
+  grep -q "warmup" ref.txt || fail "no comparison in the report"
+  # cbs.csv against its branches: each loss is the branches' mean over the
+  # seeds, the critical batch follows the rule, schedule.json doubles by it.
+  $py - $d <<'PY'
+import csv, json, os, sys
+d = sys.argv[1]
+cfg = json.load(open(os.path.join(d, "cbs.json")))["cbs"]
+rows = list(csv.DictReader(open(os.path.join(d, "cbs.csv"))))
+assert [int(r["examples"]) for r in rows] == cfg["checkpoints"], rows
+batches, tol = cfg["branch_batches"], cfg["tolerance"]["absolute"]
+crit = []
+for r in rows:
+    losses = []
+    for b in batches:
+        ls = [json.load(open(os.path.join(d, "branches", f"e{r['examples']}_b{b}_f0_s{s}", "result.json")))["val_loss"]
+              for s in (0, 1)]
+        losses.append(sum(ls) / 2)
+        assert abs(float(r[f"loss_b{b}"]) - losses[-1]) < 1e-9 * losses[-1], (r, b)
+    k = max(i for i in range(len(losses)) if all(losses[i] <= losses[j] + tol for j in range(i)))
+    assert int(r["critical_batch"]) == batches[k], (r, losses)
+    crit.append(batches[k])
+patch = json.load(open(os.path.join(d, "schedule.json")))
+batch, stages = cfg["reference_batch"], []
+for r, c in zip(rows, crit):
+    grown = batch
+    while c >= 2 * grown:
+        grown *= 2
+    if grown != batch:
+        if int(r["examples"]) > 0:
+            stages.append({"batch": batch, "until_examples": int(r["examples"])})
+        batch = grown
+assert patch["batch_sizes"] == [batch], patch
+assert patch["schedule"].get("batch_warmup", []) == stages, (patch, stages)
+runs = list(csv.DictReader(open(os.path.join(d, "compare.csv"))))
+assert sorted({r["run"] for r in runs}) == ["large", "small", "warmup"], runs
+print("cbs.csv, schedule.json and compare.csv agree with the branches")
+PY
+  # A real kill in the middle, then a rerun: the same files.
+  "$bigbatch" cbs "$cfg" --out runs --compare --jobs 2 --no-plots > /dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 300); do [ -n "$(ls runs/e2e_cbs/branches 2>/dev/null | head -1)" ] && break; sleep 0.02; done
+  kill -9 $pid 2>/dev/null || fail "cbs ended before it was killed"
+  wait $pid || true
+  echo "killed after $(ls runs/e2e_cbs/branches 2>/dev/null | wc -l) branches"
+  "$bigbatch" cbs "$cfg" --out runs --compare --jobs 2 > resumed.txt 2> resumed.err
+  for f in cbs.csv schedule.json compare.csv; do cmp $d/$f runs/e2e_cbs/$f || fail "resumed $f differs"; done
+  # ... and at the worst moments, staged: a reference's last checkpoint
+  # without its record (it resumes from the one before), a branch without
+  # its result, one with a result cut short.
+  rm runs/e2e_cbs/reference_s1/checkpoints/e16384.json runs/e2e_cbs/cbs.csv
+  rm runs/e2e_cbs/branches/e64_b16_f0_s0/result.json
+  head -c 30 runs/e2e_cbs/branches/e1024_b8_f0_s1/result.json > cut && mv cut runs/e2e_cbs/branches/e1024_b8_f0_s1/result.json
+  "$bigbatch" cbs "$cfg" --out runs --compare --jobs 1 --no-plots > again.txt 2> again.err
+  grep -q "reference_s1: resuming from its checkpoint at 4096 examples" again.err || fail "not resumed: $(cat again.err)"
+  grep -q "68 of 70 branches already finished" again.err || fail "expected 2 branches redone: $(cat again.err)"
+  grep -q "warning: runs/e2e_cbs/branches/e1024_b8_f0_s1/result.json: not readable" again.err || fail "no warning"
+  for f in cbs.csv schedule.json compare.csv; do cmp $d/$f runs/e2e_cbs/$f || fail "$f differs after the redo"; done
+  # schedule.json is a merge patch of the workload: `bigbatch train` runs it,
+  # at the batch sizes of its stages, then the last.
+  $py - "$cfg" $d/schedule.json <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+del c["cbs"]
+c["name"] = "warm"
+c["schedule"] = {}
+patch = json.load(open(sys.argv[2]))
+for k, v in patch.items():
+    c[k] = v
+json.dump(c, open("warm.json", "w"))
+PY
+  "$bigbatch" train warm.json --out trained > /dev/null 2>&1 || fail "train refused schedule.json"
+  $py - $d/schedule.json trained/warm.train/*/metrics.csv <<'PY'
+import csv, json, sys
+patch = json.load(open(sys.argv[1]))
+rows = list(csv.DictReader(open(sys.argv[2])))
+stages = patch["schedule"].get("batch_warmup", [])
+for r in rows:
+    e = int(r["examples"])
+    # the batch of the step that ended at this evaluation
+    want = next((s["batch"] for s in stages if e - int(r["batch_size"]) < s["until_examples"]), patch["batch_sizes"][0])
+    assert int(r["batch_size"]) == want, (r, want)
+print("train followed schedule.json over", len(rows), "evaluations")
+PY
+  "$bigbatch" report $d | grep -q "critical batch size of e2e_cbs" || fail "report of a cbs folder"
+  rm -r $d/plots && "$bigbatch" plot $d > /dev/null && [ -s $d/plots/cbs_curve.svg ] || fail "plot of a cbs folder"
+  # Bad configs: exit 2 and one line naming the key, before any work.
+  $py - "$cfg" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["cbs"]["window"] = 1000
+json.dump(c, open("bad_window.json", "w"))
+c = json.load(open(sys.argv[1]))
+c["cbs"]["tolerence"] = {"absolute": 0.1}
+json.dump(c, open("bad_key.json", "w"))
+c = json.load(open(sys.argv[1]))
+c["cbs"]["reference_lr"] = 0.02
+json.dump(c, open("other.json", "w"))
+PY
+  expect_error 2 "cbs.window: must be a multiple of every branch batch" "$bigbatch" cbs bad_window.json --out bad
+  expect_error 2 "cbs.tolerence: unknown key" "$bigbatch" cbs bad_key.json --out bad
+  [ ! -e bad ] || fail "a refused config wrote a folder"
+  expect_error 2 "holds a different cbs config \"e2e_cbs\" (first difference at /cbs/reference_lr)" \
+    "$bigbatch" cbs other.json --out reference
+  cmp $d/cbs.csv runs/e2e_cbs/cbs.csv || fail "a refused config changed the folder"
+  echo "cbs ok"
+  ;;
 resume)
   "$bigbatch" sweep "$config" --out reference --jobs 1 > /dev/null
   # A real kill in the middle of a sweep ...
