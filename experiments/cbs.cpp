@@ -6,6 +6,7 @@
 #include <bigbatch/experiments/preflight.h>
 #include <bigbatch/experiments/progress.h>
 #include <bigbatch/experiments/results.h>
+#include <bigbatch/experiments/tensorboard.h>
 #include <bigbatch/experiments/trial.h>
 #include <bigbatch/experiments/trial_folder.h>
 #include <bigbatch/schedules/json_reader.h>
@@ -269,9 +270,15 @@ void run_reference(const CbsConfig& c, const Dataset& data, const Layout& l, std
     trainer.restore(bytes);
     if (writer) std::cerr << t.name << ": resuming from its checkpoint at " << points[have - 1] << " examples\n";
   }
+  std::optional<tensorboard::EventWriter> events;  // one event per checkpoint, by the reference's step
   if (writer) {
     fs::create_directories(l.reference(seed) / "checkpoints");
     write_file_atomic((l.reference(seed) / "config.json").string(), to_json(t).dump(2) + "\n");
+    if (c.sweep.base.tensorboard) {
+      events.emplace(l.reference(seed).string(), have > 0 ? points[have - 1] / c.cbs.reference_batch : -1);
+    } else {
+      fs::remove(l.reference(seed) / tensorboard::kEventFileName);
+    }
   }
   const auto start = std::chrono::steady_clock::now();
   double loss_sum = 0;
@@ -293,6 +300,14 @@ void run_reference(const CbsConfig& c, const Dataset& data, const Layout& l, std
                     {"val_error", std::isfinite(val_error) ? json(val_error) : json(nullptr)},
                     {"b_simple", std::isfinite(trainer.b_simple()) ? json(trainer.b_simple()) : json(nullptr)}};
     write_file_atomic(l.point(seed, points[k], ".json").string(), j.dump(2) + "\n");
+    if (events) {
+      std::vector<tensorboard::Event::Scalar> scalars{{"val/loss", static_cast<float>(val_loss)},
+                                                      {"examples", static_cast<float>(points[k])}};
+      if (losses > 0) scalars.push_back({"train/loss", static_cast<float>(loss_sum / static_cast<double>(losses))});
+      if (std::isfinite(val_error)) scalars.push_back({"val/error", static_cast<float>(val_error)});
+      if (std::isfinite(trainer.b_simple())) scalars.push_back({"gns/b_simple", static_cast<float>(trainer.b_simple())});
+      events->scalars(step, scalars);
+    }
     std::cerr << t.name << ": checkpoint " << k + 1 << "/" << points.size() << " at " << points[k]
               << " examples (step " << step << ", val_loss " << val_loss << ", "
               << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s)\n";
@@ -406,6 +421,29 @@ std::vector<CurvePoint> read_curve(const CbsConfig& c, const Layout& l) {
     out.push_back(p);
   }
   return out;
+}
+
+// The curve for TensorBoard, by examples seen: the critical batch, B_simple,
+// each branch's loss (a new file each time cbs.csv is written).
+void write_curve_events(const CbsConfig& c, const std::vector<CurvePoint>& curve, const fs::path& dir) {
+  if (!c.sweep.base.tensorboard) {
+    fs::remove(dir / tensorboard::kEventFileName);
+    return;
+  }
+  tensorboard::EventWriter events(dir.string());
+  for (const CurvePoint& p : curve) {
+    std::vector<tensorboard::Event::Scalar> scalars;
+    if (p.critical) {
+      scalars.push_back({"cbs/critical_batch", static_cast<float>(c.cbs.branch_batches[*p.critical])});
+    }
+    if (std::isfinite(p.b_simple)) scalars.push_back({"cbs/b_simple", static_cast<float>(p.b_simple)});
+    for (std::size_t i = 0; i < p.loss.size(); ++i) {
+      if (std::isfinite(p.loss[i])) {
+        scalars.push_back({"branch_loss/b" + std::to_string(c.cbs.branch_batches[i]), static_cast<float>(p.loss[i])});
+      }
+    }
+    events.scalars(p.examples, scalars);
+  }
 }
 
 std::string curve_csv(const CbsConfig& c, const std::vector<CurvePoint>& curve) {
@@ -686,6 +724,7 @@ CbsSummary run_cbs(const CbsConfig& c, const CbsOptions& options, distributed::P
     }
     warmup = derive_warmup(examples, critical, c.cbs.reference_batch);
     write_file_atomic((l.dir / "cbs.csv").string(), curve_csv(c, curve));
+    write_curve_events(c, curve, l.dir);
     write_file_atomic((l.dir / "schedule.json").string(), schedule_patch(c, warmup).dump(2) + "\n");
   }
   if (options.compare) {

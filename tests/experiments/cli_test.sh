@@ -228,6 +228,33 @@ for r in rows:
     assert int(r["batch_size"]) == want, (r, want)
 print("train followed schedule.json over", len(rows), "evaluations")
 PY
+  # TensorBoard, read by the real package: the curve by examples seen, as
+  # cbs.csv has it, and each reference's checkpoints, as their records have
+  # them (the resumed run's file included: each step once).
+  [ -d "$src/.pydeps/tensorboard" ] || fail "no tensorboard package in $src/.pydeps: run scripts/setup.sh"
+  PYTHONPATH="$src/.pydeps" $py - $d runs/e2e_cbs <<'PY'
+import csv, json, os, sys
+from tensorboard.backend.event_processing import event_accumulator
+def scalars(folder):
+    acc = event_accumulator.EventAccumulator(folder, size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+for d in sys.argv[1:]:
+    rows = list(csv.DictReader(open(os.path.join(d, "cbs.csv"))))
+    s = scalars(d)
+    assert s["cbs/critical_batch"] == [(int(r["examples"]), float(r["critical_batch"])) for r in rows], s
+    for b in (4, 256):
+        got = s[f"branch_loss/b{b}"]
+        assert [g[0] for g in got] == [int(r["examples"]) for r in rows]
+        assert all(abs(g[1] - float(r[f"loss_b{b}"])) <= 1e-6 * abs(g[1]) for g, r in zip(got, rows)), got
+    for seed in (0, 1):
+        ref = os.path.join(d, f"reference_s{seed}")
+        r = scalars(ref)
+        points = sorted(json.load(open(os.path.join(ref, "checkpoints", f)))["step"]
+                        for f in os.listdir(os.path.join(ref, "checkpoints")) if f.endswith(".json"))
+        assert [step for step, _ in r["val/loss"]] == points, (r["val/loss"], points)
+print("TensorBoard files agree with cbs.csv and the checkpoints")
+PY
   "$bigbatch" report $d | grep -q "critical batch size of e2e_cbs" || fail "report of a cbs folder"
   rm -r $d/plots && "$bigbatch" plot $d > /dev/null && [ -s $d/plots/cbs_curve.svg ] || fail "plot of a cbs folder"
   # Bad configs: exit 2 and one line naming the key, before any work.
