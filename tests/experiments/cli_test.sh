@@ -585,6 +585,23 @@ PY
   grep -q "exited with status" long.err || fail "no message about the dead rank: $(cat long.err)"
   # A batch the world does not divide is a bad argument.
   expect_error 2 "is not divisible by the world size 2" "$bigbatch" train "$config" --batch-size 9 --nproc 2 --master-port $((port + 2))
+  # cbs data-parallel: every reference, branch and comparison run over 2
+  # ranks gives the curve one process gives.
+  cbs=$src/tests/experiments/e2e_cbs.json
+  "$bigbatch" cbs "$cbs" --out cbs_one --compare --no-plots > /dev/null 2>&1
+  "$bigbatch" cbs "$cbs" --out cbs_two --compare --no-plots --nproc 2 --master-port $((port + 4)) > /dev/null 2> cbs.err \
+    || fail "data-parallel cbs: $(tail -3 cbs.err)"
+  $py - cbs_one/e2e_cbs cbs_two/e2e_cbs <<'PY'
+import csv, os, sys
+one, two = (list(csv.DictReader(open(os.path.join(d, "cbs.csv")))) for d in sys.argv[1:])
+for a, b in zip(one, two):
+    assert (a["examples"], a["critical_batch"]) == (b["examples"], b["critical_batch"]), (a, b)
+    for k in a:
+        if k.startswith("loss_b") or k == "reference_val_loss":
+            assert abs(float(a[k]) - float(b[k])) <= 1e-4 * abs(float(a[k])), (k, a[k], b[k])
+assert open(os.path.join(sys.argv[1], "schedule.json")).read() == open(os.path.join(sys.argv[2], "schedule.json")).read()
+print("data-parallel cbs: the same curve and schedule")
+PY
   ;;
 *) fail "unknown scenario $scenario" ;;
 esac
