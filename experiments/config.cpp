@@ -443,6 +443,7 @@ json read_config(const std::string& path) {
 
 
 std::vector<NamedSweep> parse_sweeps(const json& j) {
+  if (j.is_object() && j.contains("cbs")) throw ConfigError("cbs: this is a cbs config: run it with `bigbatch cbs`");
   if (!j.is_object() || !j.contains("variants")) {
     SweepConfig s = parse_sweep(j);
     return {{s.base.sweep, std::move(s)}};

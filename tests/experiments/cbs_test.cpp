@@ -123,6 +123,14 @@ TEST(Cbs, BadConfigsNameTheKey) {
   EXPECT_EQ(to_json(parse_cbs(j))["cbs"]["checkpoints"], nlohmann::json({16, 64, 256, 1024, 4096}));
 }
 
+TEST(Cbs, ShippedConfigsParse) {
+  const CbsConfig c = load_cbs(std::string(BIGBATCH_SOURCE_DIR) + "/experiments/configs/cbs_fmnist.json");
+  EXPECT_EQ(c.cbs.checkpoints.size(), 9u);
+  EXPECT_EQ(c.cbs.checkpoints.front(), 1024);
+  EXPECT_EQ(c.cbs.checkpoints.back(), 262144);
+  EXPECT_EQ(c.sweep.base.schedule.base_batch, 32);
+}
+
 // A branch at the reference's own batch and rate is the reference run
 // continued: the same weights after the window, bit for bit (the sampler and
 // optimizer state travel in the checkpoint).

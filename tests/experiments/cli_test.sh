@@ -539,6 +539,10 @@ bad_configs)
 quickstart)
   # The shipped configs parse; one quickstart trial runs a few steps on Fashion-MNIST.
   for c in "$src"/experiments/configs/*.json; do
+    if grep -q '"cbs"' "$c"; then  # a cbs config (parsed in Cbs.ShippedConfigsParse): not a sweep
+      expect_error 2 "cbs: this is a cbs config: run it with \`bigbatch cbs\`" "$bigbatch" train "$c" --out parse
+      continue
+    fi
     "$bigbatch" train "$c" --steps 1 --out parse > /dev/null 2>&1 || fail "$c does not run: $("$bigbatch" train "$c" --steps 1 --out parse 2>&1 | tail -1)"
   done
   "$bigbatch" train "$src/experiments/configs/quickstart.json" --steps 5 --batch-size 64 --out runs
