@@ -9,9 +9,9 @@
 #include <bigbatch/experiments/tensorboard.h>
 #include <bigbatch/experiments/trial.h>
 #include <bigbatch/experiments/trial_folder.h>
+#include <bigbatch/experiments/workers.h>
 #include <bigbatch/schedules/json_reader.h>
 
-#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -23,7 +23,6 @@
 #include <iostream>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -167,35 +166,19 @@ json cbs_json(const CbsSpec& c) {
 }
 
 // Runs fn(i) for i in [0, count), `jobs` at a time, each thread with
-// cores / jobs intra-op threads; the first error is rethrown after all stop.
+// cores / jobs intra-op threads.
 template <typename Fn>
 void for_each_job(std::size_t count, int jobs, Fn&& fn) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   jobs = std::max(1, std::min<int>(jobs, static_cast<int>(std::max<std::size_t>(1, count))));
-  const int threads = std::max(1, cores / jobs);
   std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  const auto worker = [&] {
-    at::set_num_threads(threads);
-    while (!failed) {
-      const std::size_t i = next++;
-      if (i >= count) return;
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
-        failed = true;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int j = 1; j < jobs; ++j) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
+  run_workers(
+      jobs, std::max(1, cores / jobs),
+      [&]() -> std::optional<std::size_t> {
+        const std::size_t i = next++;
+        return i < count ? std::optional<std::size_t>(i) : std::nullopt;
+      },
+      fn);
 }
 
 // Rank 0's answer, on every rank (its own without a group).
@@ -745,6 +728,20 @@ CbsSummary run_cbs(const CbsConfig& c, const CbsOptions& options, distributed::P
   return summary;
 }
 
+namespace {
+
+// The cells of one CSV line (bigbatch's own files: no quoting), at least `n`.
+std::vector<std::string> cells_of(const std::string& line, std::size_t n) {
+  std::vector<std::string> cells;
+  std::stringstream ls(line);
+  std::string cell;
+  while (std::getline(ls, cell, ',')) cells.push_back(cell);
+  cells.resize(std::max(n, cells.size()));
+  return cells;
+}
+
+}  // namespace
+
 std::string cbs_report(const std::string& folder) {
   const fs::path dir(folder);
   const CbsConfig c = parse_cbs(read_json((dir / "cbs.json").string()) /* resolved: parses as given */);
@@ -759,11 +756,7 @@ std::string cbs_report(const std::string& folder) {
   std::string line;
   std::getline(csv, line);  // header
   while (std::getline(csv, line)) {
-    std::vector<std::string> cells;
-    std::stringstream ls(line);
-    std::string cell;
-    while (std::getline(ls, cell, ',')) cells.push_back(cell);
-    cells.resize(6);
+    const auto cells = cells_of(line, 6);
     std::string critical = cells[2].empty() ? "-" : cells[2];
     if (!cells[2].empty()) critical = cells[3].empty() ? ">= " + cells[2] : cells[2] + "-" + cells[3];
     const auto shown = [](const std::string& x) {
@@ -796,11 +789,7 @@ std::string cbs_report(const std::string& folder) {
     };
     std::vector<std::pair<std::string, Sum>> sums;
     while (std::getline(cc, line)) {
-      std::vector<std::string> cells;
-      std::stringstream ls(line);
-      std::string cell;
-      while (std::getline(ls, cell, ',')) cells.push_back(cell);
-      cells.resize(8);
+      const auto cells = cells_of(line, 8);
       auto it = std::find_if(sums.begin(), sums.end(), [&](const auto& p) { return p.first == cells[0]; });
       if (it == sums.end()) it = sums.insert(sums.end(), {cells[0], Sum{}});
       Sum& m = it->second;

@@ -10,6 +10,7 @@
 #include <bigbatch/experiments/tensorboard.h>
 #include <bigbatch/experiments/trial_folder.h>
 #include <bigbatch/experiments/trial_queue.h>
+#include <bigbatch/experiments/workers.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/full.h>
@@ -178,56 +179,38 @@ void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, con
   const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
   const int local_ranks = group != nullptr && local_world != nullptr ? std::max(1, std::atoi(local_world)) : 1;
   const int threads = std::max(1, cores / jobs / local_ranks);
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex error_mutex;
   // A trial's end: its bound for its siblings, the counts, the board.
   const auto record = [&](std::size_t i, const TrialResult& r) {
     queue.finished(i, r.status == TrialStatus::kReached ? r.steps_to_target : std::nullopt);
     if (r.status == TrialStatus::kPruned) ++totals.pruned;
     if (writer) board.finished(trials[i].name, r, trials[i].target.metric);
   };
-  const auto worker = [&] {
-    at::set_num_threads(threads);  // this thread's intra-op pool: cores / jobs
-    while (!failed) {
-      const auto job = take();
-      if (!job) return;
-      try {
-        if (!job->group.empty()) {
-          std::vector<TrialConfig> configs;
-          std::vector<std::string> dirs;
-          for (const auto i : job->group) {
-            configs.push_back(trials[i]);
-            dirs.push_back((dir / trials[i].name).string());
-          }
-          const std::string& shown = trials[job->group.front()].name;
-          run_group(
-              configs, data, dirs, [&](const TrialProgress& p) { board.update(shown, p); },
-              [&](std::size_t lane, std::int64_t next_eval) { return queue.pruned(job->group[lane], next_eval); },
-              [&](std::size_t lane, const TrialResult& r) { record(job->group[lane], r); });
-          continue;
-        }
-        const TrialConfig& t = trials[job->index];
-        const std::size_t i = job->index;
-        const auto hopeless = [&](std::int64_t next_eval) {
-          return group == nullptr ? queue.pruned(i, next_eval)
-                                  : prune && TrialQueue::beaten(job->bound, i, next_eval);
-        };
-        const TrialResult r = run_one(t, data, (dir / t.name).string(),
-                                      [&](const TrialProgress& p) { board.update(t.name, p); }, group, hopeless);
-        record(i, r);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
-        failed = true;
+  // Each worker's intra-op pool: cores / jobs.
+  run_workers(jobs, threads, take, [&](const Job& job) {
+    if (!job.group.empty()) {
+      std::vector<TrialConfig> configs;
+      std::vector<std::string> dirs;
+      for (const auto i : job.group) {
+        configs.push_back(trials[i]);
+        dirs.push_back((dir / trials[i].name).string());
       }
+      const std::string& shown = trials[job.group.front()].name;
+      run_group(
+          configs, data, dirs, [&](const TrialProgress& p) { board.update(shown, p); },
+          [&](std::size_t lane, std::int64_t next_eval) { return queue.pruned(job.group[lane], next_eval); },
+          [&](std::size_t lane, const TrialResult& r) { record(job.group[lane], r); });
+      return;
     }
-  };
-  std::vector<std::thread> pool;
-  for (int j = 1; j < jobs; ++j) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
-  if (error) std::rethrow_exception(error);
+    const TrialConfig& t = trials[job.index];
+    const std::size_t i = job.index;
+    const auto hopeless = [&](std::int64_t next_eval) {
+      return group == nullptr ? queue.pruned(i, next_eval)
+                              : prune && TrialQueue::beaten(job.bound, i, next_eval);
+    };
+    const TrialResult r = run_one(t, data, (dir / t.name).string(),
+                                  [&](const TrialProgress& p) { board.update(t.name, p); }, group, hopeless);
+    record(i, r);
+  });
 }
 
 }  // namespace

@@ -14,7 +14,6 @@
 Each figure as PNG and SVG, with its points as JSON beside it.
 Usage: plot_cbs.py CBS_DIR   (or plot_sweep.py --cbs CBS_DIR)
 """
-import csv
 import json
 import math
 import os
@@ -25,24 +24,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def number(text):
-    return float(text) if text not in ("", None) else None
-
-
-def save(fig, out, name, points):
-    for ext in ("png", "svg"):
-        fig.savefig(os.path.join(out, f"{name}.{ext}"), dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    tmp = os.path.join(out, f"{name}.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(points, f, indent=1)
-    os.replace(tmp, os.path.join(out, f"{name}.json"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plot_sweep import number, read_csv, save  # noqa: E402
 
 
 def curve(d, rows, patch, out):

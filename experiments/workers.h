@@ -1,0 +1,45 @@
+// The pool of worker threads both runners use (sweep.cpp, cbs.cpp).
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace bigbatch::experiments {
+
+/// Runs `jobs` workers (the calling thread is one), each with `threads`
+/// intra-op threads, each doing run(*job) for job = next() until next()
+/// gives nothing or some run has thrown. next() must be safe to call from
+/// several threads. The first exception is rethrown once every worker has
+/// stopped.
+template <typename Next, typename Run>
+void run_workers(int jobs, int threads, Next&& next, Run&& run) {
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  const auto worker = [&] {
+    at::set_num_threads(threads);
+    while (!failed) {
+      auto job = next();
+      if (!job) return;
+      try {
+        run(*job);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int j = 1; j < jobs; ++j) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace bigbatch::experiments
