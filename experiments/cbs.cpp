@@ -275,20 +275,23 @@ void run_reference(const CbsConfig& c, const Dataset& data, const Layout& l, std
     const auto [val_loss, val_error] = trainer.evaluate();
     const std::string bytes = trainer.checkpoint();
     if (!writer) continue;
+    const double train_loss = losses > 0 ? loss_sum / static_cast<double>(losses) : kNaN;
+    const double b_simple = trainer.b_simple();
     write_file_atomic(l.point(seed, points[k], ".pt").string(), bytes);
     const json j = {{"step", step},
                     {"examples", points[k]},
-                    {"train_loss", losses > 0 ? json(loss_sum / static_cast<double>(losses)) : json(nullptr)},
-                    {"val_loss", std::isfinite(val_loss) ? json(val_loss) : json(nullptr)},
-                    {"val_error", std::isfinite(val_error) ? json(val_error) : json(nullptr)},
-                    {"b_simple", std::isfinite(trainer.b_simple()) ? json(trainer.b_simple()) : json(nullptr)}};
+                    {"train_loss", finite_or_null(train_loss)},
+                    {"val_loss", finite_or_null(val_loss)},
+                    {"val_error", finite_or_null(val_error)},
+                    {"b_simple", finite_or_null(b_simple)}};
     write_file_atomic(l.point(seed, points[k], ".json").string(), j.dump(2) + "\n");
     if (events) {
       std::vector<tensorboard::Event::Scalar> scalars{{"val/loss", static_cast<float>(val_loss)},
                                                       {"examples", static_cast<float>(points[k])}};
-      if (losses > 0) scalars.push_back({"train/loss", static_cast<float>(loss_sum / static_cast<double>(losses))});
-      if (std::isfinite(val_error)) scalars.push_back({"val/error", static_cast<float>(val_error)});
-      if (std::isfinite(trainer.b_simple())) scalars.push_back({"gns/b_simple", static_cast<float>(trainer.b_simple())});
+      for (const auto& [tag, value] : {std::pair<const char*, double>{"train/loss", train_loss},
+                                       {"val/error", val_error}, {"gns/b_simple", b_simple}}) {
+        if (std::isfinite(value)) scalars.push_back({tag, static_cast<float>(value)});
+      }
       events->scalars(step, scalars);
     }
     std::cerr << t.name << ": checkpoint " << k + 1 << "/" << points.size() << " at " << points[k]
@@ -299,16 +302,15 @@ void run_reference(const CbsConfig& c, const Dataset& data, const Layout& l, std
   }
 }
 
-// A branch's result.json when it is finished and of this config.
-std::optional<json> branch_result(const TrialConfig& t, const fs::path& dir) {
+// Whether `dir` holds the result.json of branch `t` (of this config).
+bool branch_finished(const TrialConfig& t, const fs::path& dir) {
   try {
-    if (!fs::exists(dir / "result.json")) return std::nullopt;
-    json j = read_json((dir / "result.json").string());
-    if (!j.is_object() || !j.contains("config") || identity(j["config"]) != identity(to_json(t))) return std::nullopt;
-    return j;
+    if (!fs::exists(dir / "result.json")) return false;
+    const json j = read_json((dir / "result.json").string());
+    return j.is_object() && j.contains("config") && identity(j["config"]) == identity(to_json(t));
   } catch (const std::exception&) {
     std::cerr << "warning: " << (dir / "result.json").string() << ": not readable; redoing " << t.name << "\n";
-    return std::nullopt;
+    return false;
   }
 }
 
@@ -319,16 +321,15 @@ struct Branch {
 };
 
 void run_branch(const CbsConfig& c, const Dataset& data, const Layout& l, const Branch& b,
-                distributed::ProcessGroup* group, ProgressBoard* board) {
+                distributed::ProcessGroup* group, ProgressBoard& board) {
   const bool writer = group == nullptr || group->rank() == 0;
   const TrialConfig t = branch_trial(c, b.examples, b.batch, b.factor, b.seed);
   std::string bytes = writer ? read_file(l.point(b.seed, b.examples, ".pt").string()) : std::string();
   if (group != nullptr) bytes = distributed::broadcast_bytes(*group, bytes);
   Trainer trainer(t, data, group);
   trainer.branch_from(bytes);
-  const TrialResult r = trainer.run(
-      board != nullptr && writer ? [&](const TrialProgress& p) { board->update(t.name, p); }
-                                 : std::function<void(const TrialProgress&)>());
+  const TrialResult r = trainer.run(writer ? [&](const TrialProgress& p) { board.update(t.name, p); }
+                                           : std::function<void(const TrialProgress&)>());
   if (!writer) return;
   const double loss = r.rows.empty() ? kNaN : r.rows.back().val_loss;
   const fs::path dir = l.branch(b.examples, b.batch, b.factor, b.seed);
@@ -339,13 +340,11 @@ void run_branch(const CbsConfig& c, const Dataset& data, const Layout& l, const 
                   {"lr", r.peak_lr},
                   {"status", to_string(r.status)},
                   {"steps", r.steps},
-                  {"val_loss", std::isfinite(loss) ? json(loss) : json(nullptr)},
-                  {"val_error", !r.rows.empty() && std::isfinite(r.rows.back().val_error)
-                                    ? json(r.rows.back().val_error)
-                                    : json(nullptr)},
+                  {"val_loss", finite_or_null(loss)},
+                  {"val_error", finite_or_null(r.rows.empty() ? kNaN : r.rows.back().val_error)},
                   {"wall_time", r.wall_time}};
   write_file_atomic((dir / "result.json").string(), j.dump(2) + "\n");
-  if (board != nullptr) board->finished(t.name, r, Metric::kValLoss);
+  board.finished(t.name, r, Metric::kValLoss);
 }
 
 double mean(const std::vector<double>& v) {
@@ -457,6 +456,16 @@ json schedule_patch(const CbsConfig& c, const BatchWarmup& w) {
   json s = schedules::to_json(spec);
   s.erase("base_lr");
   return {{"batch_sizes", {w.final_batch}}, {"search", {{"lr", {c.cbs.reference_lr}}}}, {"schedule", s}};
+}
+
+// The warmup a schedule_patch holds.
+BatchWarmup warmup_of(const json& patch) {
+  BatchWarmup w;
+  w.final_batch = patch.at("batch_sizes").at(0).get<std::int64_t>();
+  for (const auto& st : patch.at("schedule").value("batch_warmup", json::array())) {
+    w.stages.push_back({st.at("batch").get<std::int64_t>(), st.at("until_examples").get<std::int64_t>()});
+  }
+  return w;
 }
 
 // --compare: the fixed reference batch, a fixed large batch (the warmup's
@@ -655,12 +664,9 @@ CbsSummary run_cbs(const CbsConfig& c, const CbsOptions& options, distributed::P
   const Layout l{fs::path(options.out) / c.sweep.base.sweep};
   const json resolved = to_json(c);
   if (writer && fs::exists(l.dir / "cbs.json")) {
-    const json existing = read_json((l.dir / "cbs.json").string());
-    if (identity(existing) != identity(resolved)) {
-      const json patch = json::diff(identity(existing), identity(resolved));
-      const std::string where = patch.empty() ? "" : patch[0].value("path", std::string());
+    if (const auto where = identity_difference(read_json((l.dir / "cbs.json").string()), resolved)) {
       throw ConfigError(l.dir.string() + " holds a different cbs config \"" + c.sweep.base.sweep +
-                        "\" (first difference at " + where + "); use another --out or name");
+                        "\" (first difference at " + *where + "); use another --out or name");
     }
   }
   if (writer) check_folder(l.dir.string(), "--out");
@@ -679,9 +685,8 @@ CbsSummary run_cbs(const CbsConfig& c, const CbsOptions& options, distributed::P
     }
   }
   for (const Branch& b : all) {
-    const bool done = writer && branch_result(branch_trial(c, b.examples, b.batch, b.factor, b.seed),
-                                              l.branch(b.examples, b.batch, b.factor, b.seed))
-                                    .has_value();
+    const bool done = writer && branch_finished(branch_trial(c, b.examples, b.batch, b.factor, b.seed),
+                                                l.branch(b.examples, b.batch, b.factor, b.seed));
     if (!agreed(group, done)) left.push_back(b);
   }
   CbsSummary summary;
@@ -694,7 +699,7 @@ CbsSummary run_cbs(const CbsConfig& c, const CbsOptions& options, distributed::P
   }
   ProgressBoard board(static_cast<std::int64_t>(left.size()));
   for_each_job(left.size(), group == nullptr ? options.jobs : 1,
-               [&](std::size_t i) { run_branch(c, data, l, left[i], group, &board); });
+               [&](std::size_t i) { run_branch(c, data, l, left[i], group, board); });
 
   std::vector<std::optional<std::int64_t>> critical;
   BatchWarmup warmup;
@@ -711,16 +716,10 @@ CbsSummary run_cbs(const CbsConfig& c, const CbsOptions& options, distributed::P
     write_file_atomic((l.dir / "schedule.json").string(), schedule_patch(c, warmup).dump(2) + "\n");
   }
   if (options.compare) {
-    // Every rank needs the warmup: rank 0's schedule.json, broadcast.
-    std::string patch = writer ? read_file((l.dir / "schedule.json").string()) : std::string();
-    if (group != nullptr) patch = distributed::broadcast_bytes(*group, patch);
-    const json p = json::parse(patch);
-    warmup.final_batch = p["batch_sizes"][0].get<std::int64_t>();
-    warmup.stages.clear();
-    if (p["schedule"].contains("batch_warmup")) {
-      for (const auto& st : p["schedule"]["batch_warmup"]) {
-        warmup.stages.push_back({st["batch"].get<std::int64_t>(), st["until_examples"].get<std::int64_t>()});
-      }
+    if (group != nullptr) {  // the other ranks take rank 0's warmup
+      const std::string patch =
+          distributed::broadcast_bytes(*group, writer ? schedule_patch(c, warmup).dump() : std::string());
+      if (!writer) warmup = warmup_of(json::parse(patch));
     }
     run_compare(c, warmup, data, l.dir, options.jobs, group);
   }
@@ -744,7 +743,7 @@ std::vector<std::string> cells_of(const std::string& line, std::size_t n) {
 
 std::string cbs_report(const std::string& folder) {
   const fs::path dir(folder);
-  const CbsConfig c = parse_cbs(read_json((dir / "cbs.json").string()) /* resolved: parses as given */);
+  const CbsConfig c = parse_cbs(read_json((dir / "cbs.json").string()));  // the resolved config parses as given
   std::ostringstream s;
   s << "critical batch size of " << c.sweep.base.sweep << " (Merrill et al. 2025): reference batch "
     << c.cbs.reference_batch << " at rate " << c.cbs.reference_lr << ", window " << c.cbs.window
@@ -768,15 +767,12 @@ std::string cbs_report(const std::string& folder) {
     s << std::setw(12) << cells[1] << std::setw(16) << critical << std::setw(12) << shown(cells[4]) << std::setw(14)
       << shown(cells[5]) << "\n";
   }
-  const json patch = read_json((dir / "schedule.json").string());
+  const BatchWarmup warmup = warmup_of(read_json((dir / "schedule.json").string()));
   s << "batch-size warmup (schedule.json): ";
-  const json& stages = patch["schedule"].value("batch_warmup", json::array());
-  for (const auto& st : stages) {
-    s << st["batch"].get<std::int64_t>() << " until " << st["until_examples"].get<std::int64_t>() << " examples, ";
-  }
-  s << (stages.empty() ? "none: the measured critical batch never reached twice the reference batch; "
-                       : "then ")
-    << patch["batch_sizes"][0].get<std::int64_t>() << "\n";
+  for (const auto& st : warmup.stages) s << st.batch << " until " << st.until_examples << " examples, ";
+  s << (warmup.stages.empty() ? "none: the measured critical batch never reached twice the reference batch; "
+                              : "then ")
+    << warmup.final_batch << "\n";
   if (fs::exists(dir / "compare.csv")) {
     s << "comparison to " << to_string(c.sweep.base.target.metric) << " <= " << c.sweep.base.target.threshold
       << " (mean over seeds; compare.csv):\n";

@@ -545,6 +545,13 @@ json identity(json resolved) {
   return resolved;
 }
 
+std::optional<std::string> identity_difference(const json& existing, const json& resolved) {
+  const json a = identity(existing), b = identity(resolved);
+  if (a == b) return std::nullopt;
+  const json patch = json::diff(a, b);
+  return patch.empty() ? std::string() : patch[0].value("path", std::string());
+}
+
 std::string to_string(NoiseType type) { return schedules::enum_name(kNoiseTypes, type); }
 std::string to_string(Metric metric) { return schedules::enum_name(kMetrics, metric); }
 std::string to_string(DeviceType device) { return schedules::enum_name(kDeviceTypes, device); }

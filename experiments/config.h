@@ -164,6 +164,9 @@ nlohmann::json to_json(const TrialConfig& trial);
 /// "runner"): what a
 /// resumed sweep compares, so that turning a log on or off redoes nothing.
 nlohmann::json identity(nlohmann::json resolved);
+/// Where two resolved configs first differ in identity(): the JSON pointer
+/// of the first change; nullopt when they are the same.
+std::optional<std::string> identity_difference(const nlohmann::json& existing, const nlohmann::json& resolved);
 
 /// A name that can be a folder: [A-Za-z0-9._-]+, not "." or "..". Throws
 /// ConfigError naming `what` otherwise.

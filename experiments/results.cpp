@@ -28,11 +28,7 @@ std::string csv_number(double x) {
   return s.str();
 }
 
-namespace {
-
 json finite_or_null(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
-
-}  // namespace
 
 std::string metrics_csv(const std::vector<EvalRow>& rows) {
   std::ostringstream s;

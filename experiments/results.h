@@ -21,6 +21,8 @@ namespace bigbatch::experiments {
 
 /// A number for CSV: empty when not finite, else 10 significant digits.
 std::string csv_number(double x);
+/// A number for JSON: null when not finite.
+nlohmann::json finite_or_null(double x);
 
 /// metrics.csv: a header of EvalRow's field names, then one line per row;
 /// a number that is not finite is an empty cell.

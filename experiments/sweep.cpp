@@ -227,12 +227,9 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   const fs::path dir = fs::path(options.out) / sweep.base.sweep;
   const json resolved = to_json(sweep);
   if (fs::exists(dir / "sweep.json")) {
-    const json existing = read_json((dir / "sweep.json").string());
-    if (identity(existing) != identity(resolved)) {
-      const json patch = json::diff(identity(existing), identity(resolved));
-      const std::string where = patch.empty() ? "" : patch[0].value("path", std::string());
+    if (const auto where = identity_difference(read_json((dir / "sweep.json").string()), resolved)) {
       throw ConfigError(dir.string() + " holds a different config for sweep \"" + sweep.base.sweep +
-                        "\" (first difference at " + where + "); use another --out or sweep name");
+                        "\" (first difference at " + *where + "); use another --out or sweep name");
     }
   }
   // The folder is made (and tried) before the data: a bad --out fails in a moment.

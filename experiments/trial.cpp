@@ -240,7 +240,7 @@ TrialResult Trainer::run(const std::function<void(const TrialProgress&)>& progre
     row.lr = last_lr_;
     row.batch_size = adapter_->schedule().batch_size(step_ - 1);
     row.wall_time = seconds();
-    row.gns = gns_.updates() > 0 ? gns_.b_simple() : kNaN;
+    row.gns = b_simple();
     rows_.push_back(row);
     if (on_eval) on_eval(row);
     loss_sum = 0;
