@@ -50,22 +50,28 @@ int env_int(const char* name, int fallback) {
 
 WorldInfo world_from_env() {
   WorldInfo w;
+  const char* local_size = "LOCAL_WORLD_SIZE";
   if (env("RANK") || env("WORLD_SIZE")) {
     TORCH_CHECK(env("RANK") && env("WORLD_SIZE"), "RANK and WORLD_SIZE must be set together (torchrun style)");
     w.launcher = "torchrun";
     w.rank = env_int("RANK", 0);
     w.world_size = env_int("WORLD_SIZE", 1);
     w.local_rank = env_int("LOCAL_RANK", w.rank);
+    w.local_world_size = env_int("LOCAL_WORLD_SIZE", w.world_size);
   } else if (env("OMPI_COMM_WORLD_RANK")) {
     w.launcher = "mpirun";
     w.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
     w.world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
     w.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", w.rank);
+    local_size = "OMPI_COMM_WORLD_LOCAL_SIZE";
+    w.local_world_size = env_int(local_size, w.world_size);
   }
   w.master_addr = env("MASTER_ADDR").value_or(w.master_addr);
   w.master_port = env_int("MASTER_PORT", w.master_port);
   TORCH_CHECK(w.world_size >= 1, "WORLD_SIZE must be >= 1, got ", w.world_size);
   TORCH_CHECK(w.rank >= 0 && w.rank < w.world_size, "RANK must be in [0, ", w.world_size, "), got ", w.rank);
+  TORCH_CHECK(w.local_world_size >= 1 && w.local_world_size <= w.world_size,
+              local_size, " must be in [1, ", w.world_size, "], got ", w.local_world_size);
   TORCH_CHECK(w.master_port > 0 && w.master_port < 65536, "MASTER_PORT must be a port number, got ",
               w.master_port);
   return w;

@@ -20,13 +20,15 @@ struct WorldInfo {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  int local_world_size = 1;  ///< ranks on this machine, which share its cores
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string launcher = "none";  ///< torchrun, mpirun, none
 };
 
-/// torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, else
-/// Open MPI's OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK (with MASTER_ADDR and
+/// torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+/// MASTER_PORT, else Open MPI's OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK,
+/// _LOCAL_SIZE (with MASTER_ADDR and
 /// MASTER_PORT, defaults 127.0.0.1:29500), else a world of one. Malformed or
 /// inconsistent values throw c10::Error naming the variable.
 WorldInfo world_from_env();
@@ -59,6 +61,7 @@ class ProcessGroup {
   int rank() const { return world_.rank; }
   int size() const { return world_.world_size; }
   int local_rank() const { return world_.local_rank; }
+  int local_size() const { return world_.local_world_size; }
   Backend backend() const { return backend_; }
 
   /// In place: every tensor becomes the sum over ranks.

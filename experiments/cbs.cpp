@@ -24,7 +24,6 @@
 #include <limits>
 #include <map>
 #include <sstream>
-#include <thread>
 
 namespace bigbatch::experiments {
 namespace fs = std::filesystem;
@@ -165,15 +164,15 @@ json cbs_json(const CbsSpec& c) {
           {"lr_factors", c.lr_factors}};
 }
 
-// Runs fn(i) for i in [0, count), `jobs` at a time, each thread with
-// cores / jobs intra-op threads.
+// Runs fn(i) for i in [0, count), `jobs` at a time (one under a process
+// group), each thread with cores / jobs / local ranks intra-op threads.
 template <typename Fn>
-void for_each_job(std::size_t count, int jobs, Fn&& fn) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+void for_each_job(std::size_t count, int jobs, distributed::ProcessGroup* group, Fn&& fn) {
+  if (group != nullptr) jobs = 1;  // every rank takes part in every run, in order
   jobs = std::max(1, std::min<int>(jobs, static_cast<int>(std::max<std::size_t>(1, count))));
   std::atomic<std::size_t> next{0};
   run_workers(
-      jobs, std::max(1, cores / jobs),
+      jobs, threads_per_job(jobs, group != nullptr ? group->local_size() : 1),
       [&]() -> std::optional<std::size_t> {
         const std::size_t i = next++;
         return i < count ? std::optional<std::size_t>(i) : std::nullopt;
@@ -546,7 +545,7 @@ void run_compare(const CbsConfig& c, const BatchWarmup& w, const Dataset& data, 
     }
   }
   ProgressBoard board(static_cast<std::int64_t>(left.size()));
-  for_each_job(left.size(), group == nullptr ? jobs : 1, [&](std::size_t k) {
+  for_each_job(left.size(), jobs, group, [&](std::size_t k) {
     const CompareRun& run = runs[left[k]];
     results[left[k]] = run_one(
         run.trial, data, (dir / "compare" / run.trial.name).string(),
@@ -674,7 +673,7 @@ CbsSummary run_cbs(const CbsConfig& c, const CbsOptions& options, distributed::P
   if (writer) write_file_atomic((l.dir / "cbs.json").string(), resolved.dump(2) + "\n");
 
   // The references, one per seed (in parallel with --jobs), then the branches.
-  for_each_job(c.sweep.seeds.size(), group == nullptr ? options.jobs : 1,
+  for_each_job(c.sweep.seeds.size(), options.jobs, group,
                [&](std::size_t i) { run_reference(c, data, l, c.sweep.seeds[i], group); });
   std::vector<Branch> all, left;
   for (const auto e : c.cbs.checkpoints) {
@@ -698,7 +697,7 @@ CbsSummary run_cbs(const CbsConfig& c, const CbsOptions& options, distributed::P
               << " branches already finished\n";
   }
   ProgressBoard board(static_cast<std::int64_t>(left.size()));
-  for_each_job(left.size(), group == nullptr ? options.jobs : 1,
+  for_each_job(left.size(), options.jobs, group,
                [&](std::size_t i) { run_branch(c, data, l, left[i], group, board); });
 
   std::vector<std::optional<std::int64_t>> critical;

@@ -19,13 +19,11 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <iostream>
 #include <mutex>
 #include <set>
-#include <thread>
 
 namespace bigbatch::experiments {
 namespace fs = std::filesystem;
@@ -173,19 +171,16 @@ void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, con
     left = count[0].item<std::int64_t>();
   }
   ProgressBoard board(left);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int jobs = std::min<int>(options.jobs, static_cast<int>(std::max<std::int64_t>(1, left)));
-  // Ranks on this machine (torchrun's LOCAL_WORLD_SIZE) share its cores too.
-  const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
-  const int local_ranks = group != nullptr && local_world != nullptr ? std::max(1, std::atoi(local_world)) : 1;
-  const int threads = std::max(1, cores / jobs / local_ranks);
+  // Ranks on this machine share its cores too.
+  const int threads = threads_per_job(jobs, group != nullptr ? group->local_size() : 1);
   // A trial's end: its bound for its siblings, the counts, the board.
   const auto record = [&](std::size_t i, const TrialResult& r) {
     queue.finished(i, r.status == TrialStatus::kReached ? r.steps_to_target : std::nullopt);
     if (r.status == TrialStatus::kPruned) ++totals.pruned;
     if (writer) board.finished(trials[i].name, r, trials[i].target.metric);
   };
-  // Each worker's intra-op pool: cores / jobs.
+  // Each worker's intra-op pool: cores / jobs / local ranks.
   run_workers(jobs, threads, take, [&](const Job& job) {
     if (!job.group.empty()) {
       std::vector<TrialConfig> configs;

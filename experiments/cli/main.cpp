@@ -13,6 +13,7 @@
 #include <bigbatch/experiments/results.h>
 #include <bigbatch/experiments/sweep.h>
 #include <bigbatch/experiments/trial_folder.h>
+#include <bigbatch/experiments/workers.h>
 
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
@@ -337,6 +338,9 @@ int run(int argc, char** argv) {
                                              : bigbatch::distributed::world_from_env().world_size);
     if (parallel.launcher()) return bx::launch_local(parallel.launch, argc, argv);
     const auto group = join(parallel, cfg.base.device);
+    // The ranks on this machine share its cores (a sweep's workers do the same).
+    const int threads = bx::threads_per_job(1, group ? group->local_size() : 1);
+    at::set_num_threads(threads);
     const bx::Dataset data = bx::load_data(cfg);
     const std::string tdir = (fs::path(out) / (chosen->folder + ".train") / trial.name).string();
     const bx::TrialResult r = bx::run_one(
@@ -345,7 +349,9 @@ int run(int argc, char** argv) {
         group.get());
     if (group && group->rank() != 0) return 0;
     std::cout << (group ? "data-parallel over " + std::to_string(group->size()) + " ranks (" +
-                              bigbatch::distributed::backend_name(group->backend()) + "): "
+                              bigbatch::distributed::backend_name(group->backend()) + ", " +
+                              std::to_string(threads) + (threads == 1 ? " intra-op thread" : " intra-op threads") +
+                              " per rank): "
                         : std::string())
               << trial.name << ": " << bx::to_string(r.status) << " after " << r.steps << " steps, best "
               << bx::to_string(trial.target.metric)

@@ -337,7 +337,7 @@ TEST(EpochPartition, SharedShuffleEqualShares) {
   EXPECT_FALSE(at::equal(a, bd::epoch_partition(103, 4, 0, 2, 7, 1)));  // a new shuffle per epoch
 }
 
-TEST(WorldFromEnv, TorchrunOpenMpiAndBadValues) {
+TEST(WorldFromEnv, TorchrunOpenMpiLocalSizesAndBadValues) {
   setenv("RANK", "1", 1);
   setenv("WORLD_SIZE", "4", 1);
   setenv("MASTER_PORT", "12345", 1);
@@ -346,6 +346,12 @@ TEST(WorldFromEnv, TorchrunOpenMpiAndBadValues) {
   EXPECT_EQ(w.world_size, 4);
   EXPECT_EQ(w.master_port, 12345);
   EXPECT_EQ(w.launcher, "torchrun");
+  EXPECT_EQ(w.local_world_size, 4);  // unset: every rank may be on this machine
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  EXPECT_EQ(bd::world_from_env().local_world_size, 2);
+  setenv("LOCAL_WORLD_SIZE", "5", 1);  // more ranks here than in the world
+  EXPECT_THROW(bd::world_from_env(), c10::Error);
+  unsetenv("LOCAL_WORLD_SIZE");
   setenv("RANK", "4", 1);
   EXPECT_THROW(bd::world_from_env(), c10::Error);
   setenv("RANK", "x", 1);
@@ -358,6 +364,18 @@ TEST(WorldFromEnv, TorchrunOpenMpiAndBadValues) {
   EXPECT_EQ(w.rank, 2);
   EXPECT_EQ(w.world_size, 3);
   EXPECT_EQ(w.launcher, "mpirun");
+  EXPECT_EQ(w.local_world_size, 3);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1", 1);
+  EXPECT_EQ(bd::world_from_env().local_world_size, 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "0", 1);
+  try {
+    bd::world_from_env();
+    ADD_FAILURE() << "OMPI_COMM_WORLD_LOCAL_SIZE=0 accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("OMPI_COMM_WORLD_LOCAL_SIZE must be in [1, 3], got 0"), std::string::npos)
+        << e.what();
+  }
+  unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   unsetenv("OMPI_COMM_WORLD_RANK");
   unsetenv("OMPI_COMM_WORLD_SIZE");
   unsetenv("MASTER_PORT");

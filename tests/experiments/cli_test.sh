@@ -554,6 +554,10 @@ data_parallel)
   "$bigbatch" train "$config" --batch-size 512 --lr 0.03 --steps 40 --out one > /dev/null 2>&1
   "$bigbatch" train "$config" --batch-size 512 --lr 0.03 --steps 40 --out two --nproc 2 --master-port $port | tee two.txt
   grep -q "data-parallel over 2 ranks" two.txt || fail "not data-parallel"
+  # The 2 ranks share this machine's cores (more threads than cores made a
+  # step several times slower: OpenMP's barriers spin).
+  want=$(( $(getconf _NPROCESSORS_ONLN) / 2 )); [ $want -ge 1 ] || want=1
+  grep -qE ", $want intra-op threads? per rank\)" two.txt || fail "threads per rank, want $want: $(cat two.txt)"
   $py - one/e2e.train/b512_p0_s0/metrics.csv two/e2e.train/b512_p0_s0/metrics.csv <<'PY'
 import csv, sys
 a, b = (list(csv.DictReader(open(p))) for p in sys.argv[1:3])
