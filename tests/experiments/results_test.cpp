@@ -9,6 +9,9 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <string>
+
+#include <unistd.h>
 
 namespace {
 
@@ -36,7 +39,9 @@ TEST(Results, MetricsCsvHasTheDocumentedColumnsAndEmptyCellsForNaN) {
 class Tables : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("bigbatch_results_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+    // One folder per process: ctest runs these tests side by side (gtest's
+    // random seed, from the clock, once gave two of them the same folder).
+    dir_ = fs::temp_directory_path() / ("bigbatch_results_test_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     add("b32_p0", 32, TrialStatus::kReached, 400, 0.1, 0.05);
     add("b32_p1", 32, TrialStatus::kReached, 300, 0.2, 0.08);   // the faster: chosen

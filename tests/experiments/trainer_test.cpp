@@ -16,6 +16,8 @@
 #include <sstream>
 #include <string>
 
+#include <unistd.h>
+
 namespace {
 
 using namespace bigbatch::experiments;
@@ -235,7 +237,7 @@ TEST(TrialFolder, AnUnreadableCheckpointRestartsTheTrial) {
   c.checkpoint_every = 20;
   const Dataset d = load_dataset(c.data);
   const TrialResult fresh = Trainer(c, d).run();
-  const auto dir = std::filesystem::temp_directory_path() / "bigbatch_trial_folder_test";
+  const auto dir = std::filesystem::temp_directory_path() / ("bigbatch_trial_folder_test_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   write_file_atomic((dir / "config.json").string(), to_json(c).dump(2) + "\n");
