@@ -4,7 +4,10 @@
 // lists: BERT-large-like (336M fp32 in 396 tensors), ResNet-50-like (~25M
 // in ~160 tensors), and 10,000 small tensors. Bytes per fp32 parameter each
 // fused step moves (docs/cuda.md): LARS/LARC 28, LAMB 44 (40 without
-// skip_nonfinite and clipping), NovoGrad 24. Built with BIGBATCH_CUDA.
+// skip_nonfinite and clipping), NovoGrad 24. The *_bf16 entries keep bf16
+// parameters and gradients with fp32 master weights (on the two large
+// lists). Each entry's bytes per parameter is its `bytes_per_param` counter.
+// Built with BIGBATCH_CUDA.
 #include "optimizer_bench.h"
 
 #include <bigbatch/bigbatch.h>
@@ -17,6 +20,7 @@
 #include <torch/cuda.h>
 
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -112,7 +116,7 @@ void time_with_events(benchmark::State& state, Body&& body) {
 }
 
 void bm_step(benchmark::State& state, const ParamList& list, const Make& make, bool fused,
-             double bytes_per_param) {
+             double bytes_per_param, at::ScalarType dtype) {
   if (!torch::cuda::is_available()) {
     state.SkipWithError("no CUDA device");
     return;
@@ -120,8 +124,8 @@ void bm_step(benchmark::State& state, const ParamList& list, const Make& make, b
   torch::manual_seed(0);
   std::vector<at::Tensor> params;
   for (auto n : list.sizes) {
-    params.push_back(torch::randn({n}, torch::kCUDA));
-    params.back().mutable_grad() = 1e-3 * torch::randn({n}, torch::kCUDA);
+    params.push_back(torch::randn({n}, torch::kCUDA).to(dtype));
+    params.back().mutable_grad() = (1e-3 * torch::randn({n}, torch::kCUDA)).to(dtype);
   }
   auto opt = make(params, fused);
   opt->step();  // state and table outside the timing
@@ -131,6 +135,7 @@ void bm_step(benchmark::State& state, const ParamList& list, const Make& make, b
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
   state.counters["params"] = static_cast<double>(list.total());
   state.counters["tensors"] = static_cast<double>(list.sizes.size());
+  state.counters["bytes_per_param"] = bytes_per_param;
 }
 
 // A device-to-device copy of half the bytes: it reads and writes the same total.
@@ -159,42 +164,57 @@ struct Optimizer {
   const char* name;
   Make make;
   double bytes_per_param;
+  at::ScalarType dtype = at::kFloat;
 };
 
-// The bytes a step moves per fp32 parameter, as the plans count them
-// (skip_nonfinite on, the default; LAMB's max_grad_norm where `clip`).
+// The bytes a step moves per parameter, as the plans count them
+// (skip_nonfinite on, the default; LAMB's max_grad_norm where `clip`): fp32
+// parameters, or bf16 ones with an fp32 master copy.
 template <typename Plan>
-double fp32_bytes(bool clip = false) {
+double step_bytes(bool bf16_master = false, bool clip = false) {
+  namespace k = bigbatch::kernels;
   typename Plan::Group group;
   group.skip_nonfinite = true;
-  if constexpr (std::is_same_v<Plan, bigbatch::kernels::LambPlan>) group.max_grad_norm = clip ? 1.0 : 0.0;
-  return static_cast<double>(
-      bigbatch::kernels::step_bytes_per_element<Plan>({group}, bigbatch::kernels::DType::kFloat32, /*master=*/false));
+  if constexpr (std::is_same_v<Plan, k::LambPlan>) group.max_grad_norm = clip ? 1.0 : 0.0;
+  return static_cast<double>(k::step_bytes_per_element<Plan>(
+      {group}, bf16_master ? k::DType::kBFloat16 : k::DType::kFloat32, /*master=*/bf16_master));
 }
 
 int register_all() {
   namespace k = bigbatch::kernels;
   const Optimizer optimizers[] = {
-      {"LAMB", maker<LAMB>(LAMBOptions(1e-3)), fp32_bytes<k::LambPlan>()},
-      {"LAMB_clip", maker<LAMB>(LAMBOptions(1e-3).max_grad_norm(1.0)), fp32_bytes<k::LambPlan>(true)},
-      {"LARS", maker<LARS>(LARSOptions(0.1).weight_decay(1e-4)), fp32_bytes<k::LarsPlan>()},
-      {"LARC", maker<LARC>(LARCOptions(0.1).weight_decay(1e-4)), fp32_bytes<k::LarcPlan>()},
-      {"NovoGrad", maker<NovoGrad>(NovoGradOptions(1e-2)), fp32_bytes<k::NovoGradPlan>()},
+      {"LAMB", maker<LAMB>(LAMBOptions(1e-3)), step_bytes<k::LambPlan>()},
+      {"LAMB_clip", maker<LAMB>(LAMBOptions(1e-3).max_grad_norm(1.0)), step_bytes<k::LambPlan>(false, true)},
+      {"LARS", maker<LARS>(LARSOptions(0.1).weight_decay(1e-4)), step_bytes<k::LarsPlan>()},
+      {"LARC", maker<LARC>(LARCOptions(0.1).weight_decay(1e-4)), step_bytes<k::LarcPlan>()},
+      {"NovoGrad", maker<NovoGrad>(NovoGradOptions(1e-2)), step_bytes<k::NovoGradPlan>()},
   };
-  std::set<double> copy_bytes;  // one copy per distinct byte count
-  for (const Optimizer& o : optimizers) copy_bytes.insert(o.bytes_per_param);
+  const Optimizer bf16[] = {
+      {"LAMB_bf16", maker<LAMB>(LAMBOptions(1e-3).master_weights(true)), step_bytes<k::LambPlan>(true),
+       at::kBFloat16},
+      {"LARS_bf16", maker<LARS>(LARSOptions(0.1).weight_decay(1e-4).master_weights(true)),
+       step_bytes<k::LarsPlan>(true), at::kBFloat16},
+      {"LARC_bf16", maker<LARC>(LARCOptions(0.1).weight_decay(1e-4).master_weights(true)),
+       step_bytes<k::LarcPlan>(true), at::kBFloat16},
+      {"NovoGrad_bf16", maker<NovoGrad>(NovoGradOptions(1e-2).master_weights(true)),
+       step_bytes<k::NovoGradPlan>(true), at::kBFloat16},
+  };
   for (const ParamList& list : {bert_large(), resnet50(), many_small()}) {
+    std::vector<Optimizer> here(std::begin(optimizers), std::end(optimizers));
+    if (list.sizes.size() < 1000) here.insert(here.end(), std::begin(bf16), std::end(bf16));
+    std::set<double> copy_bytes;  // one copy per distinct byte count
+    for (const Optimizer& o : here) copy_bytes.insert(o.bytes_per_param);
     for (const double bytes : copy_bytes) {
       benchmark::RegisterBenchmark((std::string("copy/") + list.name + "/" + std::to_string(int(bytes)) + "B").c_str(),
                                    [list, bytes](benchmark::State& s) { bm_copy(s, list, bytes); })
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
     }
-    for (const Optimizer& o : optimizers) {
+    for (const Optimizer& o : here) {
       for (const bool fused : {true, false}) {
         const std::string name = std::string(o.name) + "/" + list.name + (fused ? "/fused" : "/reference");
         benchmark::RegisterBenchmark(name.c_str(), [list, o, fused](benchmark::State& s) {
-          bm_step(s, list, o.make, fused, o.bytes_per_param);
+          bm_step(s, list, o.make, fused, o.bytes_per_param, o.dtype);
         })->UseManualTime()->Unit(benchmark::kMillisecond);
       }
     }
