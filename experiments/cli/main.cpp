@@ -211,7 +211,7 @@ int run(int argc, char** argv) {
   auto* sweep = app.add_subcommand("sweep", "run (or resume) every trial of a sweep config, then its tables");
   sweep->add_option("CONFIG", config, "sweep config (JSON)")->required();
   sweep->add_option("--out", out, "output folder; the sweep goes to OUT/<name>/")->capture_default_str();
-  sweep->add_option("--jobs", jobs, "trials in parallel (intra-op threads: cores / jobs)")->capture_default_str();
+  sweep->add_option("--jobs", jobs, "trials in parallel, in one process (intra-op threads: cores / jobs; data-parallel: cores / ranks on this machine)")->capture_default_str();
   bool no_prune = false, extend_search = false, batch_trials = false;
   sweep->add_flag("--batch-trials", batch_trials,
                   "train trials that differ only in rate and momentum as one stacked model (config: "
@@ -244,7 +244,7 @@ int run(int argc, char** argv) {
              "each checkpoint, cbs.csv and the batch-size warmup it allows (schedule.json), then its plots");
   cbs->add_option("CONFIG", config, "cbs config (JSON)")->required();
   cbs->add_option("--out", out, "output folder; the run goes to OUT/<name>/")->capture_default_str();
-  cbs->add_option("--jobs", jobs, "branches in parallel (intra-op threads: cores / jobs)")->capture_default_str();
+  cbs->add_option("--jobs", jobs, "branches in parallel, in one process (intra-op threads: cores / jobs; data-parallel: cores / ranks on this machine)")->capture_default_str();
   bool compare = false, no_plots = false;
   cbs->add_flag("--compare", compare,
                 "then train the derived warmup against the fixed reference batch and a fixed large batch to the "
