@@ -57,7 +57,7 @@ WorldInfo world_from_env() {
     w.rank = env_int("RANK", 0);
     w.world_size = env_int("WORLD_SIZE", 1);
     w.local_rank = env_int("LOCAL_RANK", w.rank);
-    w.local_world_size = env_int("LOCAL_WORLD_SIZE", w.world_size);
+    w.local_world_size = env_int(local_size, w.world_size);
   } else if (env("OMPI_COMM_WORLD_RANK")) {
     w.launcher = "mpirun";
     w.rank = env_int("OMPI_COMM_WORLD_RANK", 0);

@@ -164,11 +164,11 @@ json cbs_json(const CbsSpec& c) {
           {"lr_factors", c.lr_factors}};
 }
 
-// Runs fn(i) for i in [0, count), `jobs` at a time (one under a process
-// group), each thread with cores / jobs / local ranks intra-op threads.
+// Runs fn(i) for i in [0, count), `jobs` at a time (run_cbs allows only one
+// under a process group), each thread with cores / jobs / local ranks
+// intra-op threads.
 template <typename Fn>
 void for_each_job(std::size_t count, int jobs, distributed::ProcessGroup* group, Fn&& fn) {
-  if (group != nullptr) jobs = 1;  // every rank takes part in every run, in order
   jobs = std::max(1, std::min<int>(jobs, static_cast<int>(std::max<std::size_t>(1, count))));
   std::atomic<std::size_t> next{0};
   run_workers(
@@ -653,11 +653,7 @@ BatchWarmup derive_warmup(const std::vector<std::int64_t>& examples,
 
 CbsSummary run_cbs(const CbsConfig& c, const CbsOptions& options, distributed::ProcessGroup* group) {
   const auto start = std::chrono::steady_clock::now();
-  if (options.jobs < 1) throw ConfigError("--jobs: must be >= 1, got " + std::to_string(options.jobs));
-  if (group != nullptr && options.jobs != 1) {
-    throw ConfigError("--jobs: a data-parallel cbs runs one branch at a time on all ranks; got --jobs " +
-                      std::to_string(options.jobs));
-  }
+  check_jobs(options.jobs, group != nullptr, "cbs runs one branch");
   const bool writer = group == nullptr || group->rank() == 0;
   if (group != nullptr) check_world(c.sweep, group->size());
   const Layout l{fs::path(options.out) / c.sweep.base.sweep};

@@ -22,6 +22,14 @@ void check_world(const SweepConfig& sweep, int world_size) {
   }
 }
 
+void check_jobs(int jobs, bool data_parallel, const std::string& runs_one) {
+  if (jobs < 1) throw ConfigError("--jobs: must be >= 1, got " + std::to_string(jobs));
+  if (data_parallel && jobs != 1) {
+    throw ConfigError("--jobs: a data-parallel " + runs_one + " at a time on all ranks; got --jobs " +
+                      std::to_string(jobs));
+  }
+}
+
 void check_folder(const std::string& dir, const std::string& what) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

@@ -13,6 +13,11 @@ namespace bigbatch::experiments {
 /// Throws ConfigError unless every batch size divides by the world size.
 void check_world(const SweepConfig& sweep, int world_size);
 
+/// Throws ConfigError unless --jobs is >= 1, and 1 when data-parallel (every
+/// rank takes part in each run): `runs_one` says what then runs one at a
+/// time, e.g. "sweep runs one trial".
+void check_jobs(int jobs, bool data_parallel, const std::string& runs_one);
+
 /// Throws ConfigError unless `dir` exists or can be made, and a file can be
 /// written there (the file is removed again).
 void check_folder(const std::string& dir, const std::string& what);

@@ -212,11 +212,7 @@ void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, con
 
 SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, distributed::ProcessGroup* group) {
   const auto start = std::chrono::steady_clock::now();
-  if (options.jobs < 1) throw ConfigError("--jobs: must be >= 1, got " + std::to_string(options.jobs));
-  if (group != nullptr && options.jobs != 1) {
-    throw ConfigError("--jobs: a data-parallel sweep runs one trial at a time on all ranks; got --jobs " +
-                      std::to_string(options.jobs));
-  }
+  check_jobs(options.jobs, group != nullptr, "sweep runs one trial");
   const bool writer = group == nullptr || group->rank() == 0;
   if (group != nullptr) check_world(sweep, group->size());
   const fs::path dir = fs::path(options.out) / sweep.base.sweep;

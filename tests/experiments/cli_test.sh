@@ -525,6 +525,8 @@ bad_configs)
   fi
   expect_error 2 "cannot open the config file" "$bigbatch" sweep missing.json
   expect_error 2 "" "$bigbatch" sweep "$config" --jobs zero
+  expect_error 2 "--jobs: must be >= 1, got 0" "$bigbatch" sweep "$config" --jobs 0 --out jobs0
+  expect_error 2 "--jobs: must be >= 1, got 0" "$bigbatch" cbs "$src/tests/experiments/e2e_cbs.json" --jobs 0 --out jobs0
   expect_error 2 "" "$bigbatch" frobnicate
   # A different config into an existing sweep folder is refused, and leaves it alone.
   derive small.json 'c["batch_sizes"] = [512]; c["seeds"] = [0]'
