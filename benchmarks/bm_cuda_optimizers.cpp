@@ -10,8 +10,8 @@
 // Built with BIGBATCH_CUDA.
 #include "optimizer_bench.h"
 
-#include <bigbatch/bigbatch.h>
-#include <bigbatch/kernels/engine.h>
+#include "../bigbatch.h"
+#include "../kernels/engine.h"
 
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>

@@ -3,9 +3,9 @@
 // whole step in samples/s, in a world of 1 and of 2 processes (Gloo, 127.0.0.1).
 // Run without arguments: it measures world 1 itself, then re-executes itself
 // as 2 ranks; rank 0 prints. Iteration counts are fixed so ranks stay in step.
-#include <bigbatch/distributed/process_group.h>
-#include <bigbatch/experiments/launch.h>
-#include <bigbatch/optimizers/lamb.h>
+#include "../distributed/process_group.h"
+#include "../experiments/launch.h"
+#include "../optimizers/lamb.h"
 
 #include <benchmark/benchmark.h>
 #include <torch/nn/functional/loss.h>

@@ -1,6 +1,6 @@
 // Ghost batch norm against torch::nn::BatchNorm2d on the same input: one
 // forward and backward each, in one binary (compare the ratio, not the times).
-#include <bigbatch/normalization/ghost_batch_norm.h>
+#include "../normalization/ghost_batch_norm.h"
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>

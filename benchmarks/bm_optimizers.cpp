@@ -5,7 +5,7 @@
 // NovoGrad 24 per fp32 parameter; the copy reads half and writes half.
 #include "optimizer_bench.h"
 
-#include <bigbatch/bigbatch.h>
+#include "../bigbatch.h"
 
 #include <benchmark/benchmark.h>
 

@@ -3,10 +3,10 @@
 // Batched trials: a step of 5 LAMB trials (rates 1e-3 to 5e-3) as one
 // stacked group against a step of each of 5 separate trainers, at batch
 // sizes 16, 256 and 4096; and one evaluation (1024 examples) of each.
-#include <bigbatch/experiments/batched.h>
-#include <bigbatch/experiments/trial.h>
-#include <bigbatch/optimizers/lamb.h>
-#include <bigbatch/optimizers/param_groups.h>
+#include "../experiments/batched.h"
+#include "../experiments/trial.h"
+#include "../optimizers/lamb.h"
+#include "../optimizers/param_groups.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <benchmark/benchmark.h>
@@ -102,7 +102,7 @@ void bm_five_separate(benchmark::State& state) {
 
 void bm_five_batched(benchmark::State& state) {
   const bx::Dataset d = data();
-  bx::GroupTrainer group(five(state.range(0)), d);
+  bx::Trainer group(five(state.range(0)), d);
   for (auto _ : state) group.train_step();
   state.SetItemsProcessed(state.iterations() * kLanes * state.range(0));
 }
@@ -118,7 +118,7 @@ void bm_five_separate_eval(benchmark::State& state) {
 
 void bm_five_batched_eval(benchmark::State& state) {
   const bx::Dataset d = data();
-  bx::GroupTrainer group(five(256), d);
+  bx::Trainer group(five(256), d);
   for (auto _ : state) benchmark::DoNotOptimize(group.evaluate());
 }
 

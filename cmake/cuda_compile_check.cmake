@@ -1,8 +1,11 @@
 # Without a CUDA-enabled LibTorch (CI), still compile, not link, the C++ that
-# only a BIGBATCH_CUDA build uses: the optimizers' engine dispatch with its CUDA runner, the
-# process group with NCCL, the CUDA graph test and the CUDA benchmark, against
-# LibTorch's c10/cuda and c10d headers and the toolkit's (CUDA, NCCL). A CPU-only LibTorch lacks the one header its CUDA build
-# generates (c10/cuda/impl/cuda_cmake_macros.h); an empty one stands in.
+# only a BIGBATCH_CUDA build uses: an optimizer's fused step with its CUDA
+# runner (LAMB's: the fused step is the same template for the four,
+# optimizers/layerwise_optimizer_impl.h), the process group with NCCL, the
+# CUDA graph test and the CUDA benchmark, against LibTorch's c10/cuda and
+# c10d headers and the toolkit's (CUDA, NCCL). A CPU-only LibTorch lacks the
+# one header its CUDA build generates (c10/cuda/impl/cuda_cmake_macros.h); an
+# empty one stands in.
 find_path(BIGBATCH_C10_CUDA_INCLUDE c10/cuda/CUDAStream.h PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
 if(NOT BIGBATCH_C10_CUDA_INCLUDE)
   return()
@@ -13,7 +16,7 @@ if(NOT EXISTS ${BIGBATCH_C10_CUDA_INCLUDE}/c10/cuda/impl/cuda_cmake_macros.h)
   file(WRITE ${shim}/c10/cuda/impl/cuda_cmake_macros.h "#pragma once\n")
 endif()
 
-set(sources optimizers/engine_dispatch.cpp distributed/process_group.cpp)
+set(sources optimizers/lamb.cpp distributed/process_group.cpp)
 set(libs bigbatch_kernels bigbatch_noise bigbatch_compat)
 if(BIGBATCH_BUILD_TESTS)
   find_package(GTest REQUIRED)

@@ -3,9 +3,9 @@
 // Options, allreduce, broadcast, barrier) have the same form in LibTorch 1.13
 // and 2.x; only their common base class differs (ProcessGroup, then Backend),
 // which is why Impl keeps each backend's own pointer.
-#include <bigbatch/distributed/process_group.h>
+#include "process_group.h"
 
-#include <bigbatch/noise/noise_scale.h>
+#include "../noise/noise_scale.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>

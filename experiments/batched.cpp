@@ -1,18 +1,19 @@
-// Batched trials (batched.h): the stacked model, the lanes' optimizers over
-// views of their slices, and the lockstep training loop, which follows
-// Trainer::run step for step.
-#include <bigbatch/experiments/batched.h>
+// Batched trials (batched.h): who may share a group, and the stacked model
+// that trains a group's lanes as one (the LaneModel of lane_model.h): its
+// layers with a lane dimension, each lane's parameters as views of its
+// slices under the unbatched model's names, the gradients of the active
+// lanes from one backward pass, and the evaluation of every lane at once.
+#include "batched.h"
 
-#include <bigbatch/compat/torch_compat.h>
-#include <bigbatch/experiments/models.h>
-#include <bigbatch/experiments/optimizer_registry.h>
-#include <bigbatch/normalization/ghost_batch_norm.h>
-#include <bigbatch/optimizers/lars.h>
+#include "lane_model.h"
+#include "../compat/torch_compat.h"
+#include "models.h"
+#include "../noise/noise_scale.h"
+#include "../normalization/ghost_batch_norm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
-#include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -20,16 +21,13 @@
 #include <torch/nn/modules/pooling.h>
 #include <torch/nn/modules/linear.h>
 
-#include <chrono>
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 
 namespace bigbatch::experiments {
 namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // A config's identity without what a group's lanes may differ in.
 nlohmann::json group_key(const TrialConfig& t) {
@@ -64,8 +62,6 @@ bool batchable_together(const TrialConfig& a, const TrialConfig& b) {
 // unbatched module over K * C channels, which normalizes each lane's own;
 // pooling and ReLU are per channel already. A residual block stacks its body
 // and shortcut. Parameters keep the unbatched model's names in the slots.
-
-class StackedModel;
 
 namespace {
 
@@ -252,8 +248,6 @@ class StackedSequence : public torch::nn::Module {
   std::vector<Layer> layers_;
 };
 
-}  // namespace
-
 class StackedModel : public torch::nn::Module {
  public:
   StackedModel(const torch::nn::Sequential& unbatched, std::int64_t lanes) : lanes_(lanes) {
@@ -280,48 +274,118 @@ class StackedModel : public torch::nn::Module {
 
 // ------------------------------------------------------------------- lanes --
 
-struct GroupTrainer::Lane {
-  TrialConfig config;
-  std::shared_ptr<torch::nn::Module> module;  // views of the lane's slices, under the unbatched names
-  std::vector<std::pair<at::Tensor, const Slot*>> views;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::optional<schedules::LRAdapter> adapter;
-  noise::GradientNoiseScale gns;
-  bool active = true;
-  double last_lr = 0, loss = 0, loss_sum = 0, best_metric = std::numeric_limits<double>::infinity();
-  std::int64_t loss_count = 0;
-  TrialResult result;
+namespace F = torch::nn::functional;
 
-  explicit Lane(const TrialConfig& c) : config(c), gns(c.gns.beta) {}
-};
+std::vector<double> to_vector(const at::Tensor& t) {
+  const at::Tensor d = t.detach().to(at::kDouble).cpu().contiguous();
+  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
+}
 
-GroupTrainer::GroupTrainer(const std::vector<TrialConfig>& trials, const Dataset& data)
-    : data_(data), device_(at::kCPU), sampler_(data.train_size(), trials.at(0).seed * 7919 + 1) {
-  if (trials[0].device == DeviceType::kCuda) {
-    TORCH_CHECK(torch::cuda::device_count() > 0,
-                "device \"cuda\": no CUDA device is visible (or this LibTorch has no CUDA)");
-    device_ = at::Device(at::kCUDA, 0);
+// The stacked model of a group as the training loop's LaneModel.
+class StackedLanes final : public LaneModel {
+ public:
+  StackedLanes(const torch::nn::Sequential& unbatched, std::int64_t k, const Dataset& data, const at::Device& device)
+      : LaneModel(static_cast<std::size_t>(k)), data_(data), device_(device) {
+    model_ = std::make_unique<StackedModel>(unbatched, k);
+    model_->to(device_);  // (parameters keep their handles: the slots stay valid)
+    for (const auto& slot : model_->slots()) stacked_.push_back(slot.stacked);
+    for (std::int64_t i = 0; i < k; ++i) add_lane(i);
   }
-  for (const auto& t : trials) {
-    TORCH_CHECK(batchable_together(trials[0], t), "batched trials: ", t.name, " cannot join ", trials[0].name,
-                "'s group", batch_refusal(t).empty() ? "" : ": " + batch_refusal(t));
+
+  torch::nn::Module& lane(std::size_t k) override { return *lanes_.at(k).module; }
+
+  std::vector<LaneGradient> gradients(const StepBatch& b, const std::vector<bool>& active,
+                                      std::int64_t micro_batches) override {
+    const at::Tensor x = rows_of(data_.x_train, b.index, device_);
+    const at::Tensor y = rows_of(data_.y_train, b.index, device_);
+    std::vector<std::int64_t> which;
+    for (std::size_t i = 0; i < active.size(); ++i) {
+      if (active[i]) which.push_back(static_cast<std::int64_t>(i));
+    }
+    const at::Tensor actives = at::tensor(which, at::kLong).to(device_);
+    std::vector<LaneGradient> out(lanes());
+    if (micro_batches >= 2) {  // noise::micro_batch_step, per lane
+      const std::int64_t size = b.size / micro_batches;
+      noise::GradientSum sum;
+      std::vector<double> small(lanes(), 0.0);
+      for (std::int64_t m = 0; m < micro_batches; ++m) {
+        zero_grads();
+        const at::Tensor l = losses(x.slice(0, m * size, (m + 1) * size), y.slice(0, m * size, (m + 1) * size));
+        l.index_select(0, actives).sum().backward();
+        const auto values = to_vector(l);
+        const auto norms = sq_norms();
+        for (std::size_t i = 0; i < lanes(); ++i) {
+          out[i].loss += values[i] / static_cast<double>(micro_batches);
+          small[i] += norms[i] / static_cast<double>(micro_batches);
+        }
+        sum.add(stacked_);
+      }
+      sum.set_mean(stacked_, micro_batches);
+      const auto big = sq_norms();
+      for (const auto i : which) {
+        if (std::isfinite(small[i]) && std::isfinite(big[i])) out[i].noise = NoiseSample{small[i], big[i], size, b.size};
+      }
+    } else {
+      zero_grads();
+      const at::Tensor l = losses(x, y);
+      l.index_select(0, actives).sum().backward();
+      const auto values = to_vector(l);
+      for (std::size_t i = 0; i < lanes(); ++i) out[i].loss = values[i];
+    }
+    for (const auto i : which) {  // each active lane's gradient: its slices of the stacked one
+      for (auto& [view, slot] : lanes_[static_cast<std::size_t>(i)].views) {
+        view.mutable_grad() = slot->slice(slot->stacked.grad(), i);
+      }
+    }
+    return out;
   }
-  torch::nn::Sequential unbatched{nullptr};
-  {
-    std::lock_guard<std::mutex> lock(model_init_mutex());
-    at::manual_seed(trials[0].seed);
-    unbatched = make_model(trials[0].model, data.example_shape(), data.classes > 0 ? data.classes : 1);
+
+  std::vector<std::pair<double, double>> evaluate() override {
+    at::NoGradGuard no_grad;
+    model_->eval();
+    const std::int64_t n = data_.x_val.size(0);
+    const auto k = static_cast<std::int64_t>(lanes());
+    const auto options = at::TensorOptions(at::kDouble).device(device_);
+    at::Tensor loss = at::zeros({k}, options), wrong = at::zeros({k}, options);
+    for (std::int64_t begin = 0; begin < n; begin += kEvalChunk) {
+      const std::int64_t end = std::min(n, begin + kEvalChunk);
+      const at::Tensor x = data_.x_val.slice(0, begin, end).to(device_);
+      const at::Tensor y = data_.y_val.slice(0, begin, end).to(device_);
+      const at::Tensor out = model_->forward(x);  // [K, N, outputs]
+      if (data_.classes > 0) {
+        const std::int64_t rows = end - begin;
+        loss += F::cross_entropy(out.reshape({k * rows, out.size(2)}), y.repeat({k}),
+                                 F::CrossEntropyFuncOptions().reduction(torch::kNone))
+                    .view({k, rows})
+                    .sum(1)
+                    .to(at::kDouble);
+        wrong += out.argmax(2).ne(y.unsqueeze(0)).sum(1).to(at::kDouble);
+      } else {
+        loss += (out - y.unsqueeze(0)).pow(2).sum({1, 2}).to(at::kDouble);
+      }
+    }
+    model_->train();
+    const auto count = static_cast<double>(n);
+    std::vector<std::pair<double, double>> out;
+    const auto l = to_vector(loss), w = to_vector(wrong);
+    for (std::int64_t i = 0; i < k; ++i) {
+      out.emplace_back(l[i] / count, data_.classes > 0 ? w[i] / count : std::numeric_limits<double>::quiet_NaN());
+    }
+    return out;
   }
-  const auto k = static_cast<std::int64_t>(trials.size());
-  model_ = std::make_unique<StackedModel>(unbatched, k);
-  model_->to(device_);  // (parameters keep their handles: the slots stay valid)
-  for (const auto& slot : model_->slots()) stacked_.push_back(slot.stacked);
-  for (std::int64_t i = 0; i < k; ++i) {
-    auto lane = std::make_unique<Lane>(trials[static_cast<std::size_t>(i)]);
-    lane->module = std::make_shared<torch::nn::Module>("Lane");
-    // A module per prefix of the names ("3", "3.body", "3.body.0"), so that
-    // named_parameters() gives the unbatched names.
-    std::map<std::string, std::shared_ptr<torch::nn::Module>> modules{{"", lane->module}};
+
+ private:
+  struct Lane {
+    std::shared_ptr<torch::nn::Module> module;  // views of the lane's slices, under the unbatched names
+    std::vector<std::pair<at::Tensor, const Slot*>> views;
+  };
+
+  // Lane i's module: a module per prefix of the names ("3", "3.body",
+  // "3.body.0"), so that named_parameters() gives the unbatched names.
+  void add_lane(std::int64_t i) {
+    Lane lane;
+    lane.module = std::make_shared<torch::nn::Module>("Lane");
+    std::map<std::string, std::shared_ptr<torch::nn::Module>> modules{{"", lane.module}};
     for (const auto& slot : model_->slots()) {
       std::string path;
       std::size_t begin = 0;
@@ -336,246 +400,53 @@ GroupTrainer::GroupTrainer(const std::vector<TrialConfig>& trials, const Dataset
       }
       const std::string leaf = slot.name.substr(begin);
       modules[path]->register_parameter(leaf, slot.slice(slot.stacked.detach(), i), /*requires_grad=*/true);
-      lane->views.emplace_back(modules[path]->named_parameters(false)[leaf], &slot);
+      lane.views.emplace_back(modules[path]->named_parameters(false)[leaf], &slot);
     }
-    const TrialConfig& c = lane->config;
-    lane->optimizer = make_optimizer(c.optimizer, c.schedule.base_lr, *lane->module);
-    schedules::Schedule schedule(c.schedule, c.batch_size, data.train_size());
-    const std::int64_t budget = schedule.steps(c.budget.length, c.budget.unit);
-    TORCH_CHECK(i == 0 || budget == budget_, "batched trials: the lanes' budgets differ");
-    budget_ = budget;
-    schedules::LRAdapter::RateChange correction;
-    if (c.optimizer.momentum_correction) {
-      auto* lars = dynamic_cast<optim::LARS*>(lane->optimizer.get());
-      TORCH_INTERNAL_ASSERT(lars != nullptr, "config validation allows momentum_correction for lars only");
-      correction = [lars](double factor) { lars->rescale_momentum(factor); };
-    }
-    lane->adapter.emplace(*lane->optimizer, std::move(schedule), std::move(correction));
-    lane->result.budget = budget_;
-    lane->result.peak_lr = lane->adapter->schedule().peak_lr();
     lanes_.push_back(std::move(lane));
   }
-}
 
-GroupTrainer::~GroupTrainer() = default;
-
-std::size_t GroupTrainer::lanes() const { return lanes_.size(); }
-const torch::nn::Module& GroupTrainer::lane_module(std::size_t lane) const { return *lanes_.at(lane)->module; }
-torch::optim::Optimizer& GroupTrainer::lane_optimizer(std::size_t lane) { return *lanes_.at(lane)->optimizer; }
-
-namespace {
-
-// Each lane's mean loss over the rows of x: [K].
-at::Tensor lane_losses(StackedModel& model, const Dataset& data, const at::Tensor& x, const at::Tensor& y) {
-  namespace F = torch::nn::functional;
-  const at::Tensor out = model.forward(x);  // [K, B, outputs]
-  const std::int64_t k = out.size(0), b = out.size(1);
-  if (data.classes > 0) {
-    return F::cross_entropy(out.reshape({k * b, out.size(2)}), y.repeat({k}),
-                            F::CrossEntropyFuncOptions().reduction(torch::kNone))
-        .view({k, b})
-        .mean(1);
-  }
-  return (out - y.unsqueeze(0)).pow(2).sum(2).mean(1);
-}
-
-// Each lane's |G|^2 from the stacked gradients, in double as noise/ does.
-std::vector<double> lane_sq_norms(const StackedModel& model, const at::Device& device) {
-  at::Tensor sum = at::zeros({model.lanes()}, at::TensorOptions(at::kDouble).device(device));
-  for (const auto& slot : model.slots()) {
-    const at::Tensor& g = slot.stacked.grad();
-    if (!g.defined()) continue;
-    sum += g.to(at::kDouble).square().reshape({model.lanes(), -1}).sum(1);
-  }
-  sum = sum.cpu();
-  return std::vector<double>(sum.data_ptr<double>(), sum.data_ptr<double>() + model.lanes());
-}
-
-std::vector<double> to_vector(const at::Tensor& t) {
-  const at::Tensor d = t.detach().to(at::kDouble).cpu().contiguous();
-  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
-}
-
-}  // namespace
-
-void GroupTrainer::train_step() {
-  const std::int64_t batch = lanes_[0]->adapter->schedule().batch_size(step_);
-  std::vector<std::int64_t> active;
-  for (std::size_t i = 0; i < lanes_.size(); ++i) {
-    Lane& lane = *lanes_[i];
-    if (!lane.active) continue;
-    active.push_back(static_cast<std::int64_t>(i));
-    lane.adapter->apply(step_);
-    lane.last_lr = lane.optimizer->param_groups().front().options().get_lr();
-  }
-  const at::Tensor index = sampler_.next(batch);
-  const at::Tensor x = data_.x_train.index_select(0, index).to(device_);
-  const at::Tensor y = data_.y_train.index_select(0, index).to(device_);
-  const at::Tensor which = at::tensor(active, at::kLong).to(device_);
-  const auto zero_grads = [&] {
+  void zero_grads() {
     for (const auto& p : stacked_) {
       if (p.grad().defined()) p.mutable_grad().zero_();
     }
-  };
-  const std::int64_t micro = lanes_[0]->config.gns.micro_batches;
-  std::vector<double> losses(lanes_.size(), 0.0);
-  if (micro >= 2) {  // noise::micro_batch_step, per lane
-    const std::int64_t size = batch / micro;
-    noise::GradientSum sum;
-    std::vector<double> small(lanes_.size(), 0.0);
-    for (std::int64_t m = 0; m < micro; ++m) {
-      zero_grads();
-      const at::Tensor l = lane_losses(*model_, data_, x.slice(0, m * size, (m + 1) * size),
-                                       y.slice(0, m * size, (m + 1) * size));
-      l.index_select(0, which).sum().backward();
-      const auto values = to_vector(l);
-      const auto norms = lane_sq_norms(*model_, device_);
-      for (std::size_t i = 0; i < lanes_.size(); ++i) {
-        losses[i] += values[i] / static_cast<double>(micro);
-        small[i] += norms[i] / static_cast<double>(micro);
-      }
-      sum.add(stacked_);
-    }
-    sum.set_mean(stacked_, micro);
-    const auto big = lane_sq_norms(*model_, device_);
-    for (const auto i : active) {
-      Lane& lane = *lanes_[static_cast<std::size_t>(i)];
-      if (std::isfinite(small[i]) && std::isfinite(big[i])) lane.gns.update(small[i], size, big[i], batch);
-    }
-  } else {
-    zero_grads();
-    const at::Tensor l = lane_losses(*model_, data_, x, y);
-    l.index_select(0, which).sum().backward();
-    losses = to_vector(l);
   }
-  for (const auto i : active) {
-    Lane& lane = *lanes_[static_cast<std::size_t>(i)];
-    for (auto& [view, slot] : lane.views) view.mutable_grad() = slot->slice(slot->stacked.grad(), i);
-    lane.optimizer->step();
-    lane.loss = losses[static_cast<std::size_t>(i)];
-  }
-  ++step_;
-  examples_ += batch;
-}
 
-std::vector<std::pair<double, double>> GroupTrainer::evaluate() {
-  at::NoGradGuard no_grad;
-  model_->eval();
-  const std::int64_t n = data_.x_val.size(0);
-  const auto k = static_cast<std::int64_t>(lanes_.size());
-  const auto options = at::TensorOptions(at::kDouble).device(device_);
-  at::Tensor loss = at::zeros({k}, options), wrong = at::zeros({k}, options);
-  for (std::int64_t begin = 0; begin < n; begin += 8192) {
-    const std::int64_t end = std::min(n, begin + 8192);
-    const at::Tensor x = data_.x_val.slice(0, begin, end).to(device_);
-    const at::Tensor y = data_.y_val.slice(0, begin, end).to(device_);
-    const at::Tensor out = model_->forward(x);  // [K, N, outputs]
+  // Each lane's mean loss over the rows of x: [K].
+  at::Tensor losses(const at::Tensor& x, const at::Tensor& y) {
+    const at::Tensor out = model_->forward(x);  // [K, B, outputs]
+    const std::int64_t k = out.size(0), b = out.size(1);
     if (data_.classes > 0) {
-      namespace F = torch::nn::functional;
-      const std::int64_t rows = end - begin;
-      loss += F::cross_entropy(out.reshape({k * rows, out.size(2)}), y.repeat({k}),
-                               F::CrossEntropyFuncOptions().reduction(torch::kNone))
-                  .view({k, rows})
-                  .sum(1)
-                  .to(at::kDouble);
-      wrong += out.argmax(2).ne(y.unsqueeze(0)).sum(1).to(at::kDouble);
-    } else {
-      loss += (out - y.unsqueeze(0)).pow(2).sum({1, 2}).to(at::kDouble);
+      return F::cross_entropy(out.reshape({k * b, out.size(2)}), y.repeat({k}),
+                              F::CrossEntropyFuncOptions().reduction(torch::kNone))
+          .view({k, b})
+          .mean(1);
     }
+    return (out - y.unsqueeze(0)).pow(2).sum(2).mean(1);
   }
-  model_->train();
-  const auto count = static_cast<double>(n);
-  std::vector<std::pair<double, double>> out;
-  const auto l = to_vector(loss), w = to_vector(wrong);
-  for (std::int64_t i = 0; i < k; ++i) out.emplace_back(l[i] / count, data_.classes > 0 ? w[i] / count : kNaN);
-  return out;
-}
 
-std::vector<TrialResult> GroupTrainer::run(const Hooks& hooks) {
-  const auto start = std::chrono::steady_clock::now();
-  const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-  const TrialConfig& config = lanes_[0]->config;  // what the lanes share
-  const std::int64_t every = config.target.eval_every;
-  const bool use_error = config.target.metric == Metric::kValError;
-  double last_report = 0;
-  const auto leave = [&](std::size_t i, TrialStatus status) {
-    Lane& lane = *lanes_[i];
-    lane.active = false;
-    lane.result.status = status;
-    lane.result.steps = step_;
-    lane.result.best_metric = lane.best_metric;
-    lane.result.wall_time = seconds();
-    if (hooks.finished) hooks.finished(i, lane.result);
-  };
-  const auto any_active = [&] {
-    return std::any_of(lanes_.begin(), lanes_.end(), [](const auto& l) { return l->active; });
-  };
-  while (step_ < budget_ && any_active()) {
-    const std::int64_t next_eval = std::min(budget_, (step_ / every + 1) * every);
-    for (std::size_t i = 0; i < lanes_.size(); ++i) {
-      if (lanes_[i]->active && hooks.prune && hooks.prune(i, next_eval)) leave(i, TrialStatus::kPruned);
+  // Each lane's |G|^2 from the stacked gradients, in double as noise/ does.
+  std::vector<double> sq_norms() const {
+    at::Tensor sum = at::zeros({model_->lanes()}, at::TensorOptions(at::kDouble).device(device_));
+    for (const auto& slot : model_->slots()) {
+      const at::Tensor& g = slot.stacked.grad();
+      if (!g.defined()) continue;
+      sum += g.to(at::kDouble).square().reshape({model_->lanes(), -1}).sum(1);
     }
-    if (!any_active()) break;
-    train_step();
-    for (std::size_t i = 0; i < lanes_.size(); ++i) {
-      Lane& lane = *lanes_[i];
-      if (!lane.active) continue;
-      if (!std::isfinite(lane.loss)) {
-        leave(i, TrialStatus::kDiverged);
-        continue;
-      }
-      lane.loss_sum += lane.loss;
-      ++lane.loss_count;
-    }
-    if (hooks.progress && (seconds() - last_report > 0.5 || step_ == budget_)) {
-      last_report = seconds();
-      for (const auto& lane : lanes_) {
-        if (!lane->active) continue;
-        hooks.progress({step_, budget_, lane->loss, static_cast<double>(step_) / std::max(1e-9, last_report)});
-        break;
-      }
-    }
-    if (step_ % every != 0 && step_ != budget_) continue;
-    if (!any_active()) break;
-    const auto results = evaluate();
-    for (std::size_t i = 0; i < lanes_.size(); ++i) {
-      Lane& lane = *lanes_[i];
-      if (!lane.active) continue;
-      const auto [val_loss, val_error] = results[i];
-      EvalRow row;
-      row.step = step_;
-      row.examples = examples_;
-      row.epoch = static_cast<double>(examples_) / static_cast<double>(data_.train_size());
-      row.train_loss = lane.loss_sum / static_cast<double>(lane.loss_count);
-      row.val_loss = val_loss;
-      row.val_error = val_error;
-      row.lr = lane.last_lr;
-      row.batch_size = lane.adapter->schedule().batch_size(step_ - 1);
-      row.wall_time = seconds();
-      row.gns = lane.gns.updates() > 0 ? lane.gns.b_simple() : kNaN;
-      lane.result.rows.push_back(row);
-      if (hooks.on_eval) hooks.on_eval(i, row);
-      lane.loss_sum = 0;
-      lane.loss_count = 0;
-      const double metric = use_error ? val_error : val_loss;
-      if (!std::isfinite(val_loss)) {
-        leave(i, TrialStatus::kDiverged);
-        continue;
-      }
-      lane.best_metric = std::min(lane.best_metric, metric);
-      if (metric <= lane.config.target.threshold) {
-        lane.result.steps_to_target = step_;
-        lane.result.examples_to_target = examples_;
-        leave(i, TrialStatus::kReached);
-      }
-    }
+    return to_vector(sum);
   }
-  for (std::size_t i = 0; i < lanes_.size(); ++i) {
-    if (lanes_[i]->active) leave(i, TrialStatus::kNotReached);
-  }
-  std::vector<TrialResult> out;
-  for (const auto& lane : lanes_) out.push_back(lane->result);
-  return out;
+
+  const Dataset& data_;
+  at::Device device_;
+  std::unique_ptr<StackedModel> model_;
+  std::vector<at::Tensor> stacked_;  // the stacked model's parameters, as its slots list them
+  std::vector<Lane> lanes_;
+};
+
+}  // namespace
+
+std::unique_ptr<LaneModel> stacked_model(const torch::nn::Sequential& model, std::int64_t lanes, const Dataset& data,
+                                         const at::Device& device) {
+  return std::make_unique<StackedLanes>(model, lanes, data, device);
 }
 
 }  // namespace bigbatch::experiments

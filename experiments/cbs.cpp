@@ -1,16 +1,16 @@
 // bigbatch cbs (cbs.h): config, the reference runs and their checkpoints,
 // the branches, cbs.csv, the derived warmup and the three-way comparison.
-#include <bigbatch/experiments/cbs.h>
+#include "cbs.h"
 
-#include <bigbatch/experiments/files.h>
-#include <bigbatch/experiments/preflight.h>
-#include <bigbatch/experiments/progress.h>
-#include <bigbatch/experiments/results.h>
-#include <bigbatch/experiments/tensorboard.h>
-#include <bigbatch/experiments/trial.h>
-#include <bigbatch/experiments/trial_folder.h>
-#include <bigbatch/experiments/workers.h>
-#include <bigbatch/schedules/json_reader.h>
+#include "files.h"
+#include "preflight.h"
+#include "progress.h"
+#include "results.h"
+#include "tensorboard.h"
+#include "trial.h"
+#include "trial_folder.h"
+#include "workers.h"
+#include "../schedules/json_reader.h"
 
 #include <c10/util/Exception.h>
 
@@ -30,8 +30,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 std::string num(double x) {
   std::ostringstream s;
@@ -268,10 +266,10 @@ void run_reference(const CbsConfig& c, const Dataset& data, const Layout& l, std
   for (std::size_t k = have; k < points.size(); ++k) {
     const std::int64_t step = points[k] / c.cbs.reference_batch;
     while (trainer.step() < step) {
-      loss_sum += trainer.train_step();
+      loss_sum += trainer.train_step().front();
       ++losses;
     }
-    const auto [val_loss, val_error] = trainer.evaluate();
+    const auto [val_loss, val_error] = trainer.evaluate().front();
     const std::string bytes = trainer.checkpoint();
     if (!writer) continue;
     const double train_loss = losses > 0 ? loss_sum / static_cast<double>(losses) : kNaN;
@@ -327,8 +325,9 @@ void run_branch(const CbsConfig& c, const Dataset& data, const Layout& l, const 
   if (group != nullptr) bytes = distributed::broadcast_bytes(*group, bytes);
   Trainer trainer(t, data, group);
   trainer.branch_from(bytes);
-  const TrialResult r = trainer.run(writer ? [&](const TrialProgress& p) { board.update(t.name, p); }
-                                           : std::function<void(const TrialProgress&)>());
+  Trainer::Hooks hooks;
+  if (writer) hooks.progress = [&](const TrialProgress& p) { board.update(t.name, p); };
+  const TrialResult r = trainer.run(hooks).front();
   if (!writer) return;
   const double loss = r.rows.empty() ? kNaN : r.rows.back().val_loss;
   const fs::path dir = l.branch(b.examples, b.batch, b.factor, b.seed);
@@ -547,9 +546,9 @@ void run_compare(const CbsConfig& c, const BatchWarmup& w, const Dataset& data, 
   ProgressBoard board(static_cast<std::int64_t>(left.size()));
   for_each_job(left.size(), jobs, group, [&](std::size_t k) {
     const CompareRun& run = runs[left[k]];
-    results[left[k]] = run_one(
-        run.trial, data, (dir / "compare" / run.trial.name).string(),
-        [&](const TrialProgress& p) { board.update(run.trial.name, p); }, group);
+    FolderHooks hooks;
+    hooks.progress = [&](const TrialProgress& p) { board.update(run.trial.name, p); };
+    results[left[k]] = run_one(run.trial, data, (dir / "compare" / run.trial.name).string(), hooks, group);
     if (writer) board.finished(run.trial.name, results[left[k]], run.trial.target.metric);
   });
   if (writer) write_file_atomic((dir / "compare.csv").string(), compare_csv(runs, results));

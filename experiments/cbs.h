@@ -11,9 +11,9 @@
 // branch's (docs/formulas.md "Critical batch size, measured directly").
 #pragma once
 
-#include <bigbatch/distributed/process_group.h>
-#include <bigbatch/experiments/config.h>
-#include <bigbatch/schedules/schedule.h>
+#include "../distributed/process_group.h"
+#include "config.h"
+#include "../schedules/schedule.h"
 
 #include <nlohmann/json.hpp>
 

@@ -4,16 +4,16 @@
 // JSON and runs the checks; Writer writes the spec back with every default
 // spelled out (sweep.json, config.json). A key that only one side knows
 // cannot happen: there is one list.
-#include <bigbatch/experiments/config.h>
+#include "config.h"
 
-#include <bigbatch/experiments/optimizer_registry.h>
+#include "files.h"
+#include "optimizer_registry.h"
 
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -432,10 +432,14 @@ SweepConfig parse_sweep(const json& j) {
 
 json read_config(const std::string& path) {
   if (std::filesystem::is_directory(path)) throw ConfigError(path + ": a folder, not a config file");
-  std::ifstream in(path);
-  if (!in) throw ConfigError(path + ": cannot open the config file");
+  std::string text;
   try {
-    return json::parse(in);
+    text = read_file(path);
+  } catch (const std::runtime_error& e) {
+    throw ConfigError(e.what());  // "<path>: cannot read: <reason>"
+  }
+  try {
+    return json::parse(text);
   } catch (const json::parse_error& e) {
     throw ConfigError(path + ": not valid JSON: " + e.what());
   }

@@ -3,10 +3,10 @@
 // sweep into trials, and the resolved JSON written beside the results.
 #pragma once
 
-#include <bigbatch/experiments/data.h>
-#include <bigbatch/experiments/models.h>
-#include <bigbatch/schedules/json_reader.h>
-#include <bigbatch/schedules/schedule.h>
+#include "data.h"
+#include "models.h"
+#include "../schedules/json_reader.h"
+#include "../schedules/schedule.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,8 +1,8 @@
 // Datasets (data.h): Fashion-MNIST through the IDX reader, and the synthetic
 // tasks drawn from their own generator so a seed fixes them.
-#include <bigbatch/experiments/data.h>
+#include "data.h"
 
-#include <bigbatch/experiments/idx.h>
+#include "idx.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>

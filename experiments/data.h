@@ -3,7 +3,7 @@
 // y = 10(x + N(0,1)) + 2, and a Gaussian-mixture classification task.
 #pragma once
 
-#include <bigbatch/schedules/json_reader.h>
+#include "../schedules/json_reader.h"
 
 #include <ATen/ATen.h>
 

@@ -1,28 +1,58 @@
-// Run-folder files (files.h).
-#include <bigbatch/experiments/files.h>
+// Run-folder files (files.h), on POSIX calls, so that each failure's errno
+// reaches the message.
+#include "files.h"
 
-#include <torch/version.h>
-
+#include <fcntl.h>
 #include <unistd.h>
 
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <cerrno>
+#include <cstdio>
 #include <stdexcept>
 #include <system_error>
-
-#ifndef BIGBATCH_CODE_VERSION
-#define BIGBATCH_CODE_VERSION "unknown"
-#endif
+#include <utility>
 
 namespace bigbatch::experiments {
+namespace {
+
+// "<path>: <what>: <the system's reason for errno>".
+[[noreturn]] void fail(const std::string& path, const char* what, int error) {
+  throw std::runtime_error(path + ": " + what + ": " + std::generic_category().message(error));
+}
+
+// Writes all of `bytes` to `fd` (a short write is continued); the errno of a
+// failure, else 0.
+int write_all(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    bytes.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return 0;
+}
+
+}  // namespace
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot read");
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, "cannot read", errno);
+  std::string out;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      ::close(fd);
+      fail(path, "cannot read", error);
+    }
+    if (n == 0) break;
+    out.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
 }
 
 nlohmann::json read_json(const std::string& path) {
@@ -33,27 +63,48 @@ nlohmann::json read_json(const std::string& path) {
   }
 }
 
-void write_file_atomic(const std::string& path, const std::string& text) {
+void write_file_atomic(const std::string& path, std::string_view text) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw std::runtime_error(tmp + ": cannot write");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail(tmp, "cannot write", errno);
+  int error = write_all(fd, text);
+  // close() reports what a network file system defers (a full disk on NFS).
+  if (::close(fd) != 0 && error == 0) error = errno;
+  if (error != 0) {
+    ::unlink(tmp.c_str());
+    fail(tmp, "cannot write", error);
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    throw std::runtime_error(path + ": cannot rename into place: " + ec.message());
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    error = errno;
+    ::unlink(tmp.c_str());
+    fail(path, "cannot rename into place", error);
   }
 }
 
-std::string code_version() { return BIGBATCH_CODE_VERSION; }
+AppendFile::AppendFile(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail(path_, "cannot open for writing", errno);
+}
 
-std::string libtorch_version() {
-  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
-         std::to_string(TORCH_VERSION_PATCH);
+AppendFile::AppendFile(AppendFile&& other) noexcept
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+
+AppendFile& AppendFile::operator=(AppendFile&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+AppendFile::~AppendFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void AppendFile::write(std::string_view bytes) {
+  if (fd_ < 0) throw std::logic_error(path_ + ": not open");
+  if (const int error = write_all(fd_, bytes)) fail(path_, "cannot write", error);
 }
 
 }  // namespace bigbatch::experiments

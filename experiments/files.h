@@ -1,25 +1,46 @@
-// The files of a run folder: whole-file reads, atomic writes (a temporary name
-// and a rename, so a reader or a killed writer never sees half a file), and
-// the version stamps every summary records.
+// The files of a run folder, read and written whole. A write goes to a
+// temporary name and is renamed into place, so a reader or a killed writer
+// never sees half a file; an append adds whole records. Every error names the
+// path and the system's reason, e.g. "runs/q/b16_p0_s0/metrics.csv.tmp.4711:
+// cannot write: No space left on device". Torch-free.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <string_view>
 
 namespace bigbatch::experiments {
 
-/// The bytes of `path`; std::runtime_error "<path>: cannot read" when missing.
+/// The bytes of `path`; std::runtime_error "<path>: cannot read: <reason>".
 std::string read_file(const std::string& path);
 
 /// The JSON in `path`; std::runtime_error naming the file when it is not JSON.
 nlohmann::json read_json(const std::string& path);
 
-/// Writes `text` to `path` through a temporary file and a rename.
-void write_file_atomic(const std::string& path, const std::string& text);
+/// Writes `text` to `path` through a temporary file beside it and a rename;
+/// on failure the temporary is removed and `path` is as it was.
+void write_file_atomic(const std::string& path, std::string_view text);
 
-/// The code version (git describe at configure time) and the LibTorch version.
-std::string code_version();
-std::string libtorch_version();
+/// A file opened to append to (created if missing): each write() adds all of
+/// its bytes or throws naming the path and the reason (having perhaps added
+/// part of them: a reader of records stops at a record cut short).
+class AppendFile {
+ public:
+  AppendFile() = default;
+  explicit AppendFile(const std::string& path);
+  AppendFile(AppendFile&& other) noexcept;
+  AppendFile& operator=(AppendFile&& other) noexcept;
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+  ~AppendFile();
+
+  void write(std::string_view bytes);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 }  // namespace bigbatch::experiments

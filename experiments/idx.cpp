@@ -1,20 +1,26 @@
 // IDX reader (idx.h): header "0 0 type ndims", big-endian dimensions, bytes.
-#include <bigbatch/experiments/idx.h>
+#include "idx.h"
 
 #include <zlib.h>
 
+#include <cerrno>
 #include <cstdlib>
-#include <fstream>
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
+#include <system_error>
 
 namespace bigbatch::experiments {
 namespace {
 
 // Reads the whole file, inflating it if it is gzipped (gzread passes plain files through).
 std::vector<std::uint8_t> read_all(const std::string& path) {
+  errno = 0;
   std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), gzclose);
-  if (!file) throw std::runtime_error(path + ": cannot open");
+  if (!file) {
+    throw std::runtime_error(path + ": cannot open" +
+                             (errno != 0 ? ": " + std::generic_category().message(errno) : std::string()));
+  }
   std::vector<std::uint8_t> bytes;
   std::uint8_t buffer[1 << 16];
   for (;;) {
@@ -73,7 +79,7 @@ std::string fashion_mnist_dir() {
 FashionMnist load_fashion_mnist(const std::string& dir) {
   const auto load = [&](const char* name) {
     const std::string path = dir + "/" + name;
-    if (!std::ifstream(path).good()) {
+    if (!std::filesystem::exists(path)) {
       throw std::runtime_error("Fashion-MNIST file " + path +
                                " is missing: install the Debian package dataset-fashion-mnist "
                                "or set BIGBATCH_FASHION_MNIST_DIR");

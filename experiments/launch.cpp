@@ -1,7 +1,7 @@
 // The local launcher (launch.h): fork + execve of /proc/self/exe per rank.
-#include <bigbatch/experiments/launch.h>
+#include "launch.h"
 
-#include <bigbatch/experiments/config.h>
+#include "config.h"
 
 #include <signal.h>
 #include <sys/wait.h>

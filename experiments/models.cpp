@@ -1,9 +1,9 @@
 // Models (models.h). The simple CNN is conv5x5(32)-maxpool2-conv5x5(64)-
 // maxpool2-fc(1024)-fc(10), ReLU, same padding (narrow 16/32/512, wide
 // 64/128/2048), as docs/formulas.md "Steps to result" fixes it.
-#include <bigbatch/experiments/models.h>
+#include "models.h"
 
-#include <bigbatch/normalization/ghost_batch_norm.h>
+#include "../normalization/ghost_batch_norm.h"
 
 #include <c10/util/Exception.h>
 #include <torch/nn/cloneable.h>

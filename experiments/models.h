@@ -3,7 +3,7 @@
 // and a small ResNet (8 layers) with BatchNorm or GhostBatchNorm.
 #pragma once
 
-#include <bigbatch/schedules/json_reader.h>
+#include "../schedules/json_reader.h"
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/container/sequential.h>

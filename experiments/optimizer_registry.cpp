@@ -1,11 +1,11 @@
 // The optimizer registry (optimizer_registry.h).
-#include <bigbatch/experiments/optimizer_registry.h>
+#include "optimizer_registry.h"
 
-#include <bigbatch/optimizers/lamb.h>
-#include <bigbatch/optimizers/larc.h>
-#include <bigbatch/optimizers/lars.h>
-#include <bigbatch/optimizers/novograd.h>
-#include <bigbatch/optimizers/param_groups.h>
+#include "../optimizers/lamb.h"
+#include "../optimizers/larc.h"
+#include "../optimizers/lars.h"
+#include "../optimizers/novograd.h"
+#include "../optimizers/param_groups.h"
 
 #include <c10/util/Exception.h>
 #include <torch/optim/adam.h>
@@ -90,6 +90,13 @@ OptimizerPtr make_optimizer(const OptimizerSpec& spec, double lr, torch::nn::Mod
     if (entry.value == spec.name) return entry.make(spec, lr, model);
   }
   TORCH_INTERNAL_ASSERT(false, "optimizer ", static_cast<int>(spec.name), " is not in the registry");
+}
+
+schedules::LRAdapter::RateChange rate_change(const OptimizerSpec& spec, torch::optim::Optimizer& optimizer) {
+  if (!spec.momentum_correction) return {};
+  auto* lars = dynamic_cast<optim::LARS*>(&optimizer);
+  TORCH_INTERNAL_ASSERT(lars != nullptr, "config validation allows momentum_correction for lars only");
+  return [lars](double factor) { lars->rescale_momentum(factor); };
 }
 
 }  // namespace bigbatch::experiments

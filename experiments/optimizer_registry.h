@@ -4,7 +4,8 @@
 // entry (docs/architecture.md has the checklist).
 #pragma once
 
-#include <bigbatch/experiments/config.h>
+#include "config.h"
+#include "../schedules/lr_adapter.h"
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -30,5 +31,10 @@ const std::vector<OptimizerEntry>& optimizer_registry();
 /// and no adaptation for 1-D parameters).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec, double lr,
                                                         torch::nn::Module& model);
+
+/// What the schedule's LRAdapter calls when the rate changes, for
+/// `optimizer` made from `spec`: LARS's momentum correction where the spec
+/// asks for it (Goyal et al. 2017), else nothing.
+schedules::LRAdapter::RateChange rate_change(const OptimizerSpec& spec, torch::optim::Optimizer& optimizer);
 
 }  // namespace bigbatch::experiments

@@ -1,5 +1,7 @@
 // Pre-training checks (preflight.h).
-#include <bigbatch/experiments/preflight.h>
+#include "preflight.h"
+
+#include "files.h"
 
 #include <c10/util/Exception.h>
 
@@ -7,7 +9,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <system_error>
 
@@ -35,11 +36,10 @@ void check_folder(const std::string& dir, const std::string& what) {
   std::filesystem::create_directories(dir, ec);
   if (ec) throw ConfigError(what + ": " + dir + ": cannot make this folder (" + ec.message() + ")");
   const std::filesystem::path probe = std::filesystem::path(dir) / (".bigbatch_write_test." + std::to_string(::getpid()));
-  {
-    std::ofstream out(probe);
-    out << "ok";
-    out.flush();
-    if (!out) throw ConfigError(what + ": " + dir + ": cannot write here");
+  try {
+    write_file_atomic(probe.string(), "ok");
+  } catch (const std::runtime_error& e) {
+    throw ConfigError(what + ": " + dir + ": cannot write here (" + e.what() + ")");
   }
   std::filesystem::remove(probe, ec);
 }

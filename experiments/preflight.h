@@ -3,8 +3,8 @@
 // a refuted config fails in seconds, before any trial folder is touched.
 #pragma once
 
-#include <bigbatch/experiments/config.h>
-#include <bigbatch/experiments/data.h>
+#include "config.h"
+#include "data.h"
 
 #include <string>
 

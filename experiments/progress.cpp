@@ -1,5 +1,5 @@
 // The progress board (progress.h).
-#include <bigbatch/experiments/progress.h>
+#include "progress.h"
 
 #include <unistd.h>
 

@@ -3,7 +3,7 @@
 // Thread-safe: parallel trials report to one board.
 #pragma once
 
-#include <bigbatch/experiments/trial.h>
+#include "trial.h"
 
 #include <chrono>
 #include <cstdint>

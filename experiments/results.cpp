@@ -1,10 +1,11 @@
 // Result files and the report (results.h).
-#include <bigbatch/experiments/results.h>
+#include "results.h"
 
-#include <bigbatch/experiments/files.h>
-#include <bigbatch/noise/critical_batch.h>
+#include "files.h"
+#include "../noise/critical_batch.h"
 
 #include <c10/util/Exception.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +18,10 @@
 #include <sstream>
 #include <type_traits>
 
+#ifndef BIGBATCH_CODE_VERSION
+#define BIGBATCH_CODE_VERSION "unknown"
+#endif
+
 namespace bigbatch::experiments {
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -26,6 +31,13 @@ std::string csv_number(double x) {
   std::ostringstream s;
   s << std::setprecision(10) << x;
   return s.str();
+}
+
+std::string code_version() { return BIGBATCH_CODE_VERSION; }
+
+std::string libtorch_version() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
 }
 
 json finite_or_null(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }

@@ -7,8 +7,8 @@
 //                            (from 3 batch sizes that reached), with a range
 #pragma once
 
-#include <bigbatch/experiments/config.h>
-#include <bigbatch/experiments/trial.h>
+#include "config.h"
+#include "trial.h"
 
 #include <nlohmann/json.hpp>
 
@@ -27,6 +27,11 @@ nlohmann::json finite_or_null(double x);
 /// metrics.csv: a header of EvalRow's field names, then one line per row;
 /// a number that is not finite is an empty cell.
 std::string metrics_csv(const std::vector<EvalRow>& rows);
+
+/// The code version (git describe at configure time) and the LibTorch
+/// version, which every summary.json records.
+std::string code_version();
+std::string libtorch_version();
 
 /// summary.json of a finished trial.
 nlohmann::json summary_json(const TrialConfig& trial, const TrialResult& result);

@@ -1,16 +1,16 @@
 // The sweep runner (sweep.h): the resume check against sweep.json, the list of
 // trials left, and a pool of `jobs` threads that runs them.
-#include <bigbatch/experiments/sweep.h>
+#include "sweep.h"
 
-#include <bigbatch/experiments/batched.h>
-#include <bigbatch/experiments/files.h>
-#include <bigbatch/experiments/preflight.h>
-#include <bigbatch/experiments/progress.h>
-#include <bigbatch/experiments/results.h>
-#include <bigbatch/experiments/tensorboard.h>
-#include <bigbatch/experiments/trial_folder.h>
-#include <bigbatch/experiments/trial_queue.h>
-#include <bigbatch/experiments/workers.h>
+#include "batched.h"
+#include "files.h"
+#include "preflight.h"
+#include "progress.h"
+#include "results.h"
+#include "tensorboard.h"
+#include "trial_folder.h"
+#include "trial_queue.h"
+#include "workers.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/full.h>
@@ -190,21 +190,21 @@ void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, con
         dirs.push_back((dir / trials[i].name).string());
       }
       const std::string& shown = trials[job.group.front()].name;
-      run_group(
-          configs, data, dirs, [&](const TrialProgress& p) { board.update(shown, p); },
-          [&](std::size_t lane, std::int64_t next_eval) { return queue.pruned(job.group[lane], next_eval); },
-          [&](std::size_t lane, const TrialResult& r) { record(job.group[lane], r); });
+      FolderHooks hooks;
+      hooks.progress = [&](const TrialProgress& p) { board.update(shown, p); };
+      hooks.prune = [&](std::size_t lane, std::int64_t next_eval) { return queue.pruned(job.group[lane], next_eval); };
+      hooks.finished = [&](std::size_t lane, const TrialResult& r) { record(job.group[lane], r); };
+      run_group(configs, data, dirs, hooks);
       return;
     }
     const TrialConfig& t = trials[job.index];
     const std::size_t i = job.index;
-    const auto hopeless = [&](std::int64_t next_eval) {
-      return group == nullptr ? queue.pruned(i, next_eval)
-                              : prune && TrialQueue::beaten(job.bound, i, next_eval);
+    FolderHooks hooks;
+    hooks.progress = [&](const TrialProgress& p) { board.update(t.name, p); };
+    hooks.prune = [&](std::size_t, std::int64_t next_eval) {
+      return group == nullptr ? queue.pruned(i, next_eval) : prune && TrialQueue::beaten(job.bound, i, next_eval);
     };
-    const TrialResult r = run_one(t, data, (dir / t.name).string(),
-                                  [&](const TrialProgress& p) { board.update(t.name, p); }, group, hopeless);
-    record(i, r);
+    record(i, run_one(t, data, (dir / t.name).string(), hooks, group));
   });
 }
 

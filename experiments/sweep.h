@@ -3,8 +3,8 @@
 // then the steps-to-target table and the critical-batch fit (results.h).
 #pragma once
 
-#include <bigbatch/experiments/config.h>
-#include <bigbatch/distributed/process_group.h>
+#include "config.h"
+#include "../distributed/process_group.h"
 
 #include <cstdint>
 #include <string>

@@ -1,6 +1,10 @@
-// TensorBoard event files (tensorboard.h): CRC32C, TFRecord framing, and the
-// protobuf wire format (varints, fixed 32/64-bit, length-delimited fields).
-#include <bigbatch/experiments/tensorboard.h>
+// TensorBoard event files (tensorboard.h): the protobuf wire format (varints,
+// fixed 32/64-bit, length-delimited fields) of the Event messages, and the
+// writer, which frames each as a record (records.h).
+#include "tensorboard.h"
+
+#include "files.h"
+#include "records.h"
 
 #include <array>
 #include <chrono>
@@ -14,30 +18,8 @@
 namespace bigbatch::experiments::tensorboard {
 namespace {
 
-constexpr std::array<std::uint32_t, 256> crc_table() {
-  std::array<std::uint32_t, 256> table{};
-  for (std::uint32_t i = 0; i < 256; ++i) {
-    std::uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
-constexpr auto kCrcTable = crc_table();
-
-template <typename T>
-std::string little_endian(T value) {
-  std::string out(sizeof(T), '\0');
-  for (std::size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xFF);
-  return out;
-}
-
-template <typename T>
-T read_little_endian(std::string_view bytes) {
-  T value = 0;
-  for (std::size_t i = 0; i < sizeof(T); ++i) value |= T{static_cast<unsigned char>(bytes[i])} << (8 * i);
-  return value;
-}
+using records::little_endian;
+using records::read_little_endian;
 
 // ------------------------------------------------------------ protobuf write --
 enum WireType : std::uint32_t { kVarint = 0, kFixed64 = 1, kLength = 2, kFixed32 = 5 };
@@ -172,43 +154,6 @@ void parse_value(std::string_view bytes, Event& event) {
 
 const char* const kEventFileName = "events.out.tfevents.bigbatch";
 
-std::uint32_t crc32c(std::string_view bytes) {
-  std::uint32_t c = 0xFFFFFFFFu;
-  for (const char b : bytes) c = kCrcTable[(c ^ static_cast<unsigned char>(b)) & 0xFF] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
-}
-
-std::uint32_t masked_crc32c(std::string_view bytes) {
-  const std::uint32_t c = crc32c(bytes);
-  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
-}
-
-std::string frame(std::string_view payload) {
-  const std::string length = little_endian<std::uint64_t>(payload.size());
-  std::string out = length;
-  out += little_endian(masked_crc32c(length));
-  out += payload;
-  out += little_endian(masked_crc32c(payload));
-  return out;
-}
-
-Records read_records(std::string_view bytes) {
-  Records out;
-  std::size_t pos = 0;
-  while (bytes.size() - pos >= 12) {
-    const auto length_bytes = bytes.substr(pos, 8);
-    if (read_little_endian<std::uint32_t>(bytes.substr(pos + 8, 4)) != masked_crc32c(length_bytes)) break;
-    const std::uint64_t length = read_little_endian<std::uint64_t>(length_bytes);
-    if (length > bytes.size() - pos - 12 || bytes.size() - pos - 12 - length < 4) break;
-    const auto payload = bytes.substr(pos + 12, static_cast<std::size_t>(length));
-    if (read_little_endian<std::uint32_t>(bytes.substr(pos + 12 + length, 4)) != masked_crc32c(payload)) break;
-    out.payloads.emplace_back(payload);
-    pos += 16 + static_cast<std::size_t>(length);
-    out.whole_bytes = pos;
-  }
-  return out;
-}
-
 std::string serialize(const Event& event) {
   std::string out, summary;
   key(out, 1, kFixed64);
@@ -248,11 +193,10 @@ Event parse_event(std::string_view bytes) {
 EventWriter::EventWriter(const std::string& folder, std::int64_t keep_through)
     : path_((std::filesystem::path(folder) / kEventFileName).string()) {
   std::string kept;
-  if (keep_through >= 0) {
-    std::ifstream in(path_, std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (keep_through >= 0 && std::filesystem::exists(path_)) {
+    const std::string bytes = read_file(path_);
     std::size_t end = 0;
-    for (const auto& payload : read_records(bytes).payloads) {
+    for (const auto& payload : records::read_records(bytes).payloads) {
       try {
         if (parse_event(payload).step > keep_through) break;
       } catch (const std::runtime_error&) {
@@ -263,15 +207,8 @@ EventWriter::EventWriter(const std::string& folder, std::int64_t keep_through)
     kept = bytes.substr(0, end);
   }
   // The kept records replace the file whole (a temporary renamed over it).
-  const std::string temporary = path_ + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << kept;
-    if (!out.flush()) throw std::runtime_error(temporary + ": cannot write");
-  }
-  std::filesystem::rename(temporary, path_);
-  out_.open(path_, std::ios::binary | std::ios::app);
-  if (!out_) throw std::runtime_error(path_ + ": cannot open for writing");
+  write_file_atomic(path_, kept);
+  out_ = AppendFile(path_);
   if (kept.empty()) {
     Event first;
     first.file_version = "brain.Event:2";
@@ -281,8 +218,7 @@ EventWriter::EventWriter(const std::string& folder, std::int64_t keep_through)
 
 void EventWriter::write(Event event) {
   event.wall_time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  out_ << frame(serialize(event));
-  if (!out_.flush()) throw std::runtime_error(path_ + ": cannot write");
+  out_.write(records::frame(serialize(event)));
 }
 
 void EventWriter::scalar(const std::string& tag, std::int64_t step, double value) {

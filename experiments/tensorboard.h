@@ -1,8 +1,7 @@
 // TensorBoard event files, written without TensorFlow. Torch-free.
 //
-// An event file is a sequence of TFRecords: a little-endian uint64 length, the
-// masked CRC32C of those 8 bytes, the payload, and the masked CRC32C of the
-// payload. Each payload is one serialized tensorflow.Event protobuf. Only the
+// An event file is a sequence of TFRecords (records.h), each payload one
+// serialized tensorflow.Event protobuf. Only the
 // few fields this writer uses are encoded, by their published field numbers:
 //   Event          wall_time 1 (double), step 2 (int64), file_version 3 (string),
 //                  summary 5 (Summary)
@@ -15,31 +14,15 @@
 // and a folder's path below --logdir as the run's name.
 #pragma once
 
+#include "files.h"
+
 #include <cstddef>
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace bigbatch::experiments::tensorboard {
-
-/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) of `bytes`.
-std::uint32_t crc32c(std::string_view bytes);
-/// The TFRecord checksum: crc32c rotated right by 15 bits plus 0xa282ead8.
-std::uint32_t masked_crc32c(std::string_view bytes);
-
-/// `payload` framed as one TFRecord.
-std::string frame(std::string_view payload);
-
-/// The whole records at the start of `bytes`: reading stops at the first
-/// record that is cut short or whose checksums do not match (the tail a killed
-/// writer leaves). `whole_bytes` is where the last whole record ends.
-struct Records {
-  std::vector<std::string> payloads;
-  std::size_t whole_bytes = 0;
-};
-Records read_records(std::string_view bytes);
 
 /// An Event as this writer writes it.
 struct Event {
@@ -70,7 +53,7 @@ extern const char* const kEventFileName;
 /// there (a run that was interrupted) keeps its whole records of steps up to
 /// `keep_through` and loses the rest, so a run resumed from a checkpoint at
 /// that step writes each later step once; keep_through < 0 starts a new file.
-/// Every call writes whole records and flushes them.
+/// Every call writes whole records; a failure names the file and the reason.
 class EventWriter {
  public:
   explicit EventWriter(const std::string& folder, std::int64_t keep_through = -1);
@@ -87,7 +70,7 @@ class EventWriter {
   void write(Event event);
 
   std::string path_;
-  std::ofstream out_;
+  AppendFile out_;
 };
 
 }  // namespace bigbatch::experiments::tensorboard

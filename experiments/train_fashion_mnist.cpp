@@ -2,8 +2,8 @@
 // (55k/5k train/validation split, 10k test) with LAMB and the two usual
 // parameter groups, printing loss and accuracy per epoch.
 // Usage: bigbatch-fmnist-lamb [--epochs N] [--batch-size B] [--lr X] [--seed S]
-#include <bigbatch/bigbatch.h>
-#include <bigbatch/experiments/idx.h>
+#include "../bigbatch.h"
+#include "idx.h"
 
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/functional/loss.h>

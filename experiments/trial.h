@@ -1,21 +1,26 @@
-// One trial of a sweep: trains a model with an optimizer, schedule, noise and
-// batch size, evaluates every eval_every steps, and stops at the target
-// (reached), at the budget (not reached) or at a non-finite loss (diverged).
+// The training loop: one trial, or a batched group of trials (lanes) that
+// share everything but their rate and momentum, each trained until it
+// reaches the target (reached), runs out of budget (not reached), turns
+// non-finite (diverged) or is stopped by the sweep (pruned). One loop serves
+// both: a single trial is a run of one lane. What differs, how the lanes'
+// gradients and evaluations are computed, sits behind LaneModel
+// (lane_model.h): one model, data-parallel or not, or a stacked model whose
+// layers carry a lane dimension (batched.h).
 #pragma once
 
-#include <bigbatch/experiments/config.h>
-#include <bigbatch/experiments/data.h>
-#include <bigbatch/distributed/process_group.h>
-#include <bigbatch/noise/gradient_noise.h>
-#include <bigbatch/noise/noise_scale.h>
-#include <bigbatch/schedules/lr_adapter.h>
+#include "config.h"
+#include "data.h"
+#include "../distributed/process_group.h"
+#include "../noise/gradient_noise.h"
+#include "../noise/noise_scale.h"
+#include "../schedules/lr_adapter.h"
 
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/optimizer.h>
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -23,6 +28,10 @@
 #include <vector>
 
 namespace bigbatch::experiments {
+
+/// A value not measured (a regression's error, the noise scale before its
+/// first measurement): an empty cell in metrics.csv, null in JSON.
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 /// One evaluation: a row of metrics.csv.
 struct EvalRow {
@@ -56,7 +65,7 @@ void for_each_field(Row&& row, Visit&& visit) {
 }
 
 /// kPruned: stopped by the sweep once a sibling (same batch size) had reached
-/// the target at a step this trial could no longer beat (sweep.h).
+/// the target at a step this trial could no longer beat (trial_queue.h).
 enum class TrialStatus { kReached, kNotReached, kDiverged, kPruned };
 inline constexpr schedules::EnumName<TrialStatus> kTrialStatuses[] = {
     {TrialStatus::kReached, "reached"}, {TrialStatus::kNotReached, "not_reached"},
@@ -75,11 +84,6 @@ struct TrialResult {
   std::vector<EvalRow> rows;
 };
 
-/// The trust ratio of each parameter of `model` that the layer-wise
-/// `optimizer` adapts (Trainer::trust_ratios), by its name in `model`.
-std::vector<std::pair<std::string, double>> trust_ratios(const torch::optim::Optimizer& optimizer,
-                                                        const torch::nn::Module& model);
-
 /// Model initialization draws from LibTorch's global generator: a trainer
 /// seeds and builds under this lock, so parallel trials stay reproducible.
 std::mutex& model_init_mutex();
@@ -90,53 +94,85 @@ struct TrialProgress {
   double loss, steps_per_second;
 };
 
+class LaneModel;
+
 /// The training loop. The constructor builds the model (seeded by the
-/// trial's seed), the optimizer, the schedule adapter and the noise.
+/// trials' seed), and for each lane its optimizer, schedule adapter and noise.
 ///
-/// Data-parallel with a process group: config.batch_size is the global batch
-/// (the scaling rules see it); every rank draws the same global batch from the
-/// shared shuffle and trains on its 1/world share; rank 0's initial weights are
-/// broadcast; gradients are averaged with bucketed all-reduce, and the per-rank
-/// and averaged gradient norms give the noise scale (micro-batches are then not
-/// needed). Rank 0 evaluates and broadcasts the result, so every rank stops at
-/// the same step. BatchNorm and ghost batch norm see each rank's share only.
+/// One trial, data-parallel with a process group: config.batch_size is the
+/// global batch (the scaling rules see it); every rank draws the same global
+/// batch from the shared shuffle and trains on its 1/world share; rank 0's
+/// initial weights are broadcast; gradients are averaged with bucketed
+/// all-reduce, and the per-rank and averaged gradient norms give the noise
+/// scale (micro-batches are then not needed). Rank 0 evaluates and
+/// broadcasts the result, so every rank stops at the same step. BatchNorm
+/// and ghost batch norm see each rank's share only.
+///
+/// A batched group (batched.h): K trials, batchable_together pairwise, see
+/// the same batches and train as one stacked model, one matrix product
+/// serving all K. Each lane keeps its own optimizer (over views of its
+/// slices, named as in the unbatched model), schedule, noise scale,
+/// evaluations and outcome; a lane that ends leaves the group (its slice is
+/// frozen). Nothing downstream can tell a lane from the same trial run alone
+/// but its speed and fp32 rounding (docs/experiments.md "Batched trials").
 ///
 /// config.device cuda trains on the GPU (cuda:LOCAL_RANK under a process
-/// group): the model lives there, the data stays on the CPU and each batch is
-/// copied over.
+/// group, cuda:0 for a group of lanes): the model lives there, the data
+/// stays on the CPU and each batch is copied over.
 class Trainer {
  public:
+  /// One trial.
   Trainer(const TrialConfig& config, const Dataset& data, distributed::ProcessGroup* group = nullptr);
+  /// A batched group of trials, one lane each, in this order.
+  Trainer(const std::vector<TrialConfig>& lanes, const Dataset& data);
+  ~Trainer();
 
-  /// One optimizer step at the schedule's batch size; returns the batch loss.
-  double train_step();
-  /// Validation loss and error with the model in eval mode.
-  std::pair<double, double> evaluate();
-  /// Runs to the target, the budget or divergence (from where restore() left
-  /// it). With config.checkpoint_every > 0, on_checkpoint gets checkpoint()
-  /// after each evaluation at a multiple of it that does not end the trial.
-  /// on_eval sees each evaluation's row as it is made (before a checkpoint).
-  /// prune is asked before every step with the step of the next evaluation;
-  /// true ends the run there as kPruned (every rank must answer alike).
-  TrialResult run(const std::function<void(const TrialProgress&)>& progress = {},
-                  const std::function<void(const std::string&)>& on_checkpoint = {},
-                  const std::function<void(const EvalRow&)>& on_eval = {},
-                  const std::function<bool(std::int64_t)>& prune = {});
+  /// What run() reports and asks, lane by lane (every hook may be empty).
+  struct Hooks {
+    /// Progress of the run: the step and the first active lane's loss.
+    std::function<void(const TrialProgress&)> progress;
+    /// Each evaluation's row, as it is made (before a checkpoint).
+    std::function<void(std::size_t lane, const EvalRow&)> on_eval;
+    /// Asked before every step, for each active lane, with the step of its
+    /// next evaluation; true ends that lane there as kPruned (under a
+    /// process group every rank must answer alike).
+    std::function<bool(std::size_t lane, std::int64_t next_eval)> prune;
+    /// A lane's result, as soon as it ends.
+    std::function<void(std::size_t lane, const TrialResult&)> finished;
+    /// With config.checkpoint_every > 0 (one trial only): checkpoint() after
+    /// each evaluation at a multiple of it that does not end the run.
+    std::function<void(const std::string&)> on_checkpoint;
+  };
+  /// Runs every lane to the target, its budget, divergence or pruning (from
+  /// where restore() left it); each lane's result, in lane order.
+  std::vector<TrialResult> run(const Hooks& hooks = {});
 
-  /// The trust ratio of each parameter the layer-wise optimizer adapts, by the
-  /// model's parameter names ("0.weight"): LARS's and LAMB's ratio, LARC's
-  /// clipped scale. Recomputed from the weights, gradients and optimizer state
-  /// as the last step left them, so it is that step's ratio up to the change
-  /// that step made to the weight norm. Empty for SGD, Adam, AdamW, NovoGrad
-  /// and before the first step.
-  std::vector<std::pair<std::string, double>> trust_ratios() const;
+  /// One optimizer step of every active lane at the schedule's batch size;
+  /// each lane's batch loss (NaN for a lane that has ended).
+  std::vector<double> train_step();
+  /// Each lane's validation (loss, error), with the model in eval mode.
+  std::vector<std::pair<double, double>> evaluate();
 
-  /// The whole state of the run between two steps, as the bytes of a torch
-  /// archive with named keys: model, optimizer, step, sampler, noise-scale
-  /// averages, and the evaluations so far (one column per EvalRow field),
-  /// after the line "bigbatch checkpoint" and framed with its length and
-  /// CRC32C (a TFRecord, tensorboard.h).
-  /// Deterministic noise needs no state (seed, step).
+  std::size_t lanes() const { return lanes_.size(); }
+  /// Lane `lane`'s parameters under the unbatched model's names ("1.weight"):
+  /// the model itself for one trial, views into the stacked model for a group.
+  torch::nn::Module& module(std::size_t lane = 0);
+  torch::optim::Optimizer& optimizer(std::size_t lane = 0);
+  /// The unbatched model of a single trial (not of a group).
+  torch::nn::Sequential& model();
+
+  /// The trust ratio of each parameter of lane `lane` that its layer-wise
+  /// optimizer adapted in the last step, by the model's parameter names
+  /// ("0.weight"): LARS's and LAMB's ratio, LARC's clipped scale. Empty for
+  /// SGD, Adam, AdamW, NovoGrad and before the first step.
+  std::vector<std::pair<std::string, double>> trust_ratios(std::size_t lane = 0) const;
+
+  /// The whole state of a one-trial run between two steps, as the bytes of a
+  /// torch archive with named keys (checkpoint.cpp): model, optimizer, step,
+  /// sampler, noise-scale averages, and the evaluations so far (one column
+  /// per EvalRow field), after the line "bigbatch checkpoint" and framed
+  /// with its length and CRC32C (records.h). Deterministic noise needs no
+  /// state (seed, step).
   std::string checkpoint() const;
   /// Continues from checkpoint() bytes of a trainer made with the same config:
   /// the run then goes on exactly as it would have without the interruption.
@@ -148,50 +184,34 @@ class Trainer {
   /// examples seen, under this trainer's own config (batch size, rate,
   /// budget) from step 0, with no evaluations yet. Same checks as restore().
   void branch_from(const std::string& bytes);
-  /// B_simple of the steps so far (NaN before the first measurement).
-  double b_simple() const;
+  /// B_simple of lane `lane`'s steps so far (NaN before the first measurement).
+  double b_simple(std::size_t lane = 0) const;
 
-  torch::nn::Sequential& model() { return model_; }
-  torch::optim::Optimizer& optimizer() { return *optimizer_; }
   std::int64_t step() const { return step_; }
   const at::Device& device() const { return device_; }
   std::int64_t budget_steps() const { return budget_; }
 
  private:
-  // This step's examples on this rank: inputs, targets, the multiplicative
-  // noise's weights (undefined without it), the global and the local size.
-  struct Batch {
-    at::Tensor x, y, weights;
-    std::int64_t global = 0, local = 0;
-  };
-  at::Tensor batch_loss(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weights);
-  // The three ways to the step's gradient; each leaves it in .grad and returns the loss.
-  double gradients_whole(const Batch& b);
-  double gradients_data_parallel(const Batch& b);
-  double gradients_in_micro_batches(const Batch& b);
-  std::pair<double, double> evaluate_local();
+  struct Lane;
+  // The lanes' own parts, built over model_'s lane modules.
+  void add_lanes(const std::vector<TrialConfig>& configs);
+  // A lane's result as it ends: status, steps, best metric, rows, time.
+  void leave(std::size_t lane, TrialStatus status, double seconds, const Hooks& hooks);
+  bool any_active() const;
   // The weights, optimizer state, sampler and examples of a checkpoint.
   void load_run(torch::serialize::InputArchive& archive);
+  void check_one_lane(const char* what) const;
 
-  TrialConfig config_;
   const Dataset& data_;
   distributed::ProcessGroup* group_;
   at::Device device_;
-  torch::nn::Sequential model_{nullptr};
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  std::optional<schedules::LRAdapter> adapter_;
+  std::unique_ptr<LaneModel> model_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
   BatchSampler sampler_;
-  std::optional<noise::AnnealedGradientNoise> annealed_;
-  std::optional<noise::MultiplicativeNoise> multiplicative_;
-  noise::GradientNoiseScale gns_;
-  std::vector<at::Tensor> params_;
   std::int64_t step_ = 0;
   std::int64_t examples_ = 0;
   std::int64_t budget_ = 0;
-  double last_lr_ = 0;
-  std::vector<EvalRow> rows_;  // evaluations so far
-  double best_metric_;         // the lowest target metric so far
-  double elapsed_ = 0;         // seconds of earlier runs of this trial
+  double elapsed_ = 0;  // seconds of earlier runs of this trial (restore)
 };
 
 }  // namespace bigbatch::experiments

@@ -1,10 +1,9 @@
 // Trial folders (trial_folder.h).
-#include <bigbatch/experiments/trial_folder.h>
+#include "trial_folder.h"
 
-#include <bigbatch/experiments/batched.h>
-#include <bigbatch/experiments/files.h>
-#include <bigbatch/experiments/results.h>
-#include <bigbatch/experiments/tensorboard.h>
+#include "files.h"
+#include "results.h"
+#include "tensorboard.h"
 
 #include <c10/util/Exception.h>
 
@@ -50,20 +49,62 @@ std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row,
   return out;
 }
 
-// The trial's event file: kept up to step keep_through (-1: a new one), or,
-// with TensorBoard off, none, and an earlier run's removed (this run would
-// contradict it).
-std::optional<tensorboard::EventWriter> open_events(const TrialConfig& t, const fs::path& folder,
-                                                    std::int64_t keep_through) {
-  if (t.tensorboard) return tensorboard::EventWriter(folder.string(), keep_through);
-  fs::remove(folder / tensorboard::kEventFileName);
-  return std::nullopt;
+// A trial's folder, ready for its run: made, unfinished until the end (no
+// summary.json), its config.json written. Returns the checkpoint an
+// interrupted run of the same config left there, if `resumable`; any other
+// is removed.
+std::string prepare_folder(const TrialConfig& t, const fs::path& folder, bool resumable) {
+  fs::create_directories(folder);
+  fs::remove(folder / "summary.json");
+  const fs::path checkpoint = folder / "checkpoint.pt";
+  std::string saved;
+  if (resumable && t.checkpoint_every > 0 && same_config(t, folder) && fs::exists(checkpoint)) {
+    saved = read_file(checkpoint.string());
+  } else {
+    fs::remove(checkpoint);  // another config's, or checkpoints are off
+  }
+  write_file_atomic((folder / "config.json").string(), to_json(t).dump(2) + "\n");
+  return saved;
 }
 
-// A finished trial's record; summary.json last, since it marks the trial finished.
-void write_results(const TrialConfig& t, const fs::path& folder, const TrialResult& r) {
-  write_file_atomic((folder / "metrics.csv").string(), metrics_csv(r.rows));
-  write_file_atomic((folder / "summary.json").string(), summary_json(t, r).dump(2) + "\n");
+// Runs the trainer's lanes, trial i into folders[i]: its event file (kept up
+// to step `resumed_at` of a resumed trial, else new), its checkpoints, and
+// its metrics.csv and summary.json (last: it marks the trial finished) as
+// soon as it ends. Only a writer writes.
+std::vector<TrialResult> run_into(Trainer& trainer, const std::vector<TrialConfig>& trials,
+                                  const std::vector<fs::path>& folders, bool writer, std::int64_t resumed_at,
+                                  const FolderHooks& outer) {
+  std::vector<std::optional<tensorboard::EventWriter>> events(trials.size());
+  Trainer::Hooks hooks;
+  if (writer) {
+    for (std::size_t i = 0; i < trials.size(); ++i) {
+      if (trials[i].tensorboard) {
+        events[i].emplace(folders[i].string(), resumed_at);
+      } else {
+        fs::remove(folders[i] / tensorboard::kEventFileName);  // an earlier run's would contradict this one
+      }
+    }
+    hooks.progress = outer.progress;
+    hooks.on_eval = [&](std::size_t i, const EvalRow& row) {
+      if (events[i]) events[i]->scalars(row.step, eval_scalars(row, trainer.trust_ratios(i)));
+    };
+    if (trials.size() == 1 && trials[0].checkpoint_every > 0) {
+      hooks.on_checkpoint = [&](const std::string& bytes) {
+        write_file_atomic((folders[0] / "checkpoint.pt").string(), bytes);
+      };
+    }
+  }
+  hooks.prune = outer.prune;
+  hooks.finished = [&](std::size_t i, const TrialResult& r) {
+    if (writer) {
+      write_file_atomic((folders[i] / "metrics.csv").string(), metrics_csv(r.rows));
+      write_file_atomic((folders[i] / "summary.json").string(), summary_json(trials[i], r).dump(2) + "\n");
+      fs::remove(folders[i] / "checkpoint.pt");  // finished: the summary and metrics are the record
+      events[i].reset();
+    }
+    if (outer.finished) outer.finished(i, r);
+  };
+  return trainer.run(hooks);
 }
 
 }  // namespace
@@ -89,91 +130,45 @@ std::optional<nlohmann::json> finished_summary(const TrialConfig& t, const std::
 
 bool trial_finished(const TrialConfig& t, const std::string& folder) { return finished_summary(t, folder).has_value(); }
 
-TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::string& dir,
-                    const std::function<void(const TrialProgress&)>& progress,
-                    distributed::ProcessGroup* group, const std::function<bool(std::int64_t)>& prune) {
+TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::string& dir, const FolderHooks& hooks,
+                    distributed::ProcessGroup* group) {
   const bool writer = group == nullptr || group->rank() == 0;
   const fs::path folder(dir);
-  const fs::path checkpoint = folder / "checkpoint.pt";
   std::string saved;  // the trial's last checkpoint, from an interrupted run of the same config
-  if (writer) {
-    fs::create_directories(folder);
-    fs::remove(folder / "summary.json");  // unfinished until the end
-    if (trial.checkpoint_every > 0 && same_config(trial, folder) && fs::exists(checkpoint)) {
-      saved = read_file(checkpoint.string());
-    } else {
-      fs::remove(checkpoint);  // another config's, or checkpoints are off
-    }
-    write_file_atomic((folder / "config.json").string(), to_json(trial).dump(2) + "\n");
-  }
+  if (writer) saved = prepare_folder(trial, folder, true);
   if (group != nullptr) saved = distributed::broadcast_bytes(*group, saved);  // rank 0's, to every rank
   std::optional<Trainer> trainer;
   trainer.emplace(trial, data, group);
-  bool resumed = false;
+  std::int64_t resumed_at = -1;
   if (!saved.empty()) {
     try {
       trainer->restore(saved);
-      resumed = true;
-      if (writer) std::cerr << "resuming " << trial.name << " from its checkpoint at step " << trainer->step() << "\n";
+      resumed_at = trainer->step();
+      if (writer) std::cerr << "resuming " << trial.name << " from its checkpoint at step " << resumed_at << "\n";
     } catch (const std::exception& e) {
       // Unreadable (truncated, or another version's): the trial starts over.
       // Every rank read the same bytes, so every rank gets here.
       if (writer) {
         const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
-        std::cerr << "warning: " << checkpoint.string() << ": "
+        std::cerr << "warning: " << (folder / "checkpoint.pt").string() << ": "
                   << (torch_error ? torch_error->what_without_backtrace() : e.what()) << "; starting " << trial.name
                   << " over\n";
       }
       trainer.emplace(trial, data, group);
     }
   }
-  std::function<void(const std::string&)> on_checkpoint;
-  if (writer && trial.checkpoint_every > 0) {
-    on_checkpoint = [&](const std::string& bytes) { write_file_atomic(checkpoint.string(), bytes); };
-  }
-  // The event file keeps what an interrupted run wrote up to its checkpoint.
-  std::optional<tensorboard::EventWriter> events;
-  std::function<void(const EvalRow&)> on_eval;
-  if (writer) events = open_events(trial, folder, resumed ? trainer->step() : -1);
-  if (events) {
-    on_eval = [&](const EvalRow& row) { events->scalars(row.step, eval_scalars(row, trainer->trust_ratios())); };
-  }
-  const TrialResult r =
-      trainer->run(writer ? progress : std::function<void(const TrialProgress&)>(), on_checkpoint, on_eval, prune);
-  if (writer) {
-    write_results(trial, folder, r);
-    fs::remove(checkpoint);  // finished: the summary and metrics are the record
-  }
-  return r;
+  return run_into(*trainer, {trial}, {folder}, writer, resumed_at, hooks).front();
 }
 
-void run_group(const std::vector<TrialConfig>& trials, const Dataset& data, const std::vector<std::string>& dirs,
-               const std::function<void(const TrialProgress&)>& progress,
-               const std::function<bool(std::size_t, std::int64_t)>& prune,
-               const std::function<void(std::size_t, const TrialResult&)>& finished) {
-  std::vector<std::optional<tensorboard::EventWriter>> events(trials.size());
+std::vector<TrialResult> run_group(const std::vector<TrialConfig>& trials, const Dataset& data,
+                                   const std::vector<std::string>& dirs, const FolderHooks& hooks) {
+  std::vector<fs::path> folders;
   for (std::size_t i = 0; i < trials.size(); ++i) {
-    const fs::path folder(dirs[i]);
-    fs::create_directories(folder);
-    fs::remove(folder / "summary.json");  // unfinished until the end
-    fs::remove(folder / "checkpoint.pt");
-    write_file_atomic((folder / "config.json").string(), to_json(trials[i]).dump(2) + "\n");
-    events[i] = open_events(trials[i], folder, -1);
+    folders.emplace_back(dirs[i]);
+    prepare_folder(trials[i], folders.back(), false);
   }
-  GroupTrainer group(trials, data);
-  GroupTrainer::Hooks hooks;
-  hooks.progress = progress;
-  hooks.prune = prune;
-  hooks.on_eval = [&](std::size_t i, const EvalRow& row) {
-    if (!events[i]) return;
-    events[i]->scalars(row.step, eval_scalars(row, trust_ratios(group.lane_optimizer(i), group.lane_module(i))));
-  };
-  hooks.finished = [&](std::size_t i, const TrialResult& r) {
-    write_results(trials[i], dirs[i], r);
-    events[i].reset();
-    if (finished) finished(i, r);
-  };
-  group.run(hooks);
+  Trainer group(trials, data);
+  return run_into(group, trials, folders, true, -1, hooks);
 }
 
 }  // namespace bigbatch::experiments

@@ -7,9 +7,9 @@
 // its checkpoint when it has one).
 #pragma once
 
-#include <bigbatch/experiments/config.h>
-#include <bigbatch/experiments/trial.h>
-#include <bigbatch/distributed/process_group.h>
+#include "config.h"
+#include "trial.h"
+#include "../distributed/process_group.h"
 
 #include <nlohmann/json.hpp>
 
@@ -29,21 +29,25 @@ std::optional<nlohmann::json> finished_summary(const TrialConfig& trial, const s
 /// Whether `dir` holds the finished run of `trial`.
 bool trial_finished(const TrialConfig& trial, const std::string& dir);
 
+/// What a trial's run in its folder reports and asks, lane by lane (lane 0
+/// for run_one); each may be empty: Trainer::Hooks' progress, prune and
+/// finished, the last called once a trial's files are written.
+struct FolderHooks {
+  std::function<void(const TrialProgress&)> progress;
+  std::function<bool(std::size_t lane, std::int64_t next_eval)> prune;
+  std::function<void(std::size_t lane, const TrialResult&)> finished;
+};
+
 /// Runs one trial into `dir`, resuming from its checkpoint when the folder
 /// holds one of the same config. Data-parallel with a process group; only
-/// rank 0 writes (and reports progress). `prune` is Trainer::run's.
+/// rank 0 writes (and reports progress).
 TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::string& dir,
-                    const std::function<void(const TrialProgress&)>& progress = {},
-                    distributed::ProcessGroup* group = nullptr,
-                    const std::function<bool(std::int64_t)>& prune = {});
+                    const FolderHooks& hooks = {}, distributed::ProcessGroup* group = nullptr);
 
 /// Runs a batched group of trials (batched.h), each into its own folder of
 /// `dirs` exactly as run_one would (no checkpoints: batched trials have
-/// none). `prune(lane, next_eval)` as Trainer::run's; `finished` sees each
-/// lane's result as soon as its files are written.
-void run_group(const std::vector<TrialConfig>& trials, const Dataset& data, const std::vector<std::string>& dirs,
-               const std::function<void(const TrialProgress&)>& progress,
-               const std::function<bool(std::size_t, std::int64_t)>& prune,
-               const std::function<void(std::size_t, const TrialResult&)>& finished);
+/// none); their results in order.
+std::vector<TrialResult> run_group(const std::vector<TrialConfig>& trials, const Dataset& data,
+                                   const std::vector<std::string>& dirs, const FolderHooks& hooks = {});
 
 }  // namespace bigbatch::experiments

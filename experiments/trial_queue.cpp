@@ -1,5 +1,5 @@
 // The sweep's trial order and exact pruning (trial_queue.h).
-#include <bigbatch/experiments/trial_queue.h>
+#include "trial_queue.h"
 
 #include <algorithm>
 #include <cmath>

@@ -10,7 +10,7 @@
 // "Pruning"); the table does not depend on it.
 #pragma once
 
-#include <bigbatch/experiments/config.h>
+#include "config.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -1,13 +1,11 @@
 // The multi-tensor step of one optimizer, one API for two runners: the CPU
-// runner (kernels/cpu/engine.cpp) and the CUDA runner (kernels/cuda/engine.cuh)
-// execute the same plan (kernels/plan.h) of LARS, LARC, LAMB or NovoGrad.
+// runner (kernels/cpu/runner.h) and the CUDA runner (kernels/cuda/runner.cuh)
+// execute any plan (kernels/plan.h); each algorithm's plan is its own header
+// (kernels/lamb.h, ...), whose .cpp and .cu instantiate the two runners for it.
 // Plain C++: no CUDA or LibTorch headers.
 #pragma once
 
-#include <bigbatch/kernels/lamb.h>
-#include <bigbatch/kernels/momentum.h>
-#include <bigbatch/kernels/novograd.h>
-#include <bigbatch/kernels/plan.h>
+#include "plan.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -64,6 +62,12 @@ class MultiTensorStep {
   /// Each bound tensor's step count (CUDA: waits for the last bind() or run()).
   virtual std::vector<std::int64_t> steps() const = 0;
 
+  /// Each bound tensor's trust ratio in the last run(): the ratio its update
+  /// was scaled by (LARS's and LAMB's, LARC's clipped scale), NaN where its
+  /// group does not adapt, the step was skipped, the plan has none, or before
+  /// the first run (CUDA: waits as steps()).
+  virtual std::vector<double> trust_ratios() const = 0;
+
   /// Steps skipped for non-finite gradients so far (CUDA: waits as steps()).
   virtual std::int64_t skipped_steps() const = 0;
 
@@ -81,7 +85,8 @@ class MultiTensorStep {
   virtual std::int64_t bytes_per_step() const = 0;
 };
 
-/// The CPU runner: chunks of every tensor spread over ATen's threads.
+/// The CPU runner: chunks of every tensor spread over ATen's threads
+/// (instantiated for each plan by the plan's .cpp).
 template <typename Plan>
 std::unique_ptr<MultiTensorStep<Plan>> make_cpu_step();
 
@@ -89,7 +94,8 @@ namespace cuda {
 /// Whether this process sees a CUDA device (false without BIGBATCH_CUDA).
 bool device_available();
 
-/// The CUDA runner (builds with BIGBATCH_CUDA, or the SIMT executor in tests).
+/// The CUDA runner (builds with BIGBATCH_CUDA, or the SIMT executor in tests;
+/// instantiated for each plan by the plan's .cu).
 template <typename Plan>
 std::unique_ptr<MultiTensorStep<Plan>> make_step();
 }  // namespace cuda

@@ -5,8 +5,8 @@
 //   w = w - lr*ratio*u,   ratio from ||w|| and ||u|| (needs a norm pass first)
 #pragma once
 
-#include <bigbatch/kernels/common.h>
-#include <bigbatch/kernels/plan.h>
+#include "common.h"
+#include "plan.h"
 
 #include <math.h>
 
@@ -84,6 +84,12 @@ BIGBATCH_HD inline LambElement lamb_element(float g, float w, float m, float v, 
   m = s.beta1 * m + s.beta3 * g;                          // m = b1*m + b3*g
   v = s.beta2 * v + s.one_minus_beta2 * (g * g);          // v = b2*v + (1-b2)*g^2
   return {m, v, lamb_direction(m, v, w, s)};
+}
+
+/// Whether a LAMB group scales its update by the trust ratio (docs/formulas.md):
+/// adapt, and a weight decay or always_adapt (NVLAMB).
+BIGBATCH_HD inline bool lamb_uses_ratio(bool adapt, double weight_decay, bool always_adapt) {
+  return adapt && (weight_decay != 0 || always_adapt);
 }
 
 /// The trust ratio of docs/formulas.md from ||w|| and ||u|| (in double):
@@ -174,7 +180,7 @@ struct LambMomentsPass {
   }
 };
 
-/// After pass 2: each tensor's step count and lr * trust ratio.
+/// After pass 2: each tensor's step count, trust ratio and lr * ratio.
 struct LambRatioFinalize {
   bool check_skip;
 
@@ -185,11 +191,12 @@ struct LambRatioFinalize {
     for (int t = block.first(); t < table.num_tensors; t += block.stride()) {
       const LambGroup& o = table.groups[table.slots[t].group];
       if (!skip) table.steps[t] += 1;
-      const bool use_ratio = o.adapt && (o.weight_decay != 0 || o.always_adapt);
+      const bool use_ratio = lamb_uses_ratio(o.adapt, o.weight_decay, o.always_adapt);
       const double ratio = lamb_trust_ratio(sqrt(block.read(table.sums + 2 * t)),
                                             sqrt(block.read(table.sums + 2 * t + 1)), use_ratio, o.min_trust,
                                             o.max_trust, o.trust_clip);
       table.coef[t] = static_cast<float>(o.lr * ratio);
+      table.ratio[t] = recorded_ratio(ratio, use_ratio, skip);
     }
   }
 };

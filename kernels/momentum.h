@@ -4,8 +4,8 @@
 // LARC: scale = min(local/lr, 1) or local, step_size = lr (PyTorch's SGD form).
 #pragma once
 
-#include <bigbatch/kernels/common.h>
-#include <bigbatch/kernels/plan.h>
+#include "common.h"
+#include "plan.h"
 
 #include <tuple>
 
@@ -89,31 +89,37 @@ inline auto fields(const LarcGroup& o) {
   return std::tie(lr, momentum, weight_decay, trust_coefficient, eps, nesterov, adapt, clip, skip_nonfinite);
 }
 
-/// What enters the buffer per unit of d: LARS lr*ratio (the rate inside the
-/// buffer), LARC the clipped local rate over lr.
-BIGBATCH_HD inline double momentum_scale(const LarsGroup& o, double w_norm, double g_norm) {
-  return o.lr * lars_trust_ratio(w_norm, g_norm, o.adapt, o.trust_coefficient, o.weight_decay, o.eps);
+/// The trust ratio of a tensor: LARS's ratio, LARC's clipped local rate over lr.
+BIGBATCH_HD inline double momentum_ratio(const LarsGroup& o, double w_norm, double g_norm) {
+  return lars_trust_ratio(w_norm, g_norm, o.adapt, o.trust_coefficient, o.weight_decay, o.eps);
 }
-BIGBATCH_HD inline double momentum_scale(const LarcGroup& o, double w_norm, double g_norm) {
+BIGBATCH_HD inline double momentum_ratio(const LarcGroup& o, double w_norm, double g_norm) {
   return larc_scale(w_norm, g_norm, o.adapt, o.clip, o.lr, o.trust_coefficient, o.weight_decay, o.eps);
 }
+
+/// What enters the buffer per unit of d: LARS lr*ratio (the rate inside the
+/// buffer), LARC the ratio itself.
+BIGBATCH_HD inline double momentum_scale(const LarsGroup& o, double ratio) { return o.lr * ratio; }
+BIGBATCH_HD inline double momentum_scale(const LarcGroup&, double ratio) { return ratio; }
 
 /// What multiplies the buffer when it leaves it: LARS 1, LARC lr.
 BIGBATCH_HD inline float momentum_step_size(const LarsGroup&) { return 1.0f; }
 BIGBATCH_HD inline float momentum_step_size(const LarcGroup& o) { return static_cast<float>(o.lr); }
 
-/// After the norms: the skip decision and each tensor's scale.
+/// After the norms: the skip decision, each tensor's trust ratio and scale.
 template <typename Group>
 struct MomentumScaleFinalize {
   BIGBATCH_HD_TEMPLATE
   template <typename Block>
   BIGBATCH_HD void operator()(const Table<Group>& table, const Block& block) const {
-    decide_skip(table, 0, block);
+    const bool skip = decide_skip(table, 0, block);
     for (int t = block.first(); t < table.num_tensors; t += block.stride()) {
       const Group& o = table.groups[table.slots[t].group];
       const double g_norm = sqrt(block.read(table.sums + 2 * t));
       const double w_norm = sqrt(block.read(table.sums + 2 * t + 1));
-      table.coef[t] = static_cast<float>(momentum_scale(o, w_norm, g_norm));
+      const double ratio = momentum_ratio(o, w_norm, g_norm);
+      table.coef[t] = static_cast<float>(momentum_scale(o, ratio));
+      table.ratio[t] = recorded_ratio(ratio, o.adapt, skip);
     }
   }
 };

@@ -5,8 +5,8 @@
 // with denom = sqrt(v) + eps and grad_factor = grad_averaging ? 1 - b1 : 1.
 #pragma once
 
-#include <bigbatch/kernels/common.h>
-#include <bigbatch/kernels/plan.h>
+#include "common.h"
+#include "plan.h"
 
 #include <math.h>
 
@@ -66,7 +66,8 @@ BIGBATCH_HD inline float scaled_add_rn(float v, float b2, float x) {
 
 /// After the norms: the skip decision; then, unless skipped, each tensor's
 /// step count and v = n at its first step, else b2*v + (1-b2)*n (fp32, as the
-/// reference path rounds it); the update's denominator sqrt(v) + eps.
+/// reference path rounds it); the update's denominator sqrt(v) + eps; no
+/// trust ratio.
 struct NovoGradMomentFinalize {
   BIGBATCH_HD_TEMPLATE
   template <typename Block>
@@ -88,6 +89,7 @@ struct NovoGradMomentFinalize {
         *s.v = v;
       }
       table.coef[t] = sqrtf(v) + static_cast<float>(o.eps);
+      table.ratio[t] = recorded_ratio(0, /*adapted=*/false, skip);  // NovoGrad has no trust ratio
     }
   }
 };

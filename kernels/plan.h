@@ -1,5 +1,5 @@
 // The shape of every fused optimizer step, shared by the CPU runner
-// (kernels/cpu/engine.cpp) and the CUDA runner (kernels/cuda/engine.cuh).
+// (kernels/cpu/runner.h) and the CUDA runner (kernels/cuda/runner.cuh).
 //
 // A step is a plan: a fixed sequence of passes over every element of every
 // tensor and of finalizers between them. A pass reads and writes named arrays
@@ -20,7 +20,7 @@
 // multi_tensor.cuh): the loop over tensors, the "any" and "sum" across it.
 #pragma once
 
-#include <bigbatch/kernels/common.h>
+#include "common.h"
 
 #include <math.h>
 
@@ -96,6 +96,8 @@ struct Table {
   double* partial;                   ///< [chunks][2] each chunk's two sums
   double* sums;                      ///< [T][2] each tensor's two sums, in chunk order
   float* coef;                       ///< [T] a per-tensor coefficient for the next pass
+  double* ratio;                     ///< [T] each tensor's trust ratio in this step, NaN where none
+                                     ///<     (every plan's finalizer writes it every run)
   std::int64_t* steps;               ///< [T] each tensor's step count
   float* group_coef;                 ///< [G] a per-group coefficient (LAMB: clipping factor)
   Scalars* scalars;
@@ -131,6 +133,14 @@ BIGBATCH_HD bool decide_skip(const Table<Group>& table, int k, const Block& bloc
     if (skip) table.scalars->skipped_steps += 1;
   }
   return skip;
+}
+
+/// What a finalizer records as a tensor's trust ratio (Table::ratio): the
+/// ratio the step scaled it by, or NaN where its group does not adapt or the
+/// step was skipped, so that a reader (LayerwiseOptimizer::trust_ratios) sees
+/// the ratio the step used, never a recomputation.
+BIGBATCH_HD inline double recorded_ratio(double ratio, bool adapted, bool skipped) {
+  return adapted && !skipped ? ratio : static_cast<double>(NAN);
 }
 
 /// The norm pass LARS, LARC and NovoGrad start with, and LAMB's first pass:

@@ -1,7 +1,7 @@
 // fit_critical_batch (critical_batch.h): S = a + b / B is linear in (a, b);
 // weighting each residual by 1/S fits relative error, so that the long steps
 // of small batches do not drown the short ones of large batches.
-#include <bigbatch/noise/critical_batch.h>
+#include "critical_batch.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,5 +1,5 @@
 // Gradient noise injection (gradient_noise.h): docs/formulas.md "Gradient noise".
-#include <bigbatch/noise/gradient_noise.h>
+#include "gradient_noise.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>

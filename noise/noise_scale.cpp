@@ -1,5 +1,5 @@
 // The gradient noise scale (noise_scale.h): docs/formulas.md "Gradient noise scale and critical batch".
-#include <bigbatch/noise/noise_scale.h>
+#include "noise_scale.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>

@@ -1,6 +1,6 @@
 // GhostBatchNorm1d/2d (ghost_batch_norm.h): at::batch_norm on each chunk of
 // the batch, in order, sharing the running-statistics buffers it updates.
-#include <bigbatch/normalization/ghost_batch_norm.h>
+#include "ghost_batch_norm.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

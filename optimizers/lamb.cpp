@@ -1,16 +1,30 @@
 // LAMB (lamb.h): options, state, the reference path of its step in plain
 // ATen ops, and its options as its fused plan takes them (kernels/lamb.h).
-#include <bigbatch/optimizers/lamb.h>
+#include "lamb.h"
 
-#include <bigbatch/kernels/common.h>
-#include <bigbatch/optimizers/engine_hooks.h>
-#include <bigbatch/optimizers/internal.h>
+#include "../kernels/common.h"
+#include "internal.h"
+#include "layerwise_optimizer_impl.h"
 
 #include <algorithm>
 #include <cmath>
 #include <tuple>
 
 namespace bigbatch::optim {
+
+// What the fused step needs of the state (layerwise_optimizer_impl.h); declared
+// before anything here instantiates LayerwiseOptimizer.
+template <>
+struct FusedTraits<LAMBOptions> {
+  using Plan = kernels::LambPlan;
+  using State = LAMBParamState;
+  static void bind(State& st, kernels::TensorSlot& slot) {  // two moments and a step count
+    slot.m = st.exp_avg().data_ptr<float>();
+    slot.v = st.exp_avg_sq().data_ptr<float>();
+    slot.step = st.step();
+  }
+  static void set_step(State& st, std::int64_t step) { st.step(step); }
+};
 
 LAMBOptions::LAMBOptions(double lr) : lr_(lr) {}
 
@@ -75,9 +89,12 @@ double clip_scale(const LAMBOptions& o, double global_norm) {
   return o.max_grad_norm() > 0 ? 1.0 / std::max(1.0, global_norm / o.max_grad_norm()) : 1.0;
 }
 
+bool uses_ratio(const LAMBOptions& o) {
+  return kernels::lamb_uses_ratio(o.adapt(), o.weight_decay(), o.always_adapt());
+}
+
 double trust_ratio(const LAMBOptions& o, double w_norm, double u_norm) {
-  return kernels::lamb_trust_ratio(w_norm, u_norm, o.adapt() && (o.weight_decay() != 0 || o.always_adapt()),
-                                   o.min_trust(), o.max_trust(), o.trust_clip());
+  return kernels::lamb_trust_ratio(w_norm, u_norm, uses_ratio(o), o.min_trust(), o.max_trust(), o.trust_clip());
 }
 
 }  // namespace
@@ -126,12 +143,13 @@ void LAMB::step_reference(const Group& group, double grad_scale) {
     at::Tensor u = m_hat / (v_hat.sqrt() + o.eps());
     if (o.adam_w_mode()) u = u + wd * w;
     const double ratio = trust_ratio(o, internal::norm_of(w), internal::norm_of(u));
+    if (uses_ratio(o)) note_trust_ratio(pg.param, ratio);
     w.sub_(u * (o.lr() * ratio));
     if (!w.is_same(pg.param)) pg.param.copy_(w);
   }
 }
 
-// ----------------------------------------------------------- engine hooks ----
+// ------------------------------------------------ the options as the plan's ----
 
 kernels::LambGroup kernel_group(const LAMBOptions& o) {
   kernels::LambGroup g;
@@ -151,5 +169,11 @@ kernels::LambGroup kernel_group(const LAMBOptions& o) {
   g.skip_nonfinite = o.skip_nonfinite();
   return g;
 }
+
+// ---------------------------------------------------------------- the step ----
+
+template class LayerwiseOptimizer<LAMBOptions, LAMBParamState>;
+
+torch::Tensor LAMB::step(LossClosure closure) { return LayerwiseOptimizer::step(std::move(closure)); }
 
 }  // namespace bigbatch::optim

@@ -13,8 +13,8 @@
 // timm "lambc" = trust_clip(true); DeepSpeed = min_trust(0.01).max_trust(10).
 #pragma once
 
-#include <bigbatch/optimizers/layerwise_optimizer.h>
-#include <bigbatch/kernels/lamb.h>
+#include "layerwise_optimizer.h"
+#include "../kernels/lamb.h"
 
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
@@ -94,9 +94,17 @@ struct LAMBParamState : public torch::optim::OptimizerCloneableParamState<LAMBPa
   static auto fields(Self& self);
 };
 
+/// One group's options as the fused plan (lamb.h in kernels/) takes them: every
+/// option the step reads (fused and master_weights choose the path instead).
+kernels::LambGroup kernel_group(const LAMBOptions& options);
+
 /// LAMB as a drop-in torch::optim::Optimizer.
 class LAMB : public LayerwiseOptimizer<LAMBOptions, LAMBParamState> {
  public:
+  /// One LAMB step (lamb.cpp): the fused plan (kernels::LambPlan) on the CPU or CUDA
+  /// runner, or the reference path in ATen ops (options().fused(false)).
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
   explicit LAMB(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                 LAMBOptions defaults = {});
   explicit LAMB(std::vector<torch::Tensor> params, LAMBOptions defaults = {});

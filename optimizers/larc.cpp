@@ -1,11 +1,23 @@
 // LARC (larc.h): options, state, the reference path of its step in plain
 // ATen ops, and its options as its fused plan takes them (kernels/momentum.h).
-#include <bigbatch/optimizers/larc.h>
+#include "larc.h"
 
-#include <bigbatch/optimizers/engine_hooks.h>
-#include <bigbatch/optimizers/internal.h>
+#include "internal.h"
+#include "layerwise_optimizer_impl.h"
 
 namespace bigbatch::optim {
+
+// What the fused step needs of the state (layerwise_optimizer_impl.h); declared
+// before anything here instantiates LayerwiseOptimizer.
+template <>
+struct FusedTraits<LARCOptions> {
+  using Plan = kernels::LarcPlan;
+  using State = LARCParamState;
+  static void bind(State& st, kernels::TensorSlot& slot) {  // a momentum buffer
+    slot.m = st.momentum_buffer().data_ptr<float>();
+  }
+  static void set_step(State&, std::int64_t) {}  // no step count
+};
 
 LARCOptions::LARCOptions(double lr) : lr_(lr) {}
 
@@ -69,6 +81,7 @@ void LARC::step_reference(const std::vector<Group>& groups) {
     const double wd = o.weight_decay();
     const double scale = kernels::larc_scale(n.w_norm, n.g_norm, o.adapt(), o.clip(), o.lr(), o.trust_coefficient(),
                                              wd, o.eps());
+    if (o.adapt()) note_trust_ratio(pg.param, scale);
     auto& v = state_of(pg.param).momentum_buffer();
     at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
     const at::Tensor d = (pg.grad.to(at::kFloat) + wd * w) * scale;
@@ -82,7 +95,7 @@ void LARC::step_reference(const std::vector<Group>& groups) {
   });
 }
 
-// ----------------------------------------------------------- engine hooks ----
+// ------------------------------------------------ the options as the plan's ----
 
 kernels::LarcGroup kernel_group(const LARCOptions& o) {
   kernels::LarcGroup g;
@@ -97,5 +110,11 @@ kernels::LarcGroup kernel_group(const LARCOptions& o) {
   g.skip_nonfinite = o.skip_nonfinite();
   return g;
 }
+
+// ---------------------------------------------------------------- the step ----
+
+template class LayerwiseOptimizer<LARCOptions, LARCParamState>;
+
+torch::Tensor LARC::step(LossClosure closure) { return LayerwiseOptimizer::step(std::move(closure)); }
 
 }  // namespace bigbatch::optim

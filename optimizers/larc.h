@@ -10,8 +10,8 @@
 // As a chain of steps: add decayed weights -> clipped trust scale -> momentum -> scale by lr.
 #pragma once
 
-#include <bigbatch/kernels/momentum.h>
-#include <bigbatch/optimizers/layerwise_optimizer.h>
+#include "../kernels/momentum.h"
+#include "layerwise_optimizer.h"
 
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
@@ -77,9 +77,17 @@ struct LARCParamState : public torch::optim::OptimizerCloneableParamState<LARCPa
   static auto fields(Self& self);
 };
 
+/// One group's options as the fused plan (momentum.h in kernels/) takes them: every
+/// option the step reads (fused and master_weights choose the path instead).
+kernels::LarcGroup kernel_group(const LARCOptions& options);
+
 /// LARC as a drop-in torch::optim::Optimizer.
 class LARC : public LayerwiseOptimizer<LARCOptions, LARCParamState> {
  public:
+  /// One LARC step (larc.cpp): the fused plan (kernels::LarcPlan) on the CPU or CUDA
+  /// runner, or the reference path in ATen ops (options().fused(false)).
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
   explicit LARC(std::vector<torch::optim::OptimizerParamGroup> param_groups, LARCOptions defaults);
   explicit LARC(std::vector<torch::Tensor> params, LARCOptions defaults);
 

@@ -1,13 +1,25 @@
 // LARS (lars.h): options, state, the reference path of its step in plain
 // ATen ops, and its options as its fused plan takes them (kernels/momentum.h).
-#include <bigbatch/optimizers/lars.h>
+#include "lars.h"
 
-#include <bigbatch/optimizers/engine_hooks.h>
-#include <bigbatch/optimizers/internal.h>
+#include "internal.h"
+#include "layerwise_optimizer_impl.h"
 
 #include <cmath>
 
 namespace bigbatch::optim {
+
+// What the fused step needs of the state (layerwise_optimizer_impl.h); declared
+// before anything here instantiates LayerwiseOptimizer.
+template <>
+struct FusedTraits<LARSOptions> {
+  using Plan = kernels::LarsPlan;
+  using State = LARSParamState;
+  static void bind(State& st, kernels::TensorSlot& slot) {  // a momentum buffer
+    slot.m = st.momentum_buffer().data_ptr<float>();
+  }
+  static void set_step(State&, std::int64_t) {}  // no step count
+};
 
 LARSOptions::LARSOptions(double lr) : lr_(lr) {}
 
@@ -79,6 +91,7 @@ void LARS::step_reference(const std::vector<Group>& groups) {
                                                                   const TensorNorms& n) {
     const double wd = o.weight_decay();
     const double ratio = kernels::lars_trust_ratio(n.w_norm, n.g_norm, o.adapt(), o.trust_coefficient(), wd, o.eps());
+    if (o.adapt()) note_trust_ratio(pg.param, ratio);
     auto& v = state_of(pg.param).momentum_buffer();
     at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
     const at::Tensor d = pg.grad.to(at::kFloat) + wd * w;
@@ -92,7 +105,7 @@ void LARS::step_reference(const std::vector<Group>& groups) {
   });
 }
 
-// ----------------------------------------------------------- engine hooks ----
+// ------------------------------------------------ the options as the plan's ----
 
 kernels::LarsGroup kernel_group(const LARSOptions& o) {
   kernels::LarsGroup g;
@@ -106,5 +119,11 @@ kernels::LarsGroup kernel_group(const LARSOptions& o) {
   g.skip_nonfinite = o.skip_nonfinite();
   return g;
 }
+
+// ---------------------------------------------------------------- the step ----
+
+template class LayerwiseOptimizer<LARSOptions, LARSParamState>;
+
+torch::Tensor LARS::step(LossClosure closure) { return LayerwiseOptimizer::step(std::move(closure)); }
 
 }  // namespace bigbatch::optim

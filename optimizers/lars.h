@@ -8,8 +8,8 @@
 // As a chain of steps: add decayed weights -> trust ratio -> scale by lr -> momentum.
 #pragma once
 
-#include <bigbatch/kernels/momentum.h>
-#include <bigbatch/optimizers/layerwise_optimizer.h>
+#include "../kernels/momentum.h"
+#include "layerwise_optimizer.h"
 
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
@@ -74,9 +74,17 @@ struct LARSParamState : public torch::optim::OptimizerCloneableParamState<LARSPa
   static auto fields(Self& self);
 };
 
+/// One group's options as the fused plan (momentum.h in kernels/) takes them: every
+/// option the step reads (fused and master_weights choose the path instead).
+kernels::LarsGroup kernel_group(const LARSOptions& options);
+
 /// LARS as a drop-in torch::optim::Optimizer.
 class LARS : public LayerwiseOptimizer<LARSOptions, LARSParamState> {
  public:
+  /// One LARS step (lars.cpp): the fused plan (kernels::LarsPlan) on the CPU or CUDA
+  /// runner, or the reference path in ATen ops (options().fused(false)).
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
   explicit LARS(std::vector<torch::optim::OptimizerParamGroup> param_groups, LARSOptions defaults);
   explicit LARS(std::vector<torch::Tensor> params, LARSOptions defaults);
 

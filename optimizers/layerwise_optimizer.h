@@ -1,12 +1,15 @@
 // What LARS, LARC, LAMB and NovoGrad share as torch::optim::Optimizer
 // subclasses: per-group options that survive construction, lazily created
-// fp32 state, the non-finite-gradient skip of docs/formulas.md, save/load, and the
-// step itself: gather the gradients, then the fused engine (kernels/engine.h,
-// CPU or CUDA runner) or the reference path in plain ATen ops.
+// fp32 state, the non-finite-gradient skip of docs/formulas.md, save/load, the
+// trust ratios of the last step, and the step itself: gather the gradients,
+// then the fused engine (kernels/engine.h, CPU or CUDA runner) or the
+// reference path in plain ATen ops. The members are defined in
+// layerwise_optimizer_impl.h, which each optimizer's .cpp instantiates; no
+// file here names an algorithm but its own.
 #pragma once
 
-#include <bigbatch/compat/torch_compat.h>
-#include <bigbatch/kernels/common.h>
+#include "../compat/torch_compat.h"
+#include "../kernels/common.h"
 
 #include <ATen/core/grad_mode.h>
 
@@ -19,7 +22,7 @@
 
 namespace bigbatch::optim {
 
-class EngineBinding;  // the bound multi-tensor step (optimizers/engine_dispatch.cpp)
+class EngineBinding;  // the bound multi-tensor step (optimizers/layerwise_optimizer_impl.h)
 
 /// A parameter that has a gradient in this step.
 struct ParamGrad {
@@ -44,12 +47,40 @@ at::Tensor run_closure(const std::function<at::Tensor()>& closure);
 /// Zeroed fp32 state shaped like `param`, on its device.
 at::Tensor fp32_zeros_like(const at::Tensor& param);
 
+/// A parameter and the trust ratio its update was scaled by.
+struct TrustRatio {
+  at::Tensor param;
+  double ratio = 0;
+};
+
+/// What the four optimizers offer beyond torch::optim::Optimizer, for code
+/// that holds any of them (or any optimizer: dynamic_cast to this).
+class LayerwiseOptimizerBase : public torch::optim::Optimizer {
+ public:
+  /// Steps that changed nothing because a gradient was inf or NaN
+  /// (options skip_nonfinite). After fused CUDA steps this reads the device's
+  /// counter (waiting for the stream).
+  virtual std::int64_t skipped_steps() const = 0;
+
+  /// The trust ratio each parameter's update was scaled by in the last step,
+  /// for the parameters of groups that adapt, in group order: LARS's and
+  /// LAMB's ratio, LARC's clipped local rate over lr. The step's own values
+  /// (fused: those the engine's finalizers computed; reference: those the
+  /// reference path used), not a recomputation. Empty before the first step,
+  /// after a skipped one, and for NovoGrad. After fused CUDA steps this reads
+  /// the device's ratios (waiting for the stream).
+  virtual std::vector<TrustRatio> trust_ratios() const = 0;
+
+ protected:
+  using torch::optim::Optimizer::Optimizer;
+};
+
 /// Base class of the four optimizers. `Options` is an
 /// OptimizerCloneableOptions with lr, skip_nonfinite, fused and validate();
 /// `ParamState` is an OptimizerCloneableParamState with a static
 /// `ParamState fresh(const at::Tensor& param)` that makes zeroed fp32 state.
 template <typename Options, typename ParamState>
-class LayerwiseOptimizer : public torch::optim::Optimizer {
+class LayerwiseOptimizer : public LayerwiseOptimizerBase {
  public:
   /// One step: the gradients of every group, then the fused engine when
   /// every group is fused(true) and every parameter with a gradient is a
@@ -63,10 +94,8 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   /// type it does not know by a copy of the defaults, so this one restores them.
   void add_param_group(const torch::optim::OptimizerParamGroup& group);
 
-  /// Steps that changed nothing because a gradient was inf or NaN
-  /// (options skip_nonfinite). After fused CUDA steps this reads the device's
-  /// counter (waiting for the stream).
-  std::int64_t skipped_steps() const;
+  std::int64_t skipped_steps() const override;
+  std::vector<TrustRatio> trust_ratios() const override;
 
   /// The state of `param`, or nullptr before its first step. After fused steps
   /// this first copies the step counts the engine keeps into the states.
@@ -143,6 +172,10 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   bool reference_norms(const std::vector<Group>& groups, bool with_weight,
                        std::vector<std::vector<TensorNorms>>& norms);
 
+  /// The reference path notes the trust ratio it scaled `param`'s update by
+  /// (trust_ratios()); a parameter whose group does not adapt has none.
+  void note_trust_ratio(const at::Tensor& param, double ratio) { noted_ratios_.push_back({param, ratio}); }
+
  private:
   /// The whole step on the engine, if it takes it (see step()); returns false,
   /// doing nothing, otherwise. A step the engine skips leaves the states it
@@ -160,6 +193,8 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
 
   const char* name_;
   std::shared_ptr<EngineBinding> engine_;
+  bool engine_ran_ = false;                   // the last step ran on the engine: its ratios are trust_ratios()
+  std::vector<TrustRatio> noted_ratios_;      // the last reference step's
   std::int64_t skipped_steps_ = 0;
   bool in_norm_pass_ = false;  // between gather() and skip_nonfinite()
   std::vector<compat::OptimizerStateKey> created_in_norm_pass_;

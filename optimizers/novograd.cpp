@@ -1,14 +1,28 @@
 // NovoGrad (novograd.h): options, state, the reference path of its step in
 // plain ATen ops, and its options as its fused plan takes them (kernels/novograd.h).
-#include <bigbatch/optimizers/novograd.h>
+#include "novograd.h"
 
-#include <bigbatch/optimizers/engine_hooks.h>
-#include <bigbatch/optimizers/internal.h>
+#include "internal.h"
+#include "layerwise_optimizer_impl.h"
 
 #include <cmath>
 #include <tuple>
 
 namespace bigbatch::optim {
+
+// What the fused step needs of the state (layerwise_optimizer_impl.h); declared
+// before anything here instantiates LayerwiseOptimizer.
+template <>
+struct FusedTraits<NovoGradOptions> {
+  using Plan = kernels::NovoGradPlan;
+  using State = NovoGradParamState;
+  static void bind(State& st, kernels::TensorSlot& slot) {  // two moments and a step count
+    slot.m = st.exp_avg().data_ptr<float>();
+    slot.v = st.exp_avg_sq().data_ptr<float>();
+    slot.step = st.step();
+  }
+  static void set_step(State& st, std::int64_t step) { st.step(step); }
+};
 
 NovoGradOptions::NovoGradOptions(double lr) : lr_(lr) {}
 
@@ -87,7 +101,7 @@ void NovoGrad::step_reference(const std::vector<Group>& groups) {
   });
 }
 
-// ----------------------------------------------------------- engine hooks ----
+// ------------------------------------------------ the options as the plan's ----
 
 kernels::NovoGradGroup kernel_group(const NovoGradOptions& o) {
   kernels::NovoGradGroup g;
@@ -99,5 +113,11 @@ kernels::NovoGradGroup kernel_group(const NovoGradOptions& o) {
   g.skip_nonfinite = o.skip_nonfinite();
   return g;
 }
+
+// ---------------------------------------------------------------- the step ----
+
+template class LayerwiseOptimizer<NovoGradOptions, NovoGradParamState>;
+
+torch::Tensor NovoGrad::step(LossClosure closure) { return LayerwiseOptimizer::step(std::move(closure)); }
 
 }  // namespace bigbatch::optim

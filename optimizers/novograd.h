@@ -10,8 +10,8 @@
 // (layerwise_param_groups) and changes nothing.
 #pragma once
 
-#include <bigbatch/kernels/novograd.h>
-#include <bigbatch/optimizers/layerwise_optimizer.h>
+#include "../kernels/novograd.h"
+#include "layerwise_optimizer.h"
 
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
@@ -78,9 +78,17 @@ struct NovoGradParamState : public torch::optim::OptimizerCloneableParamState<No
   static auto fields(Self& self);
 };
 
+/// One group's options as the fused plan (novograd.h in kernels/) takes them: every
+/// option the step reads (fused and master_weights choose the path instead).
+kernels::NovoGradGroup kernel_group(const NovoGradOptions& options);
+
 /// NovoGrad as a drop-in torch::optim::Optimizer.
 class NovoGrad : public LayerwiseOptimizer<NovoGradOptions, NovoGradParamState> {
  public:
+  /// One NovoGrad step (novograd.cpp): the fused plan (kernels::NovoGradPlan) on the CPU or CUDA
+  /// runner, or the reference path in ATen ops (options().fused(false)).
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
   explicit NovoGrad(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                     NovoGradOptions defaults = {});
   explicit NovoGrad(std::vector<torch::Tensor> params, NovoGradOptions defaults = {});

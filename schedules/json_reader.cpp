@@ -1,5 +1,5 @@
 // Strict JSON object reading (json_reader.h).
-#include <bigbatch/schedules/json_reader.h>
+#include "json_reader.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,5 +1,5 @@
 // LRAdapter (lr_adapter.h): scheduled rates into any optimizer's param groups.
-#include <bigbatch/schedules/lr_adapter.h>
+#include "lr_adapter.h"
 
 #include <c10/util/Exception.h>
 

@@ -4,7 +4,7 @@
 // (docs/formulas.md "Warmup"), which LARS provides.
 #pragma once
 
-#include <bigbatch/schedules/schedule.h>
+#include "schedule.h"
 
 #include <torch/optim/optimizer.h>
 

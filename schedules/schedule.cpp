@@ -1,8 +1,8 @@
 // Schedules (schedule.h): docs/formulas.md "Learning-rate scaling", "Warmup",
 // "Decays" and "Batch-size increase and regime adaptation", resolved to steps once.
-#include <bigbatch/schedules/schedule.h>
+#include "schedule.h"
 
-#include <bigbatch/schedules/json_reader.h>
+#include "json_reader.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The sanitizer lane: builds the tests labelled "sanitize" (the CPU kernels'
-# tests, the torch-free TensorBoard tests, and the replay of the schedule, IDX
-# and event-file fuzz corpora) with AddressSanitizer and UndefinedBehaviorSanitizer
+# tests, the torch-free file tests: run-folder files, records, TensorBoard
+# events; and the replay of the schedule, IDX and event-file fuzz corpora)
+# with AddressSanitizer and UndefinedBehaviorSanitizer
 # in ./build-asan, and runs them through ctest. Any report fails the test
 # (UBSan does not recover; ASan aborts). The SIMT executor's suites run under
 # both sanitizers in the main build already.
@@ -14,7 +15,7 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DBIGBATCH_BUILD_BENCHMARKS=OFF \
   -DBIGBATCH_SIMT_TESTS=OFF > /dev/null
 cmake --build build-asan --parallel 2 --target \
-  kernels_tests tensorboard_tests fuzz_schedule_replay fuzz_idx_replay fuzz_events_replay
+  kernels_tests io_tests fuzz_schedule_replay fuzz_idx_replay fuzz_events_replay
 # LibTorch's static caches outlive main: leak reports would be its, not ours.
 ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
   ctest --test-dir build-asan -L sanitize --output-on-failure --parallel 2 --timeout 600

@@ -5,15 +5,15 @@
 //   bigbatch plot DIR... [--out FIG_DIR]           the plots of sweep folders, compared
 //   bigbatch report DIR... [--format F]            their steps-to-target tables
 // Exit 0 on success, 2 on a bad config or arguments (one line), 1 on failures.
-#include <bigbatch/distributed/process_group.h>
-#include <bigbatch/experiments/cbs.h>
-#include <bigbatch/experiments/config.h>
-#include <bigbatch/experiments/launch.h>
-#include <bigbatch/experiments/preflight.h>
-#include <bigbatch/experiments/results.h>
-#include <bigbatch/experiments/sweep.h>
-#include <bigbatch/experiments/trial_folder.h>
-#include <bigbatch/experiments/workers.h>
+#include "../../distributed/process_group.h"
+#include "../cbs.h"
+#include "../config.h"
+#include "../launch.h"
+#include "../preflight.h"
+#include "../results.h"
+#include "../sweep.h"
+#include "../trial_folder.h"
+#include "../workers.h"
 
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
@@ -343,10 +343,11 @@ int run(int argc, char** argv) {
     at::set_num_threads(threads);
     const bx::Dataset data = bx::load_data(cfg);
     const std::string tdir = (fs::path(out) / (chosen->folder + ".train") / trial.name).string();
-    const bx::TrialResult r = bx::run_one(
-        trial, data, tdir,
-        [](const bx::TrialProgress& p) { std::cerr << "step " << p.step << "/" << p.budget << " loss " << p.loss << "\n"; },
-        group.get());
+    bx::FolderHooks hooks;
+    hooks.progress = [](const bx::TrialProgress& p) {
+      std::cerr << "step " << p.step << "/" << p.budget << " loss " << p.loss << "\n";
+    };
+    const bx::TrialResult r = bx::run_one(trial, data, tdir, hooks, group.get());
     if (group && group->rank() != 0) return 0;
     std::cout << (group ? "data-parallel over " + std::to_string(group->size()) + " ranks (" +
                               bigbatch::distributed::backend_name(group->backend()) + ", " +

@@ -1,8 +1,8 @@
-// Plumbing of the CPU runner (kernels/cpu/engine.cpp): dtype dispatch and
+// Plumbing of the CPU runner (kernels/cpu/runner.h): dtype dispatch and
 // the fp32 loads and stores of 16-bit storage.
 #pragma once
 
-#include <bigbatch/kernels/common.h>
+#include "../common.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>

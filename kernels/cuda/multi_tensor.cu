@@ -1,6 +1,6 @@
-// What the CUDA runner's instantiations share (engine.cuh): CUDA errors as
+// What the CUDA runner's instantiations share (runner.cuh): CUDA errors as
 // exceptions, the capture check, and uploads by kernel arguments.
-#include <bigbatch/kernels/cuda/engine.cuh>
+#include "runner.cuh"
 
 #include <algorithm>
 #include <cstring>

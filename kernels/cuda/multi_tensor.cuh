@@ -6,11 +6,11 @@
 // (kernels/plan.h) pass by pass.
 #pragma once
 
-#include <bigbatch/kernels/engine.h>
-#include <bigbatch/kernels/plan.h>
+#include "../engine.h"
+#include "../plan.h"
 
 #if defined(BIGBATCH_SIMT)
-#include <bigbatch/kernels/simt/cuda.h>  // the device code on the CPU executor (tests)
+#include "../simt/cuda.h"  // the device code on the CPU executor (tests)
 #include <math.h>
 #else
 #include <cuda_bf16.h>

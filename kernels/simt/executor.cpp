@@ -5,7 +5,7 @@
 // nothing can be released. Blocks run one at a time, in a shuffled order.
 // Device memory is host memory; runtime calls are synchronous except on
 // created streams, whose work waits in a queue until someone waits for it.
-#include <bigbatch/kernels/simt/cuda.h>
+#include "cuda.h"
 
 #include <boost/context/fiber.hpp>
 

@@ -13,10 +13,13 @@ torch_dir=$(sed -n 's/^Torch_DIR:[A-Z]*=//p' "$build/CMakeCache.txt")
 if [ -n "$torch_dir" ]; then args+=(-DTorch_DIR="$torch_dir"); fi
 if [ "$mode" = package ]; then
   cmake --install "$build" --prefix "$work/prefix" >/dev/null
-  args+=(-DCMAKE_PREFIX_PATH="$work/prefix")
+  args+=(-DCMAKE_PREFIX_PATH="$work/prefix" -DBIGBATCH_PUBLIC_HEADERS_DIR="$work/prefix/include/bigbatch")
+else  # the build tree's links to the public headers (CMakeLists.txt, BIGBATCH_INCLUDE_ROOT)
+  args+=(-DBIGBATCH_PUBLIC_HEADERS_DIR="$work/build/bigbatch/public-include/bigbatch")
 fi
 cmake -S "$src/tests/consumer" -B "$work/build" "${args[@]}" >/dev/null
-# Only the public headers are reachable (tests/consumer/CMakeLists.txt).
+# Every public header compiles alone in a consumer, and only those are
+# reachable (tests/consumer/CMakeLists.txt).
 cmake --build "$work/build" --target include_public >/dev/null
 IFS=';' read -r -a internal < "$work/build/include_internal_targets.txt"
 for target in "${internal[@]}"; do

@@ -1,5 +1,5 @@
-// Batched trials (batched.h) against the same trials run one by one through
-// Trainer: per-lane evaluations over the first 50 steps and the final
+// Batched trials (batched.h: a Trainer of several lanes) against the same
+// trials run one by one: per-lane evaluations over the first 50 steps and the final
 // parameters agree to fp32 rounding, for LAMB, LARS, SGD with momentum and
 // AdamW, with and without BatchNorm, with the noise scale measured. The
 // tolerance, 2e-4 relative: the stacked model computes the lanes' first layer
@@ -12,8 +12,8 @@
 // to 0.025 after 50 AdamW steps. Those biases are left out of the parameter
 // check; they shift BatchNorm's running mean, which moves the validation loss
 // of Adam-type lanes with BatchNorm by up to 1e-3 relative (kRtolBatchNormAdam).
-#include <bigbatch/experiments/batched.h>
-#include <bigbatch/experiments/trial.h>
+#include "../../experiments/batched.h"
+#include "../../experiments/trial.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -63,8 +63,8 @@ void expect_close(double a, double b, double rtol, const std::string& what) {
 
 void expect_lanes_equal_separate(const std::vector<TrialConfig>& trials, const std::string& label,
                                  const Dataset& data) {
-  GroupTrainer group(trials, data);
-  const std::vector<TrialResult> batched = group.run({});
+  Trainer group(trials, data);
+  const std::vector<TrialResult> batched = group.run();
   ASSERT_EQ(batched.size(), trials.size());
   const bool adam_like = trials[0].optimizer.name == OptimizerName::kAdamW ||
                          trials[0].optimizer.name == OptimizerName::kLamb ||
@@ -72,7 +72,7 @@ void expect_lanes_equal_separate(const std::vector<TrialConfig>& trials, const s
   const double val_rtol = adam_like && trials[0].model.norm != Norm::kNone ? kRtolBatchNormAdam : kRtol;
   for (std::size_t k = 0; k < trials.size(); ++k) {
     Trainer alone(trials[k], data);
-    const TrialResult r = alone.run();
+    const TrialResult r = alone.run().front();
     const std::string where = label + " lane " + std::to_string(k);
     EXPECT_EQ(batched[k].status, r.status) << where;
     EXPECT_EQ(batched[k].steps, r.steps) << where;
@@ -89,8 +89,8 @@ void expect_lanes_equal_separate(const std::vector<TrialConfig>& trials, const s
       EXPECT_LE(std::abs(a.val_error - b.val_error), 2.0 / 512) << at << " val_error";  // at most 2 examples flip
     }
     if (r.status == TrialStatus::kDiverged) continue;
-    EXPECT_EQ(group.lane_module(k).named_parameters().size(), alone.model()->named_parameters().size()) << where;
-    const auto mine = group.lane_module(k).named_parameters();
+    EXPECT_EQ(group.module(k).named_parameters().size(), alone.model()->named_parameters().size()) << where;
+    const auto mine = group.module(k).named_parameters();
     std::set<std::string> before_norm;  // "<i>.bias" of a linear layer i that feeds a norm layer
     for (std::size_t i = 0; i + 1 < alone.model()->size(); ++i) {
       const std::string next = alone.model()->ptr(i + 1)->name();
@@ -154,11 +154,11 @@ TEST(BatchedTrials, TheConvolutionalModelsToo) {
       // 1.13 rounds alike (the same bits) and 2.x nearly so.
       TrialConfig one = trials[0];
       one.budget = {30, bigbatch::schedules::Unit::kSteps};
-      GroupTrainer group({one}, data);
-      group.run({});
+      Trainer group(std::vector<TrialConfig>{one}, data);
+      group.run();
       Trainer alone(one, data);
       alone.run();
-      const auto mine = group.lane_module(0).named_parameters();
+      const auto mine = group.module(0).named_parameters();
       for (const auto& p : alone.model()->named_parameters()) {
         EXPECT_TRUE(at::allclose(mine[p.key()], p.value(), 1e-5, 1e-7))
             << schedules_name(type) << " one lane " << p.key() << ": max |difference| "
@@ -198,8 +198,8 @@ TEST(BatchedTrials, GhostBatchNormAndALaneThatDivergesLeaveTheOthersAlone) {
   for (auto& t : trials) t.model.ghost_batch_size = 8;
   trials[1].schedule.base_lr = 1e30;  // diverges within a few steps
   const Dataset data = load_dataset(trials[0].data);
-  GroupTrainer group(trials, data);
-  const std::vector<TrialResult> results = group.run({});
+  Trainer group(trials, data);
+  const std::vector<TrialResult> results = group.run();
   EXPECT_EQ(results[1].status, TrialStatus::kDiverged);
   expect_lanes_equal_separate(trials, "ghost");
 }
@@ -222,7 +222,7 @@ TEST(BatchedTrials, WhoMayShareAGroup) {
   b = a;
   b.checkpoint_every = 10;
   EXPECT_EQ(batch_refusal(b), "checkpoints");
-  EXPECT_THROW(GroupTrainer({a, b}, load_dataset(a.data)), c10::Error);
+  EXPECT_THROW(Trainer(std::vector<TrialConfig>{a, b}, load_dataset(a.data)), c10::Error);
 }
 
 }  // namespace

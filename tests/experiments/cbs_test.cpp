@@ -3,9 +3,9 @@
 // continued; and on linear regression, where every gradient moment is known
 // in closed form, the measured critical batch against the one the exact
 // expected-loss recursion gives.
-#include <bigbatch/experiments/cbs.h>
-#include <bigbatch/experiments/files.h>
-#include <bigbatch/experiments/trial.h>
+#include "../../experiments/cbs.h"
+#include "../../experiments/files.h"
+#include "../../experiments/trial.h"
 
 #include <gtest/gtest.h>
 
@@ -158,7 +158,7 @@ TEST(Cbs, ABranchAtTheReferenceBatchIsTheReferenceContinued) {
   Trainer branch(b, data);
   branch.branch_from(bytes);
   EXPECT_EQ(branch.step(), 0);
-  const TrialResult r = branch.run();
+  const TrialResult r = branch.run().front();
   EXPECT_EQ(r.steps, 50);
   ASSERT_EQ(r.rows.size(), 1u);
   EXPECT_EQ(r.rows.back().examples, 80 * 24);  // counted from the reference's start

@@ -523,7 +523,7 @@ bad_configs)
     # Without a GPU (or a CUDA LibTorch) a CUDA trial is refused with one line, exit 1.
     expect_error 1 'device "cuda": no CUDA device is visible' "$bigbatch" train "$config" --steps 1 --device cuda --out cuda
   fi
-  expect_error 2 "cannot open the config file" "$bigbatch" sweep missing.json
+  expect_error 2 "missing.json: cannot read: No such file or directory" "$bigbatch" sweep missing.json
   expect_error 2 "" "$bigbatch" sweep "$config" --jobs zero
   expect_error 2 "--jobs: must be >= 1, got 0" "$bigbatch" sweep "$config" --jobs 0 --out jobs0
   expect_error 2 "--jobs: must be >= 1, got 0" "$bigbatch" cbs "$src/tests/experiments/e2e_cbs.json" --jobs 0 --out jobs0

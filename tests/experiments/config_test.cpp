@@ -1,7 +1,7 @@
 // Sweep configs: strict parsing with messages naming the key, the expansion
 // into trials, the quasi-random search, variants, and safe names.
-#include <bigbatch/experiments/config.h>
-#include <bigbatch/experiments/trial.h>
+#include "../../experiments/config.h"
+#include "../../experiments/trial.h"
 
 #include <gtest/gtest.h>
 

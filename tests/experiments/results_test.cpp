@@ -1,8 +1,8 @@
 // The result files a sweep leaves: metrics.csv's columns, and the per-batch
 // choice in steps_to_target.csv (the fastest trial that reached, else the one
 // closest to the target), written from hand-made summaries.
-#include <bigbatch/experiments/files.h>
-#include <bigbatch/experiments/results.h>
+#include "../../experiments/files.h"
+#include "../../experiments/results.h"
 
 #include <gtest/gtest.h>
 

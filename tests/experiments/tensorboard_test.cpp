@@ -1,9 +1,11 @@
-// TensorBoard event files: CRC32C against the published check values, the
-// protobuf bytes of an event against a hand encoding, records cut short at
-// every byte, and a resumed writer dropping the steps after its checkpoint.
+// TensorBoard event files and their record framing (records.h): CRC32C
+// against the published check values, the protobuf bytes of an event against
+// a hand encoding, records cut short at every byte, and a resumed writer
+// dropping the steps after its checkpoint.
 // Torch-free (it runs in the sanitizer lane too). The real `tensorboard`
 // package reads the files back in tests/experiments/tensorboard_read.py.
-#include <bigbatch/experiments/tensorboard.h>
+#include "../../experiments/records.h"
+#include "../../experiments/tensorboard.h"
 
 #include <gtest/gtest.h>
 
@@ -16,6 +18,7 @@
 namespace {
 
 using namespace bigbatch::experiments::tensorboard;
+using namespace bigbatch::experiments::records;
 namespace fs = std::filesystem;
 
 std::string bytes_of(std::initializer_list<int> values) {

@@ -1,9 +1,9 @@
 // Trainer, models and data of the runner: parameter counts of the shipped
 // architectures, the sampler's epochs, and the three ways a trial ends.
-#include <bigbatch/experiments/files.h>
-#include <bigbatch/experiments/tensorboard.h>
-#include <bigbatch/experiments/trial.h>
-#include <bigbatch/experiments/trial_folder.h>
+#include "../../experiments/files.h"
+#include "../../experiments/records.h"
+#include "../../experiments/trial.h"
+#include "../../experiments/trial_folder.h"
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -88,7 +88,7 @@ TEST(Trainer, EndsReachedNotReachedOrDiverged) {
   const auto run = [](const TrialConfig& c) {
     const Dataset d = load_dataset(c.data);
     Trainer t(c, d);
-    return t.run();
+    return t.run().front();
   };
   const TrialResult reached = run(mixture_trial(0.05, 0.2));
   EXPECT_EQ(reached.status, TrialStatus::kReached);
@@ -114,7 +114,7 @@ TEST(Trainer, SameSeedSameRun) {
   const TrialConfig c = mixture_trial(0.05, 0.001);
   const Dataset d = load_dataset(c.data);
   Trainer a(c, d), b(c, d);
-  for (int i = 0; i < 20; ++i) EXPECT_EQ(a.train_step(), b.train_step());
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(a.train_step().front(), b.train_step().front());
 }
 
 // An interrupted run resumed from its last checkpoint ends exactly as the
@@ -135,7 +135,7 @@ TEST(Trainer, ResumedFromACheckpointEqualsUninterrupted) {
     const Dataset d = load_dataset(c.data);
 
     Trainer whole(c, d);
-    const TrialResult full = whole.run();
+    const TrialResult full = whole.run().front();
 
     std::vector<std::string> saved;
     std::int64_t stopped_at = 0;
@@ -143,7 +143,9 @@ TEST(Trainer, ResumedFromACheckpointEqualsUninterrupted) {
       TrialConfig first = c;
       first.budget = {50, bigbatch::schedules::Unit::kSteps};  // "killed" after step 50
       Trainer a(first, d);
-      a.run({}, [&](const std::string& bytes) { saved.push_back(bytes); });
+      Trainer::Hooks hooks;
+      hooks.on_checkpoint = [&](const std::string& bytes) { saved.push_back(bytes); };
+      a.run(hooks);
       stopped_at = a.step();
     }
     ASSERT_EQ(stopped_at, 50);
@@ -151,7 +153,7 @@ TEST(Trainer, ResumedFromACheckpointEqualsUninterrupted) {
     Trainer b(c, d);
     b.restore(saved.back());  // step 40
     EXPECT_EQ(b.step(), 40);
-    const TrialResult resumed = b.run();
+    const TrialResult resumed = b.run().front();
 
     ASSERT_EQ(resumed.rows.size(), full.rows.size()) << to_string(optimizer);
     for (std::size_t i = 0; i < full.rows.size(); ++i) {
@@ -179,13 +181,13 @@ TEST(Trainer, CheckpointKeysAreNamedAndOtherFormatsAreRefused) {
   c.target.eval_every = 20;
   const Dataset d = load_dataset(c.data);
   Trainer t(c, d);
-  const TrialResult r = t.run();
+  const TrialResult r = t.run().front();
   ASSERT_EQ(r.rows.size(), 3u);
   // The archive: after the header line, framed as one TFRecord.
   const std::string bytes = t.checkpoint();
   const std::string header = "bigbatch checkpoint\n";
   ASSERT_EQ(bytes.substr(0, header.size()), header);
-  const auto records = bigbatch::experiments::tensorboard::read_records(std::string_view(bytes).substr(header.size()));
+  const auto records = bigbatch::experiments::records::read_records(std::string_view(bytes).substr(header.size()));
   ASSERT_EQ(records.payloads.size(), 1u);
   torch::serialize::InputArchive archive;
   std::istringstream in(records.payloads[0]);
@@ -213,7 +215,7 @@ TEST(Trainer, CheckpointKeysAreNamedAndOtherFormatsAreRefused) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   };
-  refused(header + bigbatch::experiments::tensorboard::frame(old_bytes.str()), "not of format");
+  refused(header + bigbatch::experiments::records::frame(old_bytes.str()), "not of format");
   refused(old_bytes.str(), "not a bigbatch checkpoint");  // an unframed archive (bigbatch before the header)
   // Cut anywhere, or one byte changed: refused before LibTorch reads it.
   for (const std::size_t cut : {header.size(), header.size() + 11, bytes.size() / 2, bytes.size() - 1}) {
@@ -236,7 +238,7 @@ TEST(TrialFolder, AnUnreadableCheckpointRestartsTheTrial) {
   c.target.eval_every = 10;
   c.checkpoint_every = 20;
   const Dataset d = load_dataset(c.data);
-  const TrialResult fresh = Trainer(c, d).run();
+  const TrialResult fresh = Trainer(c, d).run().front();
   const auto dir = std::filesystem::temp_directory_path() / ("bigbatch_trial_folder_test_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
@@ -264,12 +266,12 @@ TEST(Trainer, CudaTrialFollowsTheCpuTrial_CUDA) {
     // The same data, weights and rates: the losses agree to float rounding
     // (different kernels sum in different orders) over the first steps.
     for (int i = 0; i < 10; ++i) {
-      const double a = cpu.train_step();
-      const double b = gpu.train_step();
+      const double a = cpu.train_step().front();
+      const double b = gpu.train_step().front();
       EXPECT_NEAR(a, b, 1e-3 * std::abs(a) + 1e-4) << to_string(optimizer) << ", step " << i;
     }
-    const auto [loss_cpu, error_cpu] = cpu.evaluate();
-    const auto [loss_gpu, error_gpu] = gpu.evaluate();
+    const auto [loss_cpu, error_cpu] = cpu.evaluate().front();
+    const auto [loss_gpu, error_gpu] = gpu.evaluate().front();
     EXPECT_NEAR(loss_cpu, loss_gpu, 1e-2 * loss_cpu) << to_string(optimizer);
   }
 }

@@ -1,6 +1,6 @@
 // The sweep's trial order and the exact-pruning rule (trial_queue.h), on
 // hand-made trials: batch sizes 32, 64, 128, each with rates 0.001, 0.01, 0.03.
-#include <bigbatch/experiments/trial_queue.h>
+#include "../../experiments/trial_queue.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,7 @@
 // Fuzz target: the TensorBoard event file reader (TFRecords, then each record's
 // Event protobuf), as a resumed trial reads its own file back.
-#include <bigbatch/experiments/tensorboard.h>
+#include "../../experiments/records.h"
+#include "../../experiments/tensorboard.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -10,7 +11,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace tb = bigbatch::experiments::tensorboard;
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
-  const auto records = tb::read_records(bytes);
+  const auto records = bigbatch::experiments::records::read_records(bytes);
   if (records.whole_bytes > size) __builtin_trap();
   for (const auto& payload : records.payloads) {
     try {

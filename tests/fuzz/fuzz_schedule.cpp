@@ -1,7 +1,7 @@
 // Fuzz target: the schedule JSON reader and the schedule it resolves to. The
 // first 8 bytes choose the batch size, the epoch length and the steps looked
 // at; the rest is the "schedule" object. Rejections must be c10::Error.
-#include <bigbatch/schedules/schedule.h>
+#include "../../schedules/schedule.h"
 
 #include <c10/util/Exception.h>
 

@@ -5,7 +5,7 @@
 // without a rebuild. The optimizer tests cover the four plans end to end.
 #include "host_tensors.h"
 
-#include <bigbatch/kernels/engine.h>
+#include "../../kernels/engine.h"
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>

@@ -3,7 +3,10 @@
 // the SIMT executor, whose device memory is host memory.
 #pragma once
 
-#include <bigbatch/kernels/engine.h>
+#include "../../kernels/engine.h"
+#include "../../kernels/lamb.h"
+#include "../../kernels/momentum.h"
+#include "../../kernels/novograd.h"
 
 #include <cstdint>
 #include <vector>

@@ -1,8 +1,11 @@
-// The host side of the CUDA runner (kernels/cuda/engine.cuh), which runs
+// The host side of the CUDA runner (kernels/cuda/runner.cuh), which runs
 // without a GPU: what a bind without tensors does, and what a bind that names
 // a missing group throws. Linked against the library nvcc built; no kernel is
 // launched. (The bytes each plan moves are checked in cpu_engine_test.cpp.)
-#include <bigbatch/kernels/engine.h>
+#include "../../kernels/engine.h"
+#include "../../kernels/lamb.h"
+#include "../../kernels/momentum.h"
+#include "../../kernels/novograd.h"
 
 #include <gtest/gtest.h>
 

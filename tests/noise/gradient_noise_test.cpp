@@ -1,7 +1,7 @@
 // Gradient noise injection: with fixed seeds the injected noise has the mean
 // and variance of docs/formulas.md within 5 standard errors, and the expected
 // gradient is unchanged.
-#include <bigbatch/noise/gradient_noise.h>
+#include "../../noise/gradient_noise.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // The gradient noise scale on the linear regression y = 10(x + N(0,1)) + 2,
 // where |G|^2 and tr(Sigma) have closed forms, and the critical-batch fit.
-#include <bigbatch/noise/critical_batch.h>
-#include <bigbatch/noise/noise_scale.h>
+#include "../../noise/critical_batch.h"
+#include "../../noise/noise_scale.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -1,6 +1,6 @@
 // GhostBatchNorm against torch::nn::BatchNorm (batch <= ghost size) and against
 // a float64 re-derivation of docs/formulas.md from plain ops (batch > ghost size).
-#include <bigbatch/normalization/ghost_batch_norm.h>
+#include "../../normalization/ghost_batch_norm.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

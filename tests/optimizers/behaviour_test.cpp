@@ -4,8 +4,7 @@
 #include "engine_device.h"
 #include "reference64.h"
 
-#include <bigbatch/bigbatch.h>
-#include <bigbatch/optimizers/engine_hooks.h>  // internal: what the engine dispatch sends
+#include "../../bigbatch.h"
 
 #include <gtest/gtest.h>
 #include <torch/nn/modules/container/sequential.h>

@@ -1,7 +1,7 @@
 // Each optimizer minimizes a badly conditioned quadratic, the Rosenbrock
 // function and a small classification problem (both paths share the same
 // kernels tested elsewhere, so these run the default fused path).
-#include <bigbatch/bigbatch.h>
+#include "../../bigbatch.h"
 
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>

@@ -1,7 +1,7 @@
 // The fused CUDA step without host synchronization: captured once in a CUDA
 // graph and replayed, it gives the bits of eager steps; after its first step
 // it allocates nothing. Built with BIGBATCH_CUDA only; skipped without a GPU.
-#include <bigbatch/bigbatch.h>
+#include "../../bigbatch.h"
 
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -5,12 +5,12 @@
 #include "engine_device.h"
 #include "golden_check.h"
 
-#include <bigbatch/bigbatch.h>
+#include "../../bigbatch.h"
 
 #include <gtest/gtest.h>
 
 #if defined(BIGBATCH_SIMT)
-#include <bigbatch/kernels/simt/cuda.h>
+#include "../../kernels/simt/cuda.h"
 #endif
 
 #include <string>

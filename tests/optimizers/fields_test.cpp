@@ -5,8 +5,7 @@
 // keys ties this test's lists to the types: a field added to a type and not
 // here fails the test, and one added to a type but not to its fields() does
 // not compile.
-#include <bigbatch/bigbatch.h>
-#include <bigbatch/optimizers/engine_hooks.h>  // internal: what the engine dispatch sends
+#include "../../bigbatch.h"
 
 #include <gtest/gtest.h>
 #include <torch/serialize/input-archive.h>

@@ -1,6 +1,6 @@
 // First steps worked out by hand from docs/formulas.md on w = [3, 4] (||w|| = 5)
 // and g = [0.6, 0.8] (||g|| = 1), so every norm is a round number.
-#include <bigbatch/bigbatch.h>
+#include "../../bigbatch.h"
 
 #include <gtest/gtest.h>
 

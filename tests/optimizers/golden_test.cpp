@@ -6,7 +6,7 @@
 #include "golden_check.h"
 #include "reference64.h"
 
-#include <bigbatch/bigbatch.h>
+#include "../../bigbatch.h"
 
 #include <gtest/gtest.h>
 

@@ -9,7 +9,7 @@
 //                       with adam_w_mode(false) = Adam(weight_decay) (L2 in the gradient)
 // The file's path: the environment variable BIGBATCH_TORCH_OPTIM_JSON if set,
 // else the compile definition of the same name (the TorchOptim.reference fixture).
-#include <bigbatch/bigbatch.h>
+#include "../../bigbatch.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -1,9 +1,9 @@
 // LRAdapter: scheduled rates reach every param group of LibTorch's and
 // bigbatch's optimizers with their ratios kept; momentum correction for LARS.
-#include <bigbatch/compat/torch_compat.h>
-#include <bigbatch/optimizers/lamb.h>
-#include <bigbatch/optimizers/lars.h>
-#include <bigbatch/schedules/lr_adapter.h>
+#include "../../compat/torch_compat.h"
+#include "../../optimizers/lamb.h"
+#include "../../optimizers/lars.h"
+#include "../../schedules/lr_adapter.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>

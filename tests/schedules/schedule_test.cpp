@@ -1,6 +1,6 @@
 // Schedules against hand-computed rates and batch sizes (docs/formulas.md: scaling,
 // warmup, decays, batch-size increase, regime adaptation) and their JSON form.
-#include <bigbatch/schedules/schedule.h>
+#include "../../schedules/schedule.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // The SIMT executor itself (kernels/simt): kernels written here run as CUDA
 // would run them, and the misuse the executor exists to catch is reported.
-#include <bigbatch/kernels/simt/cuda.h>
+#include "../../kernels/simt/cuda.h"
 
 #include <gtest/gtest.h>
 

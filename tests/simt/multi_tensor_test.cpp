@@ -3,8 +3,8 @@
 // launches, checked against what the executor saw.
 #include "../kernels/host_tensors.h"
 
-#include <bigbatch/kernels/engine.h>
-#include <bigbatch/kernels/simt/cuda.h>
+#include "../../kernels/engine.h"
+#include "../../kernels/simt/cuda.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // The CUDA runner of the multi-tensor step (kernels/engine.h): the device
 // table of a plan, its uploads by kernel arguments, and the run of the plan
-// (DeviceRunner, multi_tensor.cuh). Included by each algorithm's .cu, which
-// instantiates it for its plan. What lives on the device: the table of
+// (DeviceRunner, multi_tensor.cuh). Included by each algorithm's .cu in
+// kernels/, which instantiates make_step for its plan. What lives on the device: the table of
 // tensors (built once, rebuilt only when the tensors change), each tensor's
 // step count, the options, the skip flag and skipped-step counter, and the
 // per-chunk and per-tensor sums. A step launches a fixed number of kernels
@@ -9,15 +9,51 @@
 // device, and can be captured in a CUDA graph once bound.
 #pragma once
 
-#include <bigbatch/kernels/cuda/multi_tensor.cuh>
+#include "multi_tensor.cuh"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
 namespace bigbatch::kernels::cuda {
 
 inline std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+/// Where each array of a device table lies in its one allocation: the
+/// offset of each, in the order placed, each 256-byte aligned.
+template <typename Group>
+struct ArenaLayout {
+  std::size_t bytes = 0;  ///< the whole allocation (first: place() adds to it as the offsets are made)
+  std::size_t slots, grads, chunk_start, groups, partial, sums, coef, ratio, steps, group_coef, chunk_tensor;
+
+  ArenaLayout(std::size_t tensors, std::size_t num_groups, std::size_t chunks)
+      : slots(place(tensors * sizeof(Slot))),
+        grads(place(tensors * sizeof(void*))),
+        chunk_start(place((tensors + 1) * sizeof(std::int64_t))),
+        groups(place(num_groups * sizeof(Group))),
+        partial(place(2 * chunks * sizeof(double))),
+        sums(place(2 * tensors * sizeof(double))),
+        coef(place(tensors * sizeof(float))),
+        ratio(place(tensors * sizeof(double))),
+        steps(place(tensors * sizeof(std::int64_t))),
+        group_coef(place(num_groups * sizeof(float))),
+        chunk_tensor(place(chunks * sizeof(std::int32_t))) {}
+
+  /// The array at `offset` of the allocation at `base`.
+  template <typename T>
+  static T* at(void* base, std::size_t offset) {
+    return reinterpret_cast<T*>(static_cast<unsigned char*>(base) + offset);
+  }
+
+ private:
+  // Places `size` bytes after what is placed so far.
+  std::size_t place(std::size_t size) {
+    const std::size_t offset = bytes;
+    bytes += round_up(size);
+    return offset;
+  }
+};
 
 template <typename T>
 int upload(T* dst, const std::vector<T>& src, cudaStream_t stream) {
@@ -84,6 +120,7 @@ class CudaStep final : public MultiTensorStep<Plan> {
     if (slots_.empty()) return;
     const DeviceRunner<Group> runner{table_, stream};
     Plan::run(runner, config_);
+    ran_ = true;
     record(stream);
   }
 
@@ -91,6 +128,13 @@ class CudaStep final : public MultiTensorStep<Plan> {
     std::vector<std::int64_t> out(slots_.size());
     if (out.empty()) return out;
     read_back(out.data(), table_.steps, out.size() * sizeof(std::int64_t));
+    return out;
+  }
+
+  std::vector<double> trust_ratios() const override {
+    std::vector<double> out(slots_.size(), std::numeric_limits<double>::quiet_NaN());
+    if (out.empty() || !ran_) return out;  // every run writes every tensor's ratio (kernels/plan.h)
+    read_back(out.data(), table_.ratio, out.size() * sizeof(double));
     return out;
   }
 
@@ -158,53 +202,32 @@ class CudaStep final : public MultiTensorStep<Plan> {
     const ChunkLayout layout = chunk_layout(slots);
     const auto chunks = static_cast<std::size_t>(layout.chunk_start.back());
 
-    // One allocation, carved in this order.
-    const std::size_t sizes[] = {round_up(t * sizeof(Slot)),
-                                 round_up(t * sizeof(void*)),
-                                 round_up((t + 1) * sizeof(std::int64_t)),
-                                 round_up(num_groups * sizeof(Group)),
-                                 round_up(2 * chunks * sizeof(double)),
-                                 round_up(2 * t * sizeof(double)),
-                                 round_up(t * sizeof(float)),
-                                 round_up(t * sizeof(std::int64_t)),
-                                 round_up(num_groups * sizeof(float)),
-                                 round_up(chunks * sizeof(std::int32_t))};
-    std::size_t total = 0;
-    for (const std::size_t size : sizes) total += size;
-    if (total > arena_bytes_) {
+    // One allocation holds the table and its work arrays.
+    const ArenaLayout<Group> layout_of(t, num_groups, chunks);
+    if (layout_of.bytes > arena_bytes_) {
       if (arena_ != nullptr) BIGBATCH_CUDA_CHECK(cudaFree(arena_));
       arena_ = nullptr;
-      BIGBATCH_CUDA_CHECK(cudaMalloc(&arena_, total));
-      arena_bytes_ = total;
+      BIGBATCH_CUDA_CHECK(cudaMalloc(&arena_, layout_of.bytes));
+      arena_bytes_ = layout_of.bytes;
     }
     if (scalars_ == nullptr) {
       BIGBATCH_CUDA_CHECK(cudaMalloc(&scalars_, sizeof(Scalars)));
       const Scalars initial{0, 0u, skipped};
       bind_launches_ += upload(scalars_, &initial, sizeof(initial), stream);
     }
-    auto* base = static_cast<unsigned char*>(arena_);
-    std::size_t offset = 0;
-    auto carve = [&](std::size_t index) {
-      void* p = base + offset;
-      offset += sizes[index];
-      return p;
-    };
-    auto* dev_slots = static_cast<Slot*>(carve(0));
-    auto* dev_grads = static_cast<const void**>(carve(1));
-    auto* dev_chunk_start = static_cast<std::int64_t*>(carve(2));
-    auto* dev_groups = static_cast<Group*>(carve(3));
+    using L = ArenaLayout<Group>;
     table_ = Table<Group>{};
-    table_.slots = dev_slots;
-    table_.grads = dev_grads;
-    table_.chunk_start = dev_chunk_start;
-    table_.groups = dev_groups;
-    table_.partial = static_cast<double*>(carve(4));
-    table_.sums = static_cast<double*>(carve(5));
-    table_.coef = static_cast<float*>(carve(6));
-    table_.steps = static_cast<std::int64_t*>(carve(7));
-    table_.group_coef = static_cast<float*>(carve(8));
-    auto* dev_chunk_tensor = static_cast<std::int32_t*>(carve(9));
-    table_.chunk_tensor = dev_chunk_tensor;
+    table_.slots = L::template at<Slot>(arena_, layout_of.slots);
+    table_.grads = L::template at<const void*>(arena_, layout_of.grads);
+    table_.chunk_start = L::template at<std::int64_t>(arena_, layout_of.chunk_start);
+    table_.groups = L::template at<Group>(arena_, layout_of.groups);
+    table_.partial = L::template at<double>(arena_, layout_of.partial);
+    table_.sums = L::template at<double>(arena_, layout_of.sums);
+    table_.coef = L::template at<float>(arena_, layout_of.coef);
+    table_.ratio = L::template at<double>(arena_, layout_of.ratio);
+    table_.steps = L::template at<std::int64_t>(arena_, layout_of.steps);
+    table_.group_coef = L::template at<float>(arena_, layout_of.group_coef);
+    table_.chunk_tensor = L::template at<std::int32_t>(arena_, layout_of.chunk_tensor);
     table_.scalars = scalars_;
     table_.num_tensors = static_cast<int>(t);
     table_.num_groups = static_cast<int>(num_groups);
@@ -218,14 +241,15 @@ class CudaStep final : public MultiTensorStep<Plan> {
       grads[i] = slots[i].grad;
       steps[i] = slots[i].step;
     }
-    bind_launches_ += upload(dev_slots, host_slots, stream);
-    bind_launches_ += upload(dev_grads, grads, stream);
-    bind_launches_ += upload(dev_chunk_start, layout.chunk_start, stream);
-    bind_launches_ += upload(dev_chunk_tensor, layout.chunk_tensor, stream);
+    bind_launches_ += upload(const_cast<Slot*>(table_.slots), host_slots, stream);
+    bind_launches_ += upload(const_cast<const void**>(table_.grads), grads, stream);
+    bind_launches_ += upload(const_cast<std::int64_t*>(table_.chunk_start), layout.chunk_start, stream);
+    bind_launches_ += upload(const_cast<std::int32_t*>(table_.chunk_tensor), layout.chunk_tensor, stream);
     bind_launches_ += upload(table_.steps, steps, stream);
     bind_launches_ += upload(table_.group_coef, std::vector<float>(num_groups, 1.0f), stream);
     slots_ = slots;
     groups_.clear();  // uploaded by bind()
+    ran_ = false;
   }
 
   std::vector<TensorSlot> slots_;       // as bound, host copies
@@ -238,6 +262,7 @@ class CudaStep final : public MultiTensorStep<Plan> {
   int device_ = -1;                     // where arena and scalars live
   cudaEvent_t done_ = nullptr;          // recorded after each eager bind() and run()
   bool captured_ = false;               // a step was captured: its replays are not ours to see
+  bool ran_ = false;                    // a run since the last rebuild (the ratios are written)
   int bind_launches_ = 0;               // uploads of the last bind()
 };
 

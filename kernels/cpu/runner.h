@@ -3,17 +3,23 @@
 // ATen's threads ranges of equal element counts, each a run of whole chunks
 // of any tensors, so a step costs little per tensor; each chunk keeps its two
 // sums, added per tensor in chunk order by the finalizer (the same bits for
-// any thread count). Instantiated here for the four plans.
-#include <bigbatch/kernels/engine.h>
+// any thread count). Each algorithm's .cpp in kernels/ includes this and
+// instantiates make_cpu_step for its plan, with the kernels library's flags
+// (the loops are written for the auto-vectorizer: kernels/CMakeLists.txt).
+// Internal to kernels/.
+#pragma once
 
-#include <bigbatch/kernels/cpu/loops.h>
+#include "../engine.h"
+#include "loops.h"
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 namespace bigbatch::kernels {
-namespace {
+namespace cpu {
 
 /// Elements per block of the element loop: its sq values wait in two float
 /// arrays of this size (2 KiB, in L1) for the sum of squares.
@@ -179,6 +185,7 @@ class CpuStep final : public MultiTensorStep<Plan> {
   }
 
   std::vector<std::int64_t> steps() const override { return steps_; }
+  std::vector<double> trust_ratios() const override { return ratio_; }
   std::int64_t skipped_steps() const override { return scalars_.skipped_steps; }
   void check_rebuild_allowed(cudaStream_t) const override {}
   int launches_per_step() const override { return 0; }
@@ -206,6 +213,7 @@ class CpuStep final : public MultiTensorStep<Plan> {
     partial_.assign(2 * chunks, 0.0);
     sums_.assign(2 * slots.size(), 0.0);
     coef_.assign(slots.size(), 0.0f);
+    ratio_.assign(slots.size(), std::numeric_limits<double>::quiet_NaN());
     table_.slots = runner_slots_.data();
     table_.grads = grads_.data();
     table_.chunk_start = chunk_start_.data();
@@ -213,6 +221,7 @@ class CpuStep final : public MultiTensorStep<Plan> {
     table_.partial = partial_.data();
     table_.sums = sums_.data();
     table_.coef = coef_.data();
+    table_.ratio = ratio_.data();
     table_.steps = steps_.data();
     table_.scalars = &scalars_;
     table_.num_tensors = static_cast<int>(slots.size());
@@ -230,22 +239,19 @@ class CpuStep final : public MultiTensorStep<Plan> {
   std::vector<double> partial_;
   std::vector<double> sums_;
   std::vector<float> coef_;
+  std::vector<double> ratio_;
   std::vector<std::int64_t> steps_;
   std::vector<float> group_coef_;
   Scalars scalars_{0, 0u, 0};
   Table<Group> table_{};
 };
 
-}  // namespace
+}  // namespace cpu
 
+/// The CPU runner of `Plan` (declared in engine.h; instantiated by the plan's .cpp).
 template <typename Plan>
 std::unique_ptr<MultiTensorStep<Plan>> make_cpu_step() {
-  return std::make_unique<CpuStep<Plan>>();
+  return std::make_unique<cpu::CpuStep<Plan>>();
 }
-
-template std::unique_ptr<MultiTensorStep<LarsPlan>> make_cpu_step<LarsPlan>();
-template std::unique_ptr<MultiTensorStep<LarcPlan>> make_cpu_step<LarcPlan>();
-template std::unique_ptr<MultiTensorStep<LambPlan>> make_cpu_step<LambPlan>();
-template std::unique_ptr<MultiTensorStep<NovoGradPlan>> make_cpu_step<NovoGradPlan>();
 
 }  // namespace bigbatch::kernels

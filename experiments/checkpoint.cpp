@@ -1,0 +1,180 @@
+// A one-trial run's checkpoint (trial.h: checkpoint, restore, branch_from).
+// Every value under its own name: scalars as 0-dim tensors, the evaluations as
+// one column per EvalRow field ("rows/<field>"), the model, optimizer and
+// sampler as nested archives. "format" changes when a key changes meaning.
+// The archive is framed as one record (records.h: its length and CRC32C)
+// after a header line, so that a cut or damaged file is refused before
+// LibTorch's archive reader sees it (which can crash on damaged bytes:
+// tests/fuzz).
+#include "trial.h"
+
+#include "lane.h"
+#include "lane_model.h"
+#include "records.h"
+
+#include <c10/util/Exception.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <map>
+#include <sstream>
+#include <string_view>
+#include <type_traits>
+
+namespace bigbatch::experiments {
+
+namespace {
+
+using torch::serialize::InputArchive;
+using torch::serialize::OutputArchive;
+
+constexpr std::int64_t kCheckpointFormat = 2;
+constexpr std::string_view kCheckpointHeader = "bigbatch checkpoint\n";
+
+template <typename T>
+void put(OutputArchive& archive, const std::string& key, T value) {
+  archive.write(key, at::scalar_tensor(value, std::is_integral_v<T> ? at::kLong : at::kDouble));
+}
+
+template <typename T>
+void get(InputArchive& archive, const std::string& key, T& value) {
+  at::Tensor t;
+  archive.read(key, t);
+  value = t.item<T>();
+}
+
+// The evaluations by column: integer fields as int64, the others as double.
+struct Columns {
+  std::map<std::string, std::vector<std::int64_t>> counts;
+  std::map<std::string, std::vector<double>> reals;
+
+  template <typename T>
+  std::vector<T>& of(const char* name) {
+    if constexpr (std::is_integral_v<T>) {
+      return counts[name];
+    } else {
+      return reals[name];
+    }
+  }
+};
+
+void put_rows(OutputArchive& archive, const std::vector<EvalRow>& rows) {
+  Columns columns;
+  for_each_field(EvalRow{}, [&](const char* name, const auto& field) {
+    columns.of<std::decay_t<decltype(field)>>(name);  // every column, also with no rows
+  });
+  for (const EvalRow& r : rows) {
+    for_each_field(r, [&](const char* name, const auto& value) {
+      columns.of<std::decay_t<decltype(value)>>(name).push_back(value);
+    });
+  }
+  for (const auto& [name, values] : columns.counts) archive.write("rows/" + name, at::tensor(values, at::kLong));
+  for (const auto& [name, values] : columns.reals) archive.write("rows/" + name, at::tensor(values, at::kDouble));
+}
+
+std::vector<EvalRow> get_rows(InputArchive& archive) {
+  Columns columns;
+  std::int64_t count = -1;
+  for_each_field(EvalRow{}, [&](const char* name, const auto& field) {
+    using T = std::decay_t<decltype(field)>;
+    at::Tensor t;
+    archive.read(std::string("rows/") + name, t);
+    t = t.cpu().contiguous();
+    TORCH_CHECK(count < 0 || t.numel() == count, "checkpoint: rows/", name, " has ", t.numel(),
+                " values, rows/step has ", count);
+    count = t.numel();
+    columns.of<T>(name).assign(t.data_ptr<T>(), t.data_ptr<T>() + count);
+  });
+  std::vector<EvalRow> rows(static_cast<std::size_t>(count));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    for_each_field(rows[i], [&](const char* name, auto& value) {
+      value = columns.of<std::decay_t<decltype(value)>>(name)[i];
+    });
+  }
+  return rows;
+}
+
+// The archive inside checkpoint() bytes, checked (header, framing, format)
+// before LibTorch reads it.
+void open_checkpoint(const std::string& bytes, const at::Device& device, InputArchive& archive) {
+  TORCH_CHECK(bytes.compare(0, kCheckpointHeader.size(), kCheckpointHeader) == 0,
+              "checkpoint: not a bigbatch checkpoint of this version (no \"bigbatch checkpoint\" header)");
+  const std::string_view body = std::string_view(bytes).substr(kCheckpointHeader.size());
+  const records::Records framed = records::read_records(body);
+  TORCH_CHECK(framed.payloads.size() == 1 && framed.whole_bytes == body.size(),
+              "checkpoint: cut short or damaged (its length or CRC32C does not match)");
+  std::istringstream in(framed.payloads.front());
+  archive.load_from(in, device);
+  at::Tensor format;
+  TORCH_CHECK(archive.try_read("format", format) && format.item<std::int64_t>() == kCheckpointFormat,
+              "checkpoint: not of format ", kCheckpointFormat, " (written by another version of bigbatch)");
+}
+
+}  // namespace
+
+std::string Trainer::checkpoint() const {
+  check_one_lane("checkpoint");
+  const Lane& lane = *lanes_.front();
+  OutputArchive archive, model, optimizer, sampler;
+  put(archive, "format", kCheckpointFormat);
+  (*model_->sequential())->save(model);
+  lane.optimizer->save(optimizer);
+  sampler_.save(sampler);
+  archive.write("model", model);
+  archive.write("optimizer", optimizer);
+  archive.write("sampler", sampler);
+  put(archive, "step", step_);
+  put(archive, "examples", examples_);
+  put(archive, "last_lr", lane.last_lr);
+  put(archive, "best_metric", lane.best_metric);
+  put(archive, "elapsed", elapsed_);
+  const auto g = lane.gns.state();
+  put(archive, "gns/grad_sq", g.grad_sq);
+  put(archive, "gns/trace", g.trace);
+  put(archive, "gns/correction", g.correction);
+  put(archive, "gns/updates", g.updates);
+  put_rows(archive, lane.rows);
+  std::ostringstream out;
+  archive.save_to(out);
+  return std::string(kCheckpointHeader) + records::frame(out.str());
+}
+
+void Trainer::restore(const std::string& bytes) {
+  check_one_lane("restore");
+  Lane& lane = *lanes_.front();
+  InputArchive archive;
+  open_checkpoint(bytes, device_, archive);
+  load_run(archive);
+  get(archive, "step", step_);
+  get(archive, "last_lr", lane.last_lr);
+  get(archive, "best_metric", lane.best_metric);
+  get(archive, "elapsed", elapsed_);
+  noise::GradientNoiseScale::State g;
+  get(archive, "gns/grad_sq", g.grad_sq);
+  get(archive, "gns/trace", g.trace);
+  get(archive, "gns/correction", g.correction);
+  get(archive, "gns/updates", g.updates);
+  lane.gns.restore(g);
+  lane.rows = get_rows(archive);
+  TORCH_CHECK(step_ <= budget_, "checkpoint: step ", step_, " is past this trial's budget of ", budget_, " steps");
+}
+
+void Trainer::branch_from(const std::string& bytes) {
+  check_one_lane("branch_from");
+  InputArchive archive;
+  open_checkpoint(bytes, device_, archive);
+  load_run(archive);
+}
+
+void Trainer::load_run(torch::serialize::InputArchive& archive) {
+  InputArchive model, optimizer, sampler;
+  archive.read("model", model);
+  archive.read("optimizer", optimizer);
+  archive.read("sampler", sampler);
+  (*model_->sequential())->load(model);
+  lanes_.front()->optimizer->load(optimizer);
+  sampler_.load(sampler);
+  get(archive, "examples", examples_);
+}
+
+}  // namespace bigbatch::experiments

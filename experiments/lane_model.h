@@ -1,0 +1,90 @@
+// The model side of the training loop (trial.h): how a run's lanes get their
+// gradients for a batch and their validation metrics. Two kinds: one
+// unbatched model (a single trial; data-parallel with a process group;
+// single_model.cpp) and a stacked model whose layers carry a lane dimension
+// (a batched group; batched.cpp). The loop itself, the lanes' optimizers,
+// schedules, noise and outcomes, is written once in trial.cpp. Internal to
+// experiments/.
+#pragma once
+
+#include "data.h"
+#include "../distributed/process_group.h"
+
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace bigbatch::experiments {
+
+/// Rows of the validation set one forward pass of an evaluation takes.
+inline constexpr std::int64_t kEvalChunk = 8192;
+
+/// One step's examples: their indices in the training set (the global batch:
+/// every rank draws the same), and the multiplicative noise's per-example
+/// weights (undefined without it).
+struct StepBatch {
+  at::Tensor index, weights;
+  std::int64_t size = 0;
+};
+
+/// The two gradient norms of one step that the noise scale is made of
+/// (noise/noise_scale.h): |G|^2 at a small and at a big batch.
+struct NoiseSample {
+  double small_sq, big_sq;
+  std::int64_t small_batch, big_batch;
+};
+
+/// What a lane's step measured: its batch loss, and when measured, the
+/// norms of its noise scale.
+struct LaneGradient {
+  double loss = 0;
+  std::optional<NoiseSample> noise;
+};
+
+class LaneModel {
+ public:
+  virtual ~LaneModel() = default;
+
+  std::size_t lanes() const { return lanes_; }
+  /// Lane k's parameters under the unbatched model's names.
+  virtual torch::nn::Module& lane(std::size_t k) = 0;
+  /// The unbatched model of a single trial; nullptr for a stacked one.
+  virtual torch::nn::Sequential* sequential() { return nullptr; }
+
+  /// Leaves in each active lane's parameters' .grad its mean gradient over
+  /// `batch` (the sum over the examples of a weighted batch) and returns
+  /// every lane's measurement (an ended lane's: whatever the pass computed).
+  /// micro_batches >= 2: the noise scale from that split (one process);
+  /// data-parallel: from the ranks' gradients.
+  virtual std::vector<LaneGradient> gradients(const StepBatch& batch, const std::vector<bool>& active,
+                                              std::int64_t micro_batches) = 0;
+
+  /// Each lane's validation (loss, error) in eval mode: the mean loss, and
+  /// the fraction misclassified (NaN for regression).
+  virtual std::vector<std::pair<double, double>> evaluate() = 0;
+
+ protected:
+  explicit LaneModel(std::size_t lanes) : lanes_(lanes) {}
+
+ private:
+  std::size_t lanes_;
+};
+
+/// One trial's model, moved to `device`; with a process group, rank 0's
+/// weights broadcast and the gradients averaged over the ranks.
+std::unique_ptr<LaneModel> single_model(torch::nn::Sequential model, const Dataset& data, const at::Device& device,
+                                        distributed::ProcessGroup* group);
+/// The model of `lanes` lanes that start from `model`'s weights (batched.h).
+std::unique_ptr<LaneModel> stacked_model(const torch::nn::Sequential& model, std::int64_t lanes, const Dataset& data,
+                                         const at::Device& device);
+
+/// Rows `index` of a training tensor, on `device`.
+inline at::Tensor rows_of(const at::Tensor& t, const at::Tensor& index, const at::Device& device) {
+  return t.index_select(0, index).to(device);
+}
+
+}  // namespace bigbatch::experiments

@@ -1,0 +1,391 @@
+// The members of LayerwiseOptimizer (layerwise_optimizer.h), for the .cpp of
+// each optimizer, which specializes FusedTraits for its options and then
+// instantiates the class (one line: template class LayerwiseOptimizer<...>).
+// Nothing here names an algorithm. The fused step is the one dispatch point
+// of the optimizers: the multi-tensor engine (kernels/engine.h), its CPU
+// runner for CPU tensors and, with BIGBATCH_CUDA, its CUDA runner for CUDA
+// tensors on the current stream. For the tests the optimizers are also built
+// against the SIMT executor (BIGBATCH_SIMT): there CPU tensors stand in for
+// device memory and go to the CUDA runner, whose device code then runs on
+// the CPU. Internal to optimizers/.
+#pragma once
+
+#include "layerwise_optimizer.h"
+
+#include "internal.h"
+#include "../kernels/engine.h"
+
+#if defined(BIGBATCH_WITH_CUDA) && defined(BIGBATCH_SIMT)
+#include "../kernels/simt/cuda.h"
+#elif defined(BIGBATCH_WITH_CUDA)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <optional>
+
+namespace bigbatch::optim {
+
+/// What the fused step needs of an optimizer beyond its public header,
+/// specialized in the optimizer's .cpp before it instantiates the class:
+///   using Plan = kernels::XPlan;                            its plan (kernels/x.h)
+///   static void bind(XParamState&, kernels::TensorSlot&);   where its state is
+///   static void set_step(XParamState&, std::int64_t);       the step count the engine kept
+/// The options reach the plan through kernel_group(const XOptions&),
+/// declared beside the options.
+template <typename Options>
+struct FusedTraits;
+
+template <typename Options, typename ParamState>
+LayerwiseOptimizer<Options, ParamState>::LayerwiseOptimizer(
+    std::vector<torch::optim::OptimizerParamGroup> groups, const Options& defaults,
+    const char* name)
+    : LayerwiseOptimizerBase(std::vector<torch::optim::OptimizerParamGroup>{},
+                             std::make_unique<Options>(defaults)),
+      name_(name) {
+  defaults.validate();
+  for (const auto& group : groups) add_param_group(group);
+}
+
+template <typename Options, typename ParamState>
+void LayerwiseOptimizer<Options, ParamState>::add_param_group(
+    const torch::optim::OptimizerParamGroup& group) {
+  if (group.has_options()) {
+    const auto* own = dynamic_cast<const Options*>(&group.options());
+    TORCH_CHECK(own != nullptr, name_, ": the options of parameter group ", param_groups_.size(),
+                " are not ", name_, "Options");
+    own->validate();
+  }
+  for (const auto& p : group.params()) {
+    TORCH_CHECK(p.is_floating_point(), name_, ": parameter group ", param_groups_.size(),
+                " holds a tensor of dtype ", p.scalar_type(), "; only floating point tensors can be optimized");
+  }
+  torch::optim::Optimizer::add_param_group(group);
+  if (group.has_options()) param_groups_.back().set_options(group.options().clone());
+}
+
+template <typename Options, typename ParamState>
+std::int64_t LayerwiseOptimizer<Options, ParamState>::skipped_steps() const {
+  return skipped_steps_ + engine_skipped_steps();
+}
+
+template <typename Options, typename ParamState>
+const ParamState* LayerwiseOptimizer<Options, ParamState>::param_state(
+    const at::Tensor& param) const {
+  sync_engine_state();
+  return find_state(param);
+}
+
+template <typename Options, typename ParamState>
+ParamState* LayerwiseOptimizer<Options, ParamState>::find_state(const at::Tensor& param) const {
+  const auto it = state_.find(compat::optimizer_state_key(param));
+  return it == state_.end() ? nullptr : static_cast<ParamState*>(it->second.get());
+}
+
+template <typename Options, typename ParamState>
+auto LayerwiseOptimizer<Options, ParamState>::gather() -> std::vector<Group> {
+  created_in_norm_pass_.clear();
+  in_norm_pass_ = true;
+  std::vector<Group> groups;
+  groups.reserve(param_groups_.size());
+  for (std::size_t i = 0; i < param_groups_.size(); ++i) {
+    Group group{&static_cast<const Options&>(param_groups_[i].options()), {}};
+    const auto& params = param_groups_[i].params();
+    for (std::size_t j = 0; j < params.size(); ++j) {
+      const auto& p = params[j];
+      const auto& g = p.grad();
+      if (!g.defined()) continue;  // no gradient: no update, no state
+      TORCH_CHECK(!g.is_sparse(), name_, " does not support sparse gradients (group ", i,
+                  ", parameter ", j, ")");
+      TORCH_CHECK(g.scalar_type() == p.scalar_type() && g.device() == p.device(), name_,
+                  ": the gradient of group ", i, ", parameter ", j, " is ", g.scalar_type(), " on ",
+                  g.device(), " but the parameter is ", p.scalar_type(), " on ", p.device());
+      kernel_dtype(p);  // rejects unsupported dtypes with a clear message
+      group.params.push_back({p, g.contiguous()});
+    }
+    groups.push_back(std::move(group));
+  }
+  return groups;
+}
+
+template <typename Options, typename ParamState>
+ParamState& LayerwiseOptimizer<Options, ParamState>::state_of(const at::Tensor& param) {
+  auto key = compat::optimizer_state_key(param);
+  auto it = state_.find(key);
+  if (it == state_.end()) {
+    it = state_.emplace(key, std::make_unique<ParamState>(ParamState::fresh(param))).first;
+    if (in_norm_pass_) created_in_norm_pass_.push_back(std::move(key));
+  }
+  return static_cast<ParamState&>(*it->second);
+}
+
+template <typename Options, typename ParamState>
+bool LayerwiseOptimizer<Options, ParamState>::skip_nonfinite(const std::vector<Group>& groups,
+                                                             const std::vector<bool>& finite) {
+  bool skip = false;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    skip = skip || (groups[i].options->skip_nonfinite() && !finite[i]);
+  }
+  if (skip) {
+    for (const auto& key : created_in_norm_pass_) state_.erase(key);
+    ++skipped_steps_;
+  }
+  created_in_norm_pass_.clear();
+  in_norm_pass_ = false;
+  return skip;
+}
+
+template <typename Options, typename ParamState>
+torch::Tensor LayerwiseOptimizer<Options, ParamState>::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  const torch::Tensor loss = run_closure(closure);
+  const auto groups = gather();
+  engine_ran_ = false;
+  noted_ratios_.clear();
+  if (!step_engine(groups)) step_reference(groups);
+  return loss;
+}
+
+template <typename Options, typename ParamState>
+bool LayerwiseOptimizer<Options, ParamState>::reference_norms(const std::vector<Group>& groups, bool with_weight,
+                                                              std::vector<std::vector<TensorNorms>>& norms) {
+  std::vector<bool> finite(groups.size(), true);
+  norms.assign(groups.size(), {});
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    for (const auto& pg : groups[i].params) {
+      TensorNorms n;
+      n.g_norm = internal::norm_of(pg.grad);
+      n.w_norm = with_weight ? internal::norm_of(fp32_weights(*groups[i].options, pg.param)) : 0.0;
+      n.finite = internal::all_finite(pg.grad);
+      finite[i] = finite[i] && n.finite;
+      norms[i].push_back(n);
+    }
+  }
+  return !skip_nonfinite(groups, finite);
+}
+
+template <typename Options, typename ParamState>
+void LayerwiseOptimizer<Options, ParamState>::save(torch::serialize::OutputArchive& archive) const {
+  sync_engine_state();
+  torch::optim::serialize<ParamState, Options>(archive, *this);
+  archive.write("bigbatch/skipped_steps", at::scalar_tensor(skipped_steps(), at::kLong));
+}
+
+template <typename Options, typename ParamState>
+void LayerwiseOptimizer<Options, ParamState>::load(torch::serialize::InputArchive& archive) {
+  skipped_steps_ = skipped_steps();  // kept if the archive has no count
+  torch::optim::serialize<ParamState, Options>(archive, *this);
+  engine_.reset();  // the loaded states replace what the engine held; the next step rebuilds
+  engine_ran_ = false;
+  at::Tensor skipped;
+  if (archive.try_read("bigbatch/skipped_steps", skipped)) skipped_steps_ = skipped.item<std::int64_t>();
+}
+
+// ------------------------------------------------------------ fused step ----
+
+namespace {
+
+// Which runner takes tensors on `device`: the CUDA runner, the CPU runner, or none (reference path).
+enum class Runner { kCpu, kCuda, kNone };
+
+#if defined(BIGBATCH_WITH_CUDA) && defined(BIGBATCH_SIMT)
+// The executor's device memory is host memory: CPU tensors, one device, the default stream.
+Runner runner_for(const at::Device& device) { return device.is_cpu() ? Runner::kCuda : Runner::kNone; }
+struct DeviceGuard {
+  explicit DeviceGuard(at::Device) {}
+};
+cudaStream_t current_stream(at::Device) { return nullptr; }
+#elif defined(BIGBATCH_WITH_CUDA)
+Runner runner_for(const at::Device& device) {
+  return device.is_cpu() ? Runner::kCpu : device.is_cuda() ? Runner::kCuda : Runner::kNone;
+}
+// Sets the current CUDA device for CUDA tensors; nothing for CPU tensors.
+struct DeviceGuard {
+  explicit DeviceGuard(at::Device device) {
+    if (device.is_cuda()) guard.emplace(device);
+  }
+  std::optional<c10::cuda::CUDAGuard> guard;
+};
+cudaStream_t current_stream(at::Device device) {
+  return device.is_cuda() ? c10::cuda::getCurrentCUDAStream(device.index()).stream() : nullptr;
+}
+#else
+Runner runner_for(const at::Device& device) { return device.is_cpu() ? Runner::kCpu : Runner::kNone; }
+struct DeviceGuard {
+  explicit DeviceGuard(at::Device) {}
+};
+cudaStream_t current_stream(at::Device) { return nullptr; }
+#endif
+
+// Errors of the torch-free kernel library as LibTorch errors, naming the optimizer.
+template <typename F>
+void rethrow_as_torch_error(const char* name, F&& f) {
+  try {
+    f();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, name, ": ", e.what());
+  }
+}
+
+}  // namespace
+
+/// The engine an optimizer has bound, where, and the states behind its slots.
+class EngineBinding {
+ public:
+  virtual ~EngineBinding() = default;
+  at::Device device{at::kCPU};
+  bool cuda = false;
+  std::vector<torch::optim::OptimizerParamState*> states;  // in slot order
+  std::vector<at::Tensor> params;                           // in slot order
+};
+
+namespace {
+
+template <typename Plan>
+class PlanBinding final : public EngineBinding {
+ public:
+  explicit PlanBinding(bool on_cuda) {
+    cuda = on_cuda;
+#if defined(BIGBATCH_WITH_CUDA)
+    if (on_cuda) {
+      step = kernels::cuda::make_step<Plan>();
+      return;
+    }
+#endif
+    step = kernels::make_cpu_step<Plan>();
+  }
+  std::unique_ptr<kernels::MultiTensorStep<Plan>> step;
+};
+
+template <typename Options>
+using BindingOf = PlanBinding<typename FusedTraits<Options>::Plan>;
+
+/// The engine of an optimizer's binding, of its own plan.
+template <typename Options>
+kernels::MultiTensorStep<typename FusedTraits<Options>::Plan>& engine_step(const EngineBinding& binding) {
+  return *static_cast<const BindingOf<Options>&>(binding).step;
+}
+
+}  // namespace
+
+template <typename Options, typename ParamState>
+bool LayerwiseOptimizer<Options, ParamState>::step_engine(const std::vector<Group>& groups) {
+  std::optional<at::Device> device;
+  for (const auto& group : groups) {
+    for (const auto& pg : group.params) {
+      if (!group.options->fused() || !pg.param.is_contiguous() || runner_for(pg.param.device()) == Runner::kNone ||
+          (device.has_value() && *device != pg.param.device())) {
+        // This step takes the reference path, which reads the step counts
+        // from the states: the engine's go back there first.
+        release_engine();
+        return false;
+      }
+      device = pg.param.device();
+    }
+  }
+  if (!device.has_value()) {  // no gradients: nothing to do
+    skip_nonfinite(groups, std::vector<bool>(groups.size(), true));
+    return true;
+  }
+  const bool cuda = runner_for(*device) == Runner::kCuda;
+  if (engine_ && engine_->cuda != cuda) release_engine();  // the other runner from now on
+  const DeviceGuard guard(*device);
+
+  using Traits = FusedTraits<Options>;
+  using Group = typename Traits::Plan::Group;
+  std::vector<Group> options;
+  std::vector<kernels::TensorSlot> slots;
+  std::vector<torch::optim::OptimizerParamState*> states;
+  std::vector<at::Tensor> params;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const Options& o = *groups[i].options;
+    options.push_back(kernel_group(o));  // declared beside the options
+    for (const auto& pg : groups[i].params) {
+      ParamState& st = state_of(pg.param);
+      kernels::TensorSlot slot;
+      slot.param = pg.param.data_ptr();
+      slot.grad = pg.grad.data_ptr();
+      slot.numel = pg.param.numel();
+      slot.group = static_cast<std::int32_t>(i);
+      slot.dtype = kernel_dtype(pg.param);
+      if (uses_master(o, pg.param)) slot.master = fp32_weights(o, pg.param).template data_ptr<float>();
+      Traits::bind(st, slot);
+      slots.push_back(slot);
+      states.push_back(&st);
+      params.push_back(pg.param);
+    }
+  }
+  // Closes the norm pass without a host-side decision (the engine decides):
+  // states made above stay even if the engine skips this step; they are zero.
+  skip_nonfinite(groups, std::vector<bool>(groups.size(), true));
+
+  const cudaStream_t stream = current_stream(*device);
+  rethrow_as_torch_error(name_, [&] {
+    if (engine_ && !engine_step<Options>(*engine_).same_tensors(slots)) {
+      // Other tensors: the old binding's step counts go back to its states first,
+      // and the new binding starts from the states. Reading them back cannot be
+      // captured, and neither can the rebuild: say so before trying.
+      engine_step<Options>(*engine_).check_rebuild_allowed(stream);
+      sync_engine_state();
+      for (std::size_t k = 0; k < slots.size(); ++k) Traits::bind(static_cast<ParamState&>(*states[k]), slots[k]);
+    }
+    if (!engine_) engine_ = std::make_shared<BindingOf<Options>>(cuda);
+    engine_->device = *device;
+    engine_->states = std::move(states);
+    engine_->params = std::move(params);
+    auto& step = engine_step<Options>(*engine_);
+    step.bind(slots, options, stream);
+    step.run(stream);
+    engine_ran_ = true;
+  });
+  return true;
+}
+
+template <typename Options, typename ParamState>
+void LayerwiseOptimizer<Options, ParamState>::sync_engine_state() const {
+  if (!engine_ || engine_->states.empty()) return;
+  const DeviceGuard guard(engine_->device);
+  std::vector<std::int64_t> steps;
+  rethrow_as_torch_error(name_, [&] { steps = engine_step<Options>(*engine_).steps(); });
+  for (std::size_t k = 0; k < steps.size() && k < engine_->states.size(); ++k) {
+    FusedTraits<Options>::set_step(static_cast<ParamState&>(*engine_->states[k]), steps[k]);
+  }
+}
+
+template <typename Options, typename ParamState>
+std::int64_t LayerwiseOptimizer<Options, ParamState>::engine_skipped_steps() const {
+  if (!engine_) return 0;
+  const DeviceGuard guard(engine_->device);
+  std::int64_t skipped = 0;
+  rethrow_as_torch_error(name_, [&] { skipped = engine_step<Options>(*engine_).skipped_steps(); });
+  return skipped;
+}
+
+template <typename Options, typename ParamState>
+std::vector<TrustRatio> LayerwiseOptimizer<Options, ParamState>::trust_ratios() const {
+  if (!engine_ran_) return noted_ratios_;
+  std::vector<TrustRatio> out;
+  const DeviceGuard guard(engine_->device);
+  std::vector<double> ratios;
+  rethrow_as_torch_error(name_, [&] { ratios = engine_step<Options>(*engine_).trust_ratios(); });
+  for (std::size_t k = 0; k < ratios.size() && k < engine_->params.size(); ++k) {
+    if (!std::isnan(ratios[k])) out.push_back({engine_->params[k], ratios[k]});
+  }
+  return out;
+}
+
+template <typename Options, typename ParamState>
+void LayerwiseOptimizer<Options, ParamState>::release_engine() {
+  if (!engine_) return;
+  sync_engine_state();
+  skipped_steps_ += engine_skipped_steps();
+  engine_.reset();  // the next fused step rebuilds from the states
+  engine_ran_ = false;
+}
+
+}  // namespace bigbatch::optim

@@ -1,0 +1,124 @@
+// Run-folder files (files.h): whole writes through a temporary and a rename,
+// and every failure naming the path and the system's reason. A full disk is
+// /dev/full (every write: ENOSPC) and a file-size limit (RLIMIT_FSIZE: EFBIG),
+// so the failures are real ones, made without privileges. Torch-free.
+#include "../../experiments/files.h"
+
+#include <gtest/gtest.h>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+
+namespace {
+
+using namespace bigbatch::experiments;
+namespace fs = std::filesystem;
+
+fs::path fresh_folder(const std::string& name) {
+  const auto dir = fs::temp_directory_path() / ("bigbatch_files_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// The message of what `f` throws (std::runtime_error), or "" when it does not.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Files larger than `bytes` cannot be written while this lives (EFBIG, with
+// SIGXFSZ ignored so that the write returns the error instead of killing us).
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    getrlimit(RLIMIT_FSIZE, &saved_);
+    previous_ = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit limit = saved_;
+    limit.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &limit);
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &saved_);
+    std::signal(SIGXFSZ, previous_);
+  }
+
+ private:
+  rlimit saved_{};
+  void (*previous_)(int) = nullptr;
+};
+
+TEST(Files, AWholeWriteReadsBackAndLeavesNoTemporary) {
+  const auto dir = fresh_folder("whole");
+  const std::string path = (dir / "a.json").string();
+  write_file_atomic(path, "first");
+  write_file_atomic(path, std::string("second\0with a zero", 18));
+  EXPECT_EQ(read_file(path), std::string("second\0with a zero", 18));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+  fs::remove_all(dir);
+}
+
+TEST(Files, AMissingFileNamesThePathAndTheReason) {
+  const auto dir = fresh_folder("missing");
+  const std::string path = (dir / "nothing.json").string();
+  EXPECT_EQ(error_of([&] { read_file(path); }), path + ": cannot read: No such file or directory");
+  const std::string nested = (dir / "no_folder" / "x.csv").string();
+  EXPECT_EQ(error_of([&] { write_file_atomic(nested, "x"); }),
+            nested + ".tmp." + std::to_string(::getpid()) + ": cannot write: No such file or directory");
+  fs::remove_all(dir);
+}
+
+// A write that fails part way keeps the file that was there, and removes the
+// temporary it made.
+TEST(Files, AFailedWriteKeepsTheOldFileAndSaysWhy) {
+  const auto dir = fresh_folder("too_large");
+  const std::string path = (dir / "metrics.csv").string();
+  write_file_atomic(path, "old");
+  std::string message;
+  {
+    const FileSizeLimit limit(1000);
+    message = error_of([&] { write_file_atomic(path, std::string(4096, 'x')); });
+  }
+  EXPECT_EQ(message, path + ".tmp." + std::to_string(::getpid()) + ": cannot write: File too large");
+  EXPECT_EQ(read_file(path), "old");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+  fs::remove_all(dir);
+}
+
+TEST(Files, AnAppendToAFullDiskSaysNoSpaceLeft) {
+  AppendFile full("/dev/full");
+  EXPECT_EQ(error_of([&] { full.write("a record"); }), "/dev/full: cannot write: No space left on device");
+  // Empty writes succeed (nothing to write).
+  full.write("");
+}
+
+TEST(Files, AppendsAddWholeRecords) {
+  const auto dir = fresh_folder("append");
+  const std::string path = (dir / "events").string();
+  {
+    AppendFile f(path);
+    f.write("ab");
+  }
+  AppendFile moved = AppendFile(path);
+  moved.write("cd");
+  EXPECT_EQ(read_file(path), "abcd");
+  {
+    const FileSizeLimit limit(6);
+    EXPECT_EQ(error_of([&] { moved.write("efgh"); }), path + ": cannot write: File too large");
+  }
+  EXPECT_EQ(error_of([&] { AppendFile((dir / "none" / "events").string()); }),
+            (dir / "none" / "events").string() + ": cannot open for writing: No such file or directory");
+  fs::remove_all(dir);
+}
+
+}  // namespace
