@@ -1,11 +1,8 @@
-// Sweep and trial configs (config.h). Reading and writing share one field
-// list per spec: `xxx_fields(io, spec)` names each key once, with its default
-// (the spec's initial value) and its checks. Reader fills a spec from strict
-// JSON and runs the checks; Writer writes the spec back with every default
-// spelled out (sweep.json, config.json). A key that only one side knows
-// cannot happen: there is one list.
+// Sweep and trial configs (config.h), each part read and written from one
+// field list (config_io.h: `xxx_fields(io, spec)`).
 #include "config.h"
 
+#include "config_io.h"
 #include "files.h"
 #include "optimizer_registry.h"
 
@@ -21,100 +18,12 @@
 namespace bigbatch::experiments {
 namespace {
 
-using schedules::JsonReader;
-using schedules::config_error;
+using config::JsonReader;
+using config::config_error;
+using config_io::num;
+using config_io::Reader;
+using config_io::Writer;
 using nlohmann::json;
-
-std::string num(double x) {
-  std::ostringstream s;
-  s << x;
-  return s.str();
-}
-
-class Reader {
- public:
-  static constexpr bool kReading = true;
-  explicit Reader(JsonReader r) : r_(std::move(r)) {}
-
-  /// An optional key: absent leaves `value` (the default) as it is.
-  template <typename T>
-  void field(const std::string& key, T& value) { read(key, value); }
-  void required(const std::string& key, double& value) { value = r_.number(key); }
-  void required(const std::string& key, std::int64_t& value) { value = r_.integer(key); }
-  void required(const std::string& key, std::string& value) { value = r_.string(key); }
-  template <typename Table, typename E>
-  void choice(const std::string& key, E& value, const Table& table) { value = r_.choice(key, table, value); }
-  template <typename Table, typename E>
-  void choice(const std::string& key, E& value, const Table& table, E fallback) {
-    value = r_.choice(key, table, fallback);
-  }
-  /// A nested object read by `fields` (absent: an empty object, so defaults).
-  template <typename Spec, typename Fields>
-  void object(const std::string& key, Spec& spec, const Fields& fields) {
-    Reader nested(r_.object(key));
-    fields(nested, spec);
-    nested.r_.finish();
-  }
-  /// Whether the config gives `key` (the writer asks the spec instead).
-  bool given(const std::string& key, bool /*in_spec*/) const { return r_.has(key); }
-  void check(const std::string& key, bool ok, const std::string& problem) const {
-    if (!ok) config_error(r_.path_of(key), problem);
-  }
-  JsonReader& json_reader() { return r_; }
-
- private:
-  void read(const std::string& key, double& v) { v = r_.number(key, v); }
-  void read(const std::string& key, std::int64_t& v) { v = r_.integer(key, v); }
-  void read(const std::string& key, std::uint64_t& v) {
-    const std::int64_t x = r_.integer(key, static_cast<std::int64_t>(v));
-    check(key, x >= 0, "must be >= 0, got " + std::to_string(x));
-    v = static_cast<std::uint64_t>(x);
-  }
-  void read(const std::string& key, bool& v) { v = r_.boolean(key, v); }
-  void read(const std::string& key, std::vector<double>& v) { v = r_.numbers(key, v); }
-  void read(const std::string& key, std::vector<std::int64_t>& v) { v = r_.integers(key, v); }
-  void read(const std::string& key, std::vector<std::uint64_t>& v) {
-    const auto xs = r_.integers(key, std::vector<std::int64_t>(v.begin(), v.end()));
-    for (const auto x : xs) check(key, x >= 0, "must be >= 0, got " + std::to_string(x));
-    v.assign(xs.begin(), xs.end());
-  }
-  void read(const std::string& key, std::optional<double>& v) { v = r_.optional_number(key); }
-  void read(const std::string& key, std::optional<std::vector<double>>& v) {
-    if (r_.has(key)) v = r_.numbers(key, {});
-  }
-
-  JsonReader r_;
-};
-
-class Writer {
- public:
-  static constexpr bool kReading = false;
-
-  template <typename T>
-  void field(const std::string& key, const T& value) { json_[key] = value; }
-  template <typename T>
-  void field(const std::string& key, const std::optional<T>& value) {
-    if (value) json_[key] = *value;
-  }
-  template <typename T>
-  void required(const std::string& key, const T& value) { field(key, value); }
-  template <typename Table, typename E>
-  void choice(const std::string& key, E value, const Table& table, E /*fallback*/ = E{}) {
-    json_[key] = schedules::enum_name(table, value);
-  }
-  template <typename Spec, typename Fields>
-  void object(const std::string& key, const Spec& spec, const Fields& fields) {
-    Writer nested;
-    fields(nested, spec);
-    json_[key] = std::move(nested.json_);
-  }
-  bool given(const std::string& /*key*/, bool in_spec) const { return in_spec; }
-  void check(const std::string&, bool, const std::string&) const {}
-  json& out() { return json_; }
-
- private:
-  json json_ = json::object();
-};
 
 template <typename Io, typename Spec>
 void data_fields(Io& io, Spec& d) {
@@ -556,8 +465,8 @@ std::optional<std::string> identity_difference(const json& existing, const json&
   return patch.empty() ? std::string() : patch[0].value("path", std::string());
 }
 
-std::string to_string(NoiseType type) { return schedules::enum_name(kNoiseTypes, type); }
-std::string to_string(Metric metric) { return schedules::enum_name(kMetrics, metric); }
-std::string to_string(DeviceType device) { return schedules::enum_name(kDeviceTypes, device); }
+std::string to_string(NoiseType type) { return config::enum_name(kNoiseTypes, type); }
+std::string to_string(Metric metric) { return config::enum_name(kMetrics, metric); }
+std::string to_string(DeviceType device) { return config::enum_name(kDeviceTypes, device); }
 
 }  // namespace bigbatch::experiments

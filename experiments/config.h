@@ -5,7 +5,7 @@
 
 #include "data.h"
 #include "models.h"
-#include "../schedules/json_reader.h"
+#include "../config/json_reader.h"
 #include "../schedules/schedule.h"
 
 #include <nlohmann/json.hpp>
@@ -31,11 +31,11 @@ enum class DeviceType { kCpu, kCuda };
 
 /// How configs and result files spell them, in the order error messages list
 /// them (the optimizers' spellings are the registry's).
-inline constexpr schedules::EnumName<NoiseType> kNoiseTypes[] = {
+inline constexpr config::EnumName<NoiseType> kNoiseTypes[] = {
     {NoiseType::kNone, "none"}, {NoiseType::kAnnealed, "annealed"}, {NoiseType::kMultiplicative, "multiplicative"}};
-inline constexpr schedules::EnumName<Metric> kMetrics[] = {{Metric::kValError, "val_error"},
+inline constexpr config::EnumName<Metric> kMetrics[] = {{Metric::kValError, "val_error"},
                                                            {Metric::kValLoss, "val_loss"}};
-inline constexpr schedules::EnumName<DeviceType> kDeviceTypes[] = {{DeviceType::kCpu, "cpu"},
+inline constexpr config::EnumName<DeviceType> kDeviceTypes[] = {{DeviceType::kCpu, "cpu"},
                                                                    {DeviceType::kCuda, "cuda"}};
 
 std::string to_string(OptimizerName name);

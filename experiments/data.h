@@ -3,7 +3,7 @@
 // y = 10(x + N(0,1)) + 2, and a Gaussian-mixture classification task.
 #pragma once
 
-#include "../schedules/json_reader.h"
+#include "../config/json_reader.h"
 
 #include <ATen/ATen.h>
 
@@ -21,7 +21,7 @@ namespace bigbatch::experiments {
 enum class DatasetName { kFashionMnist, kLinearRegression, kGaussianMixture };
 
 /// How configs spell them, in the order error messages list them.
-inline constexpr schedules::EnumName<DatasetName> kDatasetNames[] = {
+inline constexpr config::EnumName<DatasetName> kDatasetNames[] = {
     {DatasetName::kFashionMnist, "fashion_mnist"},
     {DatasetName::kLinearRegression, "linear_regression"},
     {DatasetName::kGaussianMixture, "gaussian_mixture"}};

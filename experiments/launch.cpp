@@ -7,9 +7,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -48,9 +53,21 @@ int launch_local(const LaunchOptions& o, int argc, char** argv) {
     std::vector<char*> args(argv, argv + argc);
     args.push_back(nullptr);
     const pid_t pid = fork();
-    if (pid < 0) throw std::runtime_error("launcher: fork failed");
+    if (pid < 0) throw std::runtime_error("launcher: cannot start rank " + std::to_string(local) + ": " +
+                                          std::generic_category().message(errno));
     if (pid == 0) {
       execve("/proc/self/exe", args.data(), envp.data());
+      // Between fork and exec only async-signal-safe calls (no allocation):
+      // the message and errno's number, written into a fixed buffer.
+      char why[96] = "bigbatch: /proc/self/exe: cannot run a rank (errno ";
+      std::size_t n = std::strlen(why);
+      char digits[12];
+      int k = 0;
+      for (int e = errno; k == 0 || e > 0; e /= 10) digits[k++] = static_cast<char>('0' + e % 10);
+      while (k > 0) why[n++] = digits[--k];
+      why[n++] = ')';
+      why[n++] = '\n';
+      [[maybe_unused]] const ssize_t written = ::write(2, why, n);
       std::_Exit(127);
     }
     pids.push_back(pid);

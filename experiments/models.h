@@ -3,7 +3,7 @@
 // and a small ResNet (8 layers) with BatchNorm or GhostBatchNorm.
 #pragma once
 
-#include "../schedules/json_reader.h"
+#include "../config/json_reader.h"
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -18,12 +18,12 @@ enum class Norm { kNone, kBatch, kGhost };
 enum class CnnVariant { kBase, kNarrow, kWide };
 
 /// How configs spell them, in the order error messages list them.
-inline constexpr schedules::EnumName<ModelType> kModelTypes[] = {
+inline constexpr config::EnumName<ModelType> kModelTypes[] = {
     {ModelType::kLinear, "linear"}, {ModelType::kMlp, "mlp"}, {ModelType::kSimpleCnn, "simple_cnn"},
     {ModelType::kResnet, "resnet"}};
-inline constexpr schedules::EnumName<Norm> kNorms[] = {
+inline constexpr config::EnumName<Norm> kNorms[] = {
     {Norm::kNone, "none"}, {Norm::kBatch, "batch"}, {Norm::kGhost, "ghost"}};
-inline constexpr schedules::EnumName<CnnVariant> kCnnVariants[] = {
+inline constexpr config::EnumName<CnnVariant> kCnnVariants[] = {
     {CnnVariant::kBase, "base"}, {CnnVariant::kNarrow, "narrow"}, {CnnVariant::kWide, "wide"}};
 
 /// "model" in a sweep config.

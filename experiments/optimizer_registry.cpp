@@ -83,7 +83,7 @@ const std::vector<OptimizerEntry>& optimizer_registry() {
   return registry;
 }
 
-std::string to_string(OptimizerName name) { return schedules::enum_name(optimizer_registry(), name); }
+std::string to_string(OptimizerName name) { return config::enum_name(optimizer_registry(), name); }
 
 OptimizerPtr make_optimizer(const OptimizerSpec& spec, double lr, torch::nn::Module& model) {
   for (const auto& entry : optimizer_registry()) {

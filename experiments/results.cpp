@@ -1,6 +1,7 @@
 // Result files and the report (results.h).
 #include "results.h"
 
+#include "csv.h"
 #include "files.h"
 #include "../noise/critical_batch.h"
 
@@ -25,13 +26,6 @@
 namespace bigbatch::experiments {
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-std::string csv_number(double x) {
-  if (!std::isfinite(x)) return "";
-  std::ostringstream s;
-  s << std::setprecision(10) << x;
-  return s.str();
-}
 
 std::string code_version() { return BIGBATCH_CODE_VERSION; }
 
@@ -90,6 +84,26 @@ json summary_json(const TrialConfig& t, const TrialResult& r) {
                   {"gns", finite_or_null(last.gns)}};
   }
   return j;
+}
+
+TrialResult result_from_summary(const json& summary) {
+  const auto integer = [&](const char* key) {
+    return summary.contains(key) && summary[key].is_number_integer()
+               ? std::optional<std::int64_t>(summary[key].get<std::int64_t>())
+               : std::nullopt;
+  };
+  TrialResult r;
+  r.status = config::enum_value(kTrialStatuses, summary.value("status", std::string("not_reached")), "status");
+  r.steps_to_target = integer("steps_to_target");
+  r.examples_to_target = integer("examples_to_target");
+  r.steps = integer("steps").value_or(0);
+  r.budget = integer("budget").value_or(0);
+  r.best_metric = summary.contains("best_metric") && summary["best_metric"].is_number()
+                      ? summary["best_metric"].get<double>()
+                      : kNaN;
+  r.peak_lr = summary.value("peak_lr", 0.0);
+  r.wall_time = summary.value("wall_time", 0.0);
+  return r;
 }
 
 std::string search_edge(const std::vector<TrialConfig>& trials, const std::string& chosen) {
@@ -169,29 +183,27 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
   return reached;
 }
 
-std::vector<TargetRow> read_steps_to_target(const std::string& sweep_dir) {
-  const fs::path path = fs::path(sweep_dir) / "steps_to_target.csv";
-  if (!fs::exists(path)) throw ConfigError(sweep_dir + ": no steps_to_target.csv (not a finished sweep folder)");
-  std::istringstream csv(read_file(path.string()));
-  std::string line;
-  std::getline(csv, line);  // header
+std::vector<TargetRow> target_rows(const CsvTable& csv) {
+  const bool has_edge = std::find(csv.header().begin(), csv.header().end(), "edge") != csv.header().end();
   std::vector<TargetRow> rows;
-  while (std::getline(csv, line)) {
-    std::vector<std::string> f;
-    std::stringstream ls(line);
-    for (std::string cell; std::getline(ls, cell, ',');) f.push_back(cell);
-    f.resize(7);  // files from before the edge column have 6
+  for (std::size_t i = 0; i < csv.rows(); ++i) {
     TargetRow r;
-    r.batch_size = std::stoll(f[0]);
-    if (!f[1].empty()) r.steps = std::stoll(f[1]);
-    if (!f[2].empty()) r.examples = std::stoll(f[2]);
-    r.best_lr = f[3].empty() ? std::numeric_limits<double>::quiet_NaN() : std::stod(f[3]);
-    r.trial = f[4];
-    r.reached = f[5] == "1";
-    r.edge = f[6];
+    r.batch_size = csv.integer(i, "batch_size").value_or(0);
+    r.steps = csv.integer(i, "steps");
+    r.examples = csv.integer(i, "examples");
+    r.best_lr = csv.number(i, "best_lr").value_or(std::numeric_limits<double>::quiet_NaN());
+    r.trial = csv.at(i, "trial");
+    r.reached = csv.at(i, "reached") == "1";
+    if (has_edge) r.edge = csv.at(i, "edge");  // files from before the edge column have none
     rows.push_back(std::move(r));
   }
   return rows;
+}
+
+std::vector<TargetRow> read_steps_to_target(const std::string& sweep_dir) {
+  const fs::path path = fs::path(sweep_dir) / "steps_to_target.csv";
+  if (!fs::exists(path)) throw ConfigError(sweep_dir + ": no steps_to_target.csv (not a finished sweep folder)");
+  return target_rows(CsvTable::read(path.string()));
 }
 
 std::string report(const std::string& sweep_dir) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "config.h"
+#include "csv.h"
 #include "trial.h"
 
 #include <nlohmann/json.hpp>
@@ -19,8 +20,6 @@
 
 namespace bigbatch::experiments {
 
-/// A number for CSV: empty when not finite, else 10 significant digits.
-std::string csv_number(double x);
 /// A number for JSON: null when not finite.
 nlohmann::json finite_or_null(double x);
 
@@ -33,8 +32,10 @@ std::string metrics_csv(const std::vector<EvalRow>& rows);
 std::string code_version();
 std::string libtorch_version();
 
-/// summary.json of a finished trial.
+/// summary.json of a finished trial, and the result it records (without the
+/// rows: metrics.csv has those).
 nlohmann::json summary_json(const TrialConfig& trial, const TrialResult& result);
+TrialResult result_from_summary(const nlohmann::json& summary);
 
 /// "low" or "high" when trial `chosen`'s rate is the lowest or highest of the
 /// rates its batch size tried (at least two), else "": its batch size's best
@@ -56,8 +57,11 @@ struct TargetRow {
 };
 
 /// A finished sweep folder's steps_to_target.csv. Throws ConfigError when the
-/// folder holds no finished sweep.
+/// folder holds no finished sweep, std::runtime_error naming the file when a
+/// cell is not what its column holds.
 std::vector<TargetRow> read_steps_to_target(const std::string& sweep_dir);
+/// The rows of a steps_to_target.csv already read (the same errors).
+std::vector<TargetRow> target_rows(const CsvTable& csv);
 
 /// The steps-to-target table of a sweep folder, formatted for a terminal.
 /// Throws ConfigError when the folder holds no finished sweep.
@@ -78,7 +82,7 @@ struct LabelledSweep {
 void check_comparable(const std::vector<LabelledSweep>& sweeps);
 
 enum class TableFormat { kText, kMarkdown, kCsv, kLatex };
-inline constexpr schedules::EnumName<TableFormat> kTableFormats[] = {
+inline constexpr config::EnumName<TableFormat> kTableFormats[] = {
     {TableFormat::kText, "text"}, {TableFormat::kMarkdown, "markdown"}, {TableFormat::kCsv, "csv"},
     {TableFormat::kLatex, "latex"}};
 

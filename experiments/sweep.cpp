@@ -31,33 +31,6 @@ using nlohmann::json;
 
 namespace {
 
-// extensions.json: the points --extend-search added, in the order added.
-std::string extensions_json(const std::vector<ExtraPoint>& extra) {
-  json points = json::array();
-  for (const auto& p : extra) {
-    points.push_back({{"batch_size", p.batch_size},
-                      {"lr", p.lr},
-                      {"momentum", p.momentum ? json(*p.momentum) : json(nullptr)}});
-  }
-  return json{{"points", points}}.dump(2) + "\n";
-}
-
-std::vector<ExtraPoint> parse_extensions(const std::string& text, const std::string& path) {
-  std::vector<ExtraPoint> out;
-  try {
-    const json parsed = json::parse(text);
-    for (const json& p : parsed.at("points")) {
-      ExtraPoint e{p.at("batch_size").get<std::int64_t>(), p.at("lr").get<double>(), std::nullopt};
-      if (!p.at("momentum").is_null()) e.momentum = p.at("momentum").get<double>();
-      if (!(e.lr > 0) || e.batch_size < 1) throw std::invalid_argument("a rate or batch size out of range");
-      out.push_back(e);
-    }
-  } catch (const std::exception& e) {
-    throw ConfigError(path + ": not a list of extension points (" + e.what() + "); remove it to drop them");
-  }
-  return out;
-}
-
 // One grid step beyond the edge, for each row of the table whose trial has
 // the lowest or highest rate of its batch size. The step is the geometric
 // mean spacing of the search's own rates there.
@@ -95,21 +68,75 @@ struct RoundTotals {
   std::atomic<std::int64_t> pruned{0};  // stopped as hopeless
 };
 
-// Runs what is left of `trials` into `dir`, options.jobs at a time: the
-// body of run_sweep (sweep.h), once per round of the search.
-void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, const fs::path& dir,
-                const SweepOptions& options, const RunnerSpec& runner, distributed::ProcessGroup* group,
-                bool report_resume, RoundTotals& totals) {
-  const bool prune = runner.prune;
-  // Batched groups on one process only (a data-parallel sweep runs trial by trial).
-  const bool batch = runner.batch_trials && group == nullptr;
-  constexpr std::size_t kMaxLanes = 32;
-  const bool writer = group == nullptr || group->rank() == 0;
-  TrialQueue queue(trials, prune);
-  // Rank 0 decides what is left (other nodes may not see its files) and the
-  // order; a finished trial that reached bounds its batch size from the start.
+// A worker's next piece of work: one trial, with the bound it runs against
+// under a process group, or a batched group of trials.
+struct Job {
+  std::size_t index;
+  std::optional<TrialQueue::Bound> bound;
+  std::vector<std::size_t> group;  // a batched group (more than one trial), index among them
+};
+
+// Where a round's workers take their jobs, in the queue's order. Three
+// sources: one process, trial by trial; one process, batched groups of the
+// trials that can share one; a process group, where rank 0 picks the trial
+// and its bound and broadcasts both (trials then run one at a time, so the
+// bound cannot move during one, and every rank prunes at the same step).
+class JobSource {
+ public:
+  JobSource(TrialQueue& queue, const std::vector<TrialConfig>& trials, bool batch, distributed::ProcessGroup* group)
+      : queue_(queue), trials_(trials), batch_(batch && group == nullptr), group_(group) {}
+
+  std::optional<Job> next() {
+    if (group_ != nullptr) return rank0s();
+    if (batch_) return batched();
+    const auto i = queue_.next();
+    return i ? std::optional<Job>(Job{*i, std::nullopt, {}}) : std::nullopt;
+  }
+
+ private:
+  static constexpr std::size_t kMaxLanes = 32;
+
+  std::optional<Job> batched() {
+    const auto together = [&](std::size_t a, std::size_t b) { return batchable_together(trials_[a], trials_[b]); };
+    auto indices = queue_.next_group(together, kMaxLanes);
+    if (indices.empty()) return std::nullopt;
+    return Job{indices.front(), std::nullopt, indices.size() > 1 ? indices : std::vector<std::size_t>()};
+  }
+
+  // {index, bound steps, bound index}, -1 for none, from rank 0.
+  std::optional<Job> rank0s() {
+    std::vector<at::Tensor> message{at::full({3}, -1, at::kLong)};
+    if (group_->rank() == 0) {
+      if (const auto i = queue_.next()) {
+        message[0][0] = static_cast<std::int64_t>(*i);
+        if (const auto b = queue_.bound(*i)) {
+          message[0][1] = b->steps;
+          message[0][2] = static_cast<std::int64_t>(b->index);
+        }
+      }
+    }
+    group_->broadcast(message, 0);
+    const auto m = message[0].contiguous();
+    const std::int64_t* v = m.data_ptr<std::int64_t>();
+    if (v[0] < 0) return std::nullopt;
+    Job job{static_cast<std::size_t>(v[0]), std::nullopt, {}};
+    if (v[1] >= 0) job.bound = TrialQueue::Bound{v[1], static_cast<std::size_t>(v[2])};
+    return job;
+  }
+
+  TrialQueue& queue_;
+  const std::vector<TrialConfig>& trials_;
+  bool batch_;
+  distributed::ProcessGroup* group_;
+};
+
+// The trials left to run in `dir` go into the queue; the finished ones bound
+// their batch sizes from the start. Rank 0 decides (other nodes may not see
+// its files) and every rank learns how many are left.
+std::int64_t queue_unfinished(const std::vector<TrialConfig>& trials, const fs::path& dir, bool prune,
+                              distributed::ProcessGroup* group, TrialQueue& queue, RoundTotals& totals) {
   std::int64_t left = 0;
-  if (writer) {
+  if (group == nullptr || group->rank() == 0) {
     for (std::size_t i = 0; i < trials.size(); ++i) {
       const auto done = finished_summary(trials[i], (dir / trials[i].name).string(), prune);
       if (!done) {
@@ -118,97 +145,93 @@ void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, con
         continue;
       }
       ++totals.skipped;
-      const json& steps = (*done)["steps_to_target"];
-      queue.finished(i, (*done)["status"] == to_string(TrialStatus::kReached) && steps.is_number_integer()
-                            ? std::optional<std::int64_t>(steps.get<std::int64_t>())
-                            : std::nullopt);
-    }
-    if (report_resume && totals.skipped > 0) {
-      std::cerr << "resuming " << dir.string() << ": " << totals.skipped << " of " << trials.size()
-                << " trials already finished\n";
+      const TrialResult r = result_from_summary(*done);
+      queue.finished(i, r.status == TrialStatus::kReached ? r.steps_to_target : std::nullopt);
     }
   }
-  // The next trial and the bound it runs against. Under a process group rank 0
-  // picks and broadcasts both: trials then run one at a time, so the bound
-  // cannot move during one, and every rank prunes at the same step.
-  struct Job {
-    std::size_t index;
-    std::optional<TrialQueue::Bound> bound;
-    std::vector<std::size_t> group;  // a batched group (more than one trial), index among them
-  };
-  const auto together = [&](std::size_t a, std::size_t b) { return batchable_together(trials[a], trials[b]); };
-  const auto take = [&]() -> std::optional<Job> {
-    if (batch) {
-      auto indices = queue.next_group(together, kMaxLanes);
-      if (indices.empty()) return std::nullopt;
-      return Job{indices.front(), std::nullopt, indices.size() > 1 ? indices : std::vector<std::size_t>()};
-    }
-    if (group == nullptr) {
-      const auto i = queue.next();
-      return i ? std::optional<Job>(Job{*i, std::nullopt, {}}) : std::nullopt;
-    }
-    std::vector<at::Tensor> message{at::full({3}, -1, at::kLong)};
-    if (writer) {
-      if (const auto i = queue.next()) {
-        message[0][0] = static_cast<std::int64_t>(*i);
-        if (const auto b = queue.bound(*i)) {
-          message[0][1] = b->steps;
-          message[0][2] = static_cast<std::int64_t>(b->index);
-        }
-      }
-    }
-    group->broadcast(message, 0);
-    const auto m = message[0].contiguous();
-    const std::int64_t* v = m.data_ptr<std::int64_t>();
-    if (v[0] < 0) return std::nullopt;
-    Job job{static_cast<std::size_t>(v[0]), std::nullopt, {}};
-    if (v[1] >= 0) job.bound = TrialQueue::Bound{v[1], static_cast<std::size_t>(v[2])};
-    return job;
-  };
-  if (group != nullptr) {  // every rank learns how many trials are left
+  if (group != nullptr) {
     std::vector<at::Tensor> count{at::full({1}, left, at::kLong)};
     group->broadcast(count, 0);
     left = count[0].item<std::int64_t>();
   }
+  return left;
+}
+
+// Runs what is left of `trials` into `dir`, options.jobs at a time: the
+// body of run_sweep (sweep.h), once per round of the search.
+void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, const fs::path& dir,
+                const SweepOptions& options, const RunnerSpec& runner, distributed::ProcessGroup* group,
+                bool report_resume, RoundTotals& totals) {
+  const bool writer = group == nullptr || group->rank() == 0;
+  TrialQueue queue(trials, runner.prune);
+  const std::int64_t left = queue_unfinished(trials, dir, runner.prune, group, queue, totals);
+  if (writer && report_resume && totals.skipped > 0) {
+    std::cerr << "resuming " << dir.string() << ": " << totals.skipped << " of " << trials.size()
+              << " trials already finished\n";
+  }
+  JobSource source(queue, trials, runner.batch_trials, group);
   ProgressBoard board(left);
   const int jobs = std::min<int>(options.jobs, static_cast<int>(std::max<std::int64_t>(1, left)));
-  // Ranks on this machine share its cores too.
-  const int threads = threads_per_job(jobs, group != nullptr ? group->local_size() : 1);
   // A trial's end: its bound for its siblings, the counts, the board.
   const auto record = [&](std::size_t i, const TrialResult& r) {
     queue.finished(i, r.status == TrialStatus::kReached ? r.steps_to_target : std::nullopt);
     if (r.status == TrialStatus::kPruned) ++totals.pruned;
     if (writer) board.finished(trials[i].name, r, trials[i].target.metric);
   };
-  // Each worker's intra-op pool: cores / jobs / local ranks.
-  run_workers(jobs, threads, take, [&](const Job& job) {
-    if (!job.group.empty()) {
-      std::vector<TrialConfig> configs;
-      std::vector<std::string> dirs;
-      for (const auto i : job.group) {
-        configs.push_back(trials[i]);
-        dirs.push_back((dir / trials[i].name).string());
-      }
-      const std::string& shown = trials[job.group.front()].name;
-      FolderHooks hooks;
-      hooks.progress = [&](const TrialProgress& p) { board.update(shown, p); };
-      hooks.prune = [&](std::size_t lane, std::int64_t next_eval) { return queue.pruned(job.group[lane], next_eval); };
-      hooks.finished = [&](std::size_t lane, const TrialResult& r) { record(job.group[lane], r); };
-      run_group(configs, data, dirs, hooks);
+  const auto run_job = [&](const Job& job) {
+    const std::vector<std::size_t> lanes = job.group.empty() ? std::vector<std::size_t>{job.index} : job.group;
+    FolderHooks hooks;
+    hooks.progress = [&](const TrialProgress& p) { board.update(trials[lanes.front()].name, p); };
+    hooks.finished = [&](std::size_t lane, const TrialResult& r) { record(lanes[lane], r); };
+    hooks.prune = [&](std::size_t lane, std::int64_t next_eval) {
+      return group == nullptr ? queue.pruned(lanes[lane], next_eval)
+                              : runner.prune && TrialQueue::beaten(job.bound, lanes[lane], next_eval);
+    };
+    if (job.group.empty()) {
+      run_one(trials[job.index], data, (dir / trials[job.index].name).string(), hooks, group);
       return;
     }
-    const TrialConfig& t = trials[job.index];
-    const std::size_t i = job.index;
-    FolderHooks hooks;
-    hooks.progress = [&](const TrialProgress& p) { board.update(t.name, p); };
-    hooks.prune = [&](std::size_t, std::int64_t next_eval) {
-      return group == nullptr ? queue.pruned(i, next_eval) : prune && TrialQueue::beaten(job.bound, i, next_eval);
-    };
-    record(i, run_one(t, data, (dir / t.name).string(), hooks, group));
-  });
+    std::vector<TrialConfig> configs;
+    std::vector<std::string> dirs;
+    for (const auto i : lanes) {
+      configs.push_back(trials[i]);
+      dirs.push_back((dir / trials[i].name).string());
+    }
+    run_group(configs, data, dirs, hooks);
+  };
+  // Each worker's intra-op pool: cores / jobs / local ranks (ranks on this
+  // machine share its cores too).
+  run_workers(jobs, threads_per_job(jobs, group != nullptr ? group->local_size() : 1),
+              [&] { return source.next(); }, run_job);
 }
 
 }  // namespace
+
+std::string extensions_json(const std::vector<ExtraPoint>& extra) {
+  json points = json::array();
+  for (const auto& p : extra) {
+    points.push_back({{"batch_size", p.batch_size},
+                      {"lr", p.lr},
+                      {"momentum", p.momentum ? json(*p.momentum) : json(nullptr)}});
+  }
+  return json{{"points", points}}.dump(2) + "\n";
+}
+
+std::vector<ExtraPoint> parse_extensions(const std::string& text, const std::string& path) {
+  std::vector<ExtraPoint> out;
+  try {
+    const json parsed = json::parse(text);
+    for (const json& p : parsed.at("points")) {
+      ExtraPoint e{p.at("batch_size").get<std::int64_t>(), p.at("lr").get<double>(), std::nullopt};
+      if (!p.at("momentum").is_null()) e.momentum = p.at("momentum").get<double>();
+      if (!(e.lr > 0) || e.batch_size < 1) throw std::invalid_argument("a rate or batch size out of range");
+      out.push_back(e);
+    }
+  } catch (const std::exception& e) {
+    throw ConfigError(path + ": not a list of extension points (" + e.what() + "); remove it to drop them");
+  }
+  return out;
+}
 
 SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, distributed::ProcessGroup* group) {
   const auto start = std::chrono::steady_clock::now();

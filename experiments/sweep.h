@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace bigbatch::experiments {
 
@@ -27,6 +28,12 @@ struct SweepSummary {
   std::int64_t pruned = 0;  ///< trials this run stopped (trial_queue.h)
   double wall_time = 0;
 };
+
+/// extensions.json, the rates --extend-search added to a sweep folder, in the
+/// order added; parse_extensions throws ConfigError naming `path` on text
+/// that is not such a list.
+std::string extensions_json(const std::vector<ExtraPoint>& extra);
+std::vector<ExtraPoint> parse_extensions(const std::string& text, const std::string& path);
 
 /// Runs (or resumes) a sweep. Throws ConfigError for a config the data
 /// refutes (a batch larger than the training set, a missing dataset) or a

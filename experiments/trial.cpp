@@ -51,7 +51,7 @@ std::mutex& model_init_mutex() {
   return m;
 }
 
-std::string to_string(TrialStatus status) { return schedules::enum_name(kTrialStatuses, status); }
+std::string to_string(TrialStatus status) { return config::enum_name(kTrialStatuses, status); }
 
 Trainer::Trainer(const TrialConfig& config, const Dataset& data, distributed::ProcessGroup* group)
     : data_(data),

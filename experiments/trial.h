@@ -67,7 +67,7 @@ void for_each_field(Row&& row, Visit&& visit) {
 /// kPruned: stopped by the sweep once a sibling (same batch size) had reached
 /// the target at a step this trial could no longer beat (trial_queue.h).
 enum class TrialStatus { kReached, kNotReached, kDiverged, kPruned };
-inline constexpr schedules::EnumName<TrialStatus> kTrialStatuses[] = {
+inline constexpr config::EnumName<TrialStatus> kTrialStatuses[] = {
     {TrialStatus::kReached, "reached"}, {TrialStatus::kNotReached, "not_reached"},
     {TrialStatus::kDiverged, "diverged"}, {TrialStatus::kPruned, "pruned"}};
 std::string to_string(TrialStatus status);

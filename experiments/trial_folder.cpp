@@ -7,7 +7,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -120,7 +122,11 @@ std::optional<nlohmann::json> finished_summary(const TrialConfig& t, const std::
     std::cerr << "warning: " << (dir / "summary.json").string() << ": not readable JSON; redoing " << t.name << "\n";
     return std::nullopt;
   }
-  if (!summary.is_object() || !summary.contains("status")) {
+  const auto status = summary.is_object() && summary.contains("status") && summary["status"].is_string()
+                          ? summary["status"].get<std::string>()
+                          : std::string();
+  if (std::none_of(std::begin(kTrialStatuses), std::end(kTrialStatuses),
+                   [&](const auto& s) { return status == s.name; })) {
     std::cerr << "warning: " << (dir / "summary.json").string() << ": no status; redoing " << t.name << "\n";
     return std::nullopt;
   }

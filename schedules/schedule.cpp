@@ -2,7 +2,7 @@
 // "Decays" and "Batch-size increase and regime adaptation", resolved to steps once.
 #include "schedule.h"
 
-#include "json_reader.h"
+#include "../config/json_reader.h"
 
 #include <c10/util/Exception.h>
 
@@ -10,6 +10,12 @@
 #include <cmath>
 
 namespace bigbatch::schedules {
+
+using config::config_error;
+using config::enum_name;
+using config::enum_value;
+using config::EnumName;
+using config::JsonReader;
 namespace {
 
 // A number of steps rounded up to an integer (less a small tolerance, so that

@@ -7,7 +7,8 @@
 # build-fuzz/artifacts/NAME/, to fix and then keep in the corpus (ctest's
 # Fuzz.NAME replays the corpus in every test run).
 # Usage: scripts/fuzz.sh [--keep] [SECONDS] [NAME...]
-#   SECONDS  per target (default 600); NAME: config schedule idx events checkpoint
+#   SECONDS  per target (default 600); NAME: config cbs_config schedule idx events
+#            checkpoint csv extensions
 #   --keep   merge the inputs that reached new code into tests/fuzz/corpus/NAME
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ if [ "${1:-}" = --keep ]; then keep=1; shift; fi
 seconds=${1:-600}
 shift || true
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(config schedule idx events checkpoint)
+[ ${#names[@]} -gt 0 ] || names=(config cbs_config schedule idx events checkpoint csv extensions)
 
 scripts/packages.sh
 for p in clang libclang-rt-14-dev; do

@@ -1,4 +1,5 @@
-// bigbatch: the command line of the experiment runner.
+// bigbatch: the command line of the experiment runner, one struct per
+// subcommand (its arguments, add() declaring them, run()).
 //   bigbatch sweep CONFIG [--out DIR] [--jobs N]   run or resume a sweep
 //   bigbatch train CONFIG [--out DIR] [...]        one trial of a sweep config
 //   bigbatch cbs CONFIG [--out DIR] [--compare]    the critical batch size over training
@@ -197,130 +198,101 @@ std::unique_ptr<bigbatch::distributed::ProcessGroup> join(const Parallel& p, bx:
 std::vector<bx::NamedSweep> load(const std::string& config, const Parallel& p) {
   auto sweeps = bx::load_sweeps(config);
   if (p.device) {
-    const auto device = bigbatch::schedules::enum_value(bx::kDeviceTypes, *p.device, "--device");
+    const auto device = bigbatch::config::enum_value(bx::kDeviceTypes, *p.device, "--device");
     for (auto& named : sweeps) named.sweep.base.device = device;
   }
   return sweeps;
 }
 
-int run(int argc, char** argv) {
-  CLI::App app{"bigbatch: batch size against steps to target, on LibTorch"};
-  app.require_subcommand(1);
+// ------------------------------------------------------------ subcommands --
+// Each subcommand: its arguments, add() declaring them to CLI11, and run().
+
+struct SweepCommand {
   std::string config, out = "runs";
   int jobs = 1;
-  auto* sweep = app.add_subcommand("sweep", "run (or resume) every trial of a sweep config, then its tables");
-  sweep->add_option("CONFIG", config, "sweep config (JSON)")->required();
-  sweep->add_option("--out", out, "output folder; the sweep goes to OUT/<name>/")->capture_default_str();
-  sweep->add_option("--jobs", jobs, "trials in parallel, in one process (intra-op threads: cores / jobs; data-parallel: cores / ranks on this machine)")->capture_default_str();
   bool no_prune = false, extend_search = false, batch_trials = false;
-  sweep->add_flag("--batch-trials", batch_trials,
+  Parallel parallel;
+
+  CLI::App* add(CLI::App& app) {
+    auto* cmd = app.add_subcommand("sweep", "run (or resume) every trial of a sweep config, then its tables");
+    cmd->add_option("CONFIG", config, "sweep config (JSON)")->required();
+    cmd->add_option("--out", out, "output folder; the sweep goes to OUT/<name>/")->capture_default_str();
+    cmd->add_option("--jobs", jobs,
+                    "trials in parallel, in one process (intra-op threads: cores / jobs; data-parallel: cores / "
+                    "ranks on this machine)")
+        ->capture_default_str();
+    cmd->add_flag("--batch-trials", batch_trials,
                   "train trials that differ only in rate and momentum as one stacked model (config: "
                   "runner.batch_trials; measured no faster on CPUs)");
-  sweep->add_flag("--extend-search", extend_search,
+    cmd->add_flag("--extend-search", extend_search,
                   "for each batch size whose best rate is the lowest or highest it tried, try one grid step "
                   "beyond, up to 3 rounds (kept in the folder's extensions.json)");
-  sweep->add_flag("--no-prune", no_prune,
+    cmd->add_flag("--no-prune", no_prune,
                   "run every trial to its end, even one that can no longer change the steps-to-target table "
                   "(config: runner.prune)");
-  Parallel parallel;
-  parallel.add_to(sweep);
-
-  auto* train = app.add_subcommand("train", "run one trial of a sweep config into OUT/<name>.train/<trial>/");
-  std::optional<std::int64_t> batch, steps;
-  std::optional<double> lr;
-  std::optional<std::uint64_t> seed;
-  train->add_option("CONFIG", config, "sweep config (JSON)")->required();
-  train->add_option("--out", out, "output folder")->capture_default_str();
-  train->add_option("--batch-size", batch, "batch size (default: the config's first)");
-  train->add_option("--lr", lr, "base learning rate (default: the search's first point)");
-  train->add_option("--seed", seed, "seed (default: the config's first)");
-  train->add_option("--steps", steps, "cap the budget at this many steps");
-  std::optional<std::string> variant;
-  train->add_option("--variant", variant, "which variant of the config (default: the first)");
-  parallel.add_to(train);
-
-  auto* cbs = app.add_subcommand(
-      "cbs", "measure the critical batch size over training (Merrill et al. 2025): a reference run, branches at "
-             "each checkpoint, cbs.csv and the batch-size warmup it allows (schedule.json), then its plots");
-  cbs->add_option("CONFIG", config, "cbs config (JSON)")->required();
-  cbs->add_option("--out", out, "output folder; the run goes to OUT/<name>/")->capture_default_str();
-  cbs->add_option("--jobs", jobs, "branches in parallel, in one process (intra-op threads: cores / jobs; data-parallel: cores / ranks on this machine)")->capture_default_str();
-  bool compare = false, no_plots = false;
-  cbs->add_flag("--compare", compare,
-                "then train the derived warmup against the fixed reference batch and a fixed large batch to the "
-                "config's target (compare.csv)");
-  cbs->add_flag("--no-plots", no_plots, "skip the plots");
-  Parallel cbs_parallel;
-  cbs_parallel.add_to(cbs);
-
-  std::vector<std::string> dirs, labels;
-  std::optional<std::string> fig_out;
-  auto* plot_cmd = app.add_subcommand(
-      "plot", "write the plots of sweep folders (PNG, SVG, JSON points); several sweeps (a config's variants, "
-              "or several DIRs) are also compared on one set of figures");
-  plot_cmd->add_option("DIR", dirs, "sweep folders, e.g. runs/quickstart, or a config's folder of variants")
-      ->required();
-  plot_cmd->add_option("--out", fig_out,
-                       "write only the comparison figures, here (needed with several DIRs; default: DIR/plots)");
-  plot_cmd->add_option("--labels", labels, "names of the compared sweeps, one per sweep folder (default: their names)")
-      ->delimiter(',');
-  auto* report_cmd = app.add_subcommand("report", "print the steps-to-target tables of sweep folders");
-  report_cmd->add_option("DIR", dirs, "sweep folders, or a config's folder of variants")->required();
-  std::string format = "text";
-  report_cmd->add_option("--format", format,
-                         "text (each table, then side by side), or markdown, csv, latex: the sweeps side by side, "
-                         "steps per sweep and the ratio to the first")
-      ->check(CLI::IsMember({"text", "markdown", "csv", "latex"}))
-      ->capture_default_str();
-  report_cmd->add_option("--labels", labels, "column names, one per sweep folder (default: their names)")
-      ->delimiter(',');
-
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::cerr << "bigbatch: " << e.what() << " (see bigbatch --help)\n";
-    return 2;
+    parallel.add_to(cmd);
+    return cmd;
   }
 
-  if (*sweep) {
+  int run(int argc, char** argv) const {
     auto sweeps = load(config, parallel);  // every variant parsed before any runs
     for (auto& named : sweeps) {
       if (no_prune) named.sweep.runner.prune = false;
       if (batch_trials) named.sweep.runner.batch_trials = true;
     }
-    const int extend_rounds = extend_search ? 3 : 0;
     if (parallel.launcher()) {
       for (const auto& named : sweeps) bx::check_world(named.sweep, parallel.world_size());
       return bx::launch_local(parallel.launch, argc, argv);
     }
     const auto group = join(parallel, sweeps.front().sweep.base.device);
-    if (group && group->rank() != 0) {
-      for (const auto& named : sweeps) {
-        bx::run_sweep(named.sweep, {(fs::path(out) / named.folder).parent_path().string(), jobs, extend_rounds},
-                      group.get());
-      }
-      return 0;
-    }
+    const bool writer = !group || group->rank() == 0;  // only rank 0 prints
     for (const auto& named : sweeps) {
       const std::string parent = (fs::path(out) / named.folder).parent_path().string();
-      const bx::SweepSummary s = bx::run_sweep(named.sweep, {parent, jobs, extend_rounds}, group.get());
+      const bx::SweepSummary s = bx::run_sweep(named.sweep, {parent, jobs, extend_search ? 3 : 0}, group.get());
+      if (!writer) continue;
       std::cout << bx::report(s.dir);
       std::cout << "sweep " << named.folder << ": " << s.trials << " trials (" << s.skipped << " resumed), "
                 << s.reached << " reached the target, " << s.pruned << " pruned, " << s.wall_time
                 << " s; results in " << s.dir << "\n";
     }
-    const std::string top = (fs::path(out) / fs::path(sweeps.front().folder).begin()->string()).string();
-    std::cout << "plots: bigbatch plot " << top << "\n";
+    if (writer) {
+      const std::string top = (fs::path(out) / fs::path(sweeps.front().folder).begin()->string()).string();
+      std::cout << "plots: bigbatch plot " << top << "\n";
+    }
     return 0;
   }
-  if (*train) {
+};
+
+struct TrainCommand {
+  std::string config, out = "runs";
+  std::optional<std::int64_t> batch, steps;
+  std::optional<double> lr;
+  std::optional<std::uint64_t> seed;
+  std::optional<std::string> variant;
+  Parallel parallel;
+
+  CLI::App* add(CLI::App& app) {
+    auto* cmd = app.add_subcommand("train", "run one trial of a sweep config into OUT/<name>.train/<trial>/");
+    cmd->add_option("CONFIG", config, "sweep config (JSON)")->required();
+    cmd->add_option("--out", out, "output folder")->capture_default_str();
+    cmd->add_option("--batch-size", batch, "batch size (default: the config's first)");
+    cmd->add_option("--lr", lr, "base learning rate (default: the search's first point)");
+    cmd->add_option("--seed", seed, "seed (default: the config's first)");
+    cmd->add_option("--steps", steps, "cap the budget at this many steps");
+    cmd->add_option("--variant", variant, "which variant of the config (default: the first)");
+    parallel.add_to(cmd);
+    return cmd;
+  }
+
+  // The config's sweep (its chosen variant) narrowed to the one trial.
+  std::pair<bx::NamedSweep, bx::TrialConfig> narrowed() const {
     const auto sweeps = load(config, parallel);
     const auto chosen = std::find_if(sweeps.begin(), sweeps.end(), [&](const bx::NamedSweep& n) {
       return !variant || n.sweep.base.sweep == *variant;
     });
     if (chosen == sweeps.end()) throw bx::ConfigError("--variant: no variant named " + *variant);
-    bx::SweepConfig cfg = chosen->sweep;
+    bx::NamedSweep named = *chosen;
+    bx::SweepConfig& cfg = named.sweep;
     if (batch) cfg.batch_sizes = {*batch};
     if (seed) cfg.seeds = {*seed};
     if (lr) {
@@ -333,7 +305,12 @@ int run(int argc, char** argv) {
       cfg.base.budget = {static_cast<double>(*steps), bigbatch::schedules::Unit::kSteps};
     }
     cfg.batch_sizes = {cfg.batch_sizes.front()};  // the trial's: the checks below are about it
-    const bx::TrialConfig trial = bx::expand(cfg).front();
+    return {named, bx::expand(cfg).front()};
+  }
+
+  int run(int argc, char** argv) const {
+    const auto [named, trial] = narrowed();
+    const bx::SweepConfig& cfg = named.sweep;
     bx::check_world(cfg, parallel.launcher() ? parallel.world_size()
                                              : bigbatch::distributed::world_from_env().world_size);
     if (parallel.launcher()) return bx::launch_local(parallel.launch, argc, argv);
@@ -342,7 +319,7 @@ int run(int argc, char** argv) {
     const int threads = bx::threads_per_job(1, group ? group->local_size() : 1);
     at::set_num_threads(threads);
     const bx::Dataset data = bx::load_data(cfg);
-    const std::string tdir = (fs::path(out) / (chosen->folder + ".train") / trial.name).string();
+    const std::string tdir = (fs::path(out) / (named.folder + ".train") / trial.name).string();
     bx::FolderHooks hooks;
     hooks.progress = [](const bx::TrialProgress& p) {
       std::cerr << "step " << p.step << "/" << p.budget << " loss " << p.loss << "\n";
@@ -355,18 +332,43 @@ int run(int argc, char** argv) {
                               " per rank): "
                         : std::string())
               << trial.name << ": " << bx::to_string(r.status) << " after " << r.steps << " steps, best "
-              << bx::to_string(trial.target.metric)
-              << " " << r.best_metric << "; results in " << tdir << "\n";
+              << bx::to_string(trial.target.metric) << " " << r.best_metric << "; results in " << tdir << "\n";
     return 0;
   }
-  if (*cbs) {
+};
+
+struct CbsCommand {
+  std::string config, out = "runs";
+  int jobs = 1;
+  bool compare = false, no_plots = false;
+  Parallel parallel;
+
+  CLI::App* add(CLI::App& app) {
+    auto* cmd = app.add_subcommand(
+        "cbs", "measure the critical batch size over training (Merrill et al. 2025): a reference run, branches at "
+               "each checkpoint, cbs.csv and the batch-size warmup it allows (schedule.json), then its plots");
+    cmd->add_option("CONFIG", config, "cbs config (JSON)")->required();
+    cmd->add_option("--out", out, "output folder; the run goes to OUT/<name>/")->capture_default_str();
+    cmd->add_option("--jobs", jobs,
+                    "branches in parallel, in one process (intra-op threads: cores / jobs; data-parallel: cores / "
+                    "ranks on this machine)")
+        ->capture_default_str();
+    cmd->add_flag("--compare", compare,
+                  "then train the derived warmup against the fixed reference batch and a fixed large batch to the "
+                  "config's target (compare.csv)");
+    cmd->add_flag("--no-plots", no_plots, "skip the plots");
+    parallel.add_to(cmd);
+    return cmd;
+  }
+
+  int run(int argc, char** argv) const {
     bx::CbsConfig c = bx::load_cbs(config);
-    if (cbs_parallel.device) c.sweep.base.device = bigbatch::schedules::enum_value(bx::kDeviceTypes, *cbs_parallel.device, "--device");
-    if (cbs_parallel.launcher()) {
-      bx::check_world(c.sweep, cbs_parallel.world_size());
-      return bx::launch_local(cbs_parallel.launch, argc, argv);
+    if (parallel.device) c.sweep.base.device = bigbatch::config::enum_value(bx::kDeviceTypes, *parallel.device, "--device");
+    if (parallel.launcher()) {
+      bx::check_world(c.sweep, parallel.world_size());
+      return bx::launch_local(parallel.launch, argc, argv);
     }
-    const auto group = join(cbs_parallel, c.sweep.base.device);
+    const auto group = join(parallel, c.sweep.base.device);
     const bx::CbsSummary s = bx::run_cbs(c, {out, jobs, compare}, group.get());
     if (group && group->rank() != 0) return 0;
     std::cout << bx::cbs_report(s.dir);
@@ -378,8 +380,68 @@ int run(int argc, char** argv) {
     }
     return 0;
   }
-  if (*plot_cmd) return plot(dirs, fig_out, labels);
-  return report(dirs, bigbatch::schedules::enum_value(bx::kTableFormats, format, "--format"), labels);
+};
+
+struct PlotCommand {
+  std::vector<std::string> dirs, labels;
+  std::optional<std::string> out;
+
+  CLI::App* add(CLI::App& app) {
+    auto* cmd = app.add_subcommand(
+        "plot", "write the plots of sweep folders (PNG, SVG, JSON points); several sweeps (a config's variants, "
+                "or several DIRs) are also compared on one set of figures");
+    cmd->add_option("DIR", dirs, "sweep folders, e.g. runs/quickstart, or a config's folder of variants")->required();
+    cmd->add_option("--out", out,
+                    "write only the comparison figures, here (needed with several DIRs; default: DIR/plots)");
+    cmd->add_option("--labels", labels, "names of the compared sweeps, one per sweep folder (default: their names)")
+        ->delimiter(',');
+    return cmd;
+  }
+
+  int run() const { return plot(dirs, out, labels); }
+};
+
+struct ReportCommand {
+  std::vector<std::string> dirs, labels;
+  std::string format = "text";
+
+  CLI::App* add(CLI::App& app) {
+    auto* cmd = app.add_subcommand("report", "print the steps-to-target tables of sweep folders");
+    cmd->add_option("DIR", dirs, "sweep folders, or a config's folder of variants")->required();
+    cmd->add_option("--format", format,
+                    "text (each table, then side by side), or markdown, csv, latex: the sweeps side by side, "
+                    "steps per sweep and the ratio to the first")
+        ->check(CLI::IsMember({"text", "markdown", "csv", "latex"}))
+        ->capture_default_str();
+    cmd->add_option("--labels", labels, "column names, one per sweep folder (default: their names)")->delimiter(',');
+    return cmd;
+  }
+
+  int run() const { return report(dirs, bigbatch::config::enum_value(bx::kTableFormats, format, "--format"), labels); }
+};
+
+// The command line, parsed; the chosen subcommand's exit code.
+int run(int argc, char** argv) {
+  CLI::App app{"bigbatch: batch size against steps to target, on LibTorch"};
+  app.require_subcommand(1);
+  SweepCommand sweep;
+  TrainCommand train;
+  CbsCommand cbs;
+  PlotCommand plot;
+  ReportCommand report;
+  const CLI::App* chosen[] = {sweep.add(app), train.add(app), cbs.add(app), plot.add(app), report.add(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::cerr << "bigbatch: " << e.what() << " (see bigbatch --help)\n";
+    return 2;
+  }
+  if (*chosen[0]) return sweep.run(argc, argv);
+  if (*chosen[1]) return train.run(argc, argv);
+  if (*chosen[2]) return cbs.run(argc, argv);
+  if (*chosen[3]) return plot.run();
+  return report.run();
 }
 
 }  // namespace

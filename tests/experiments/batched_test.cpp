@@ -27,7 +27,7 @@ namespace {
 
 using namespace bigbatch::experiments;
 
-std::string schedules_name(ModelType type) { return bigbatch::schedules::enum_name(kModelTypes, type); }
+std::string schedules_name(ModelType type) { return bigbatch::config::enum_name(kModelTypes, type); }
 
 constexpr double kRtol = 2e-4;
 constexpr double kRtolBatchNormAdam = 2e-3;

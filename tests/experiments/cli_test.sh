@@ -538,6 +538,41 @@ bad_configs)
   [ "$before" = "$(cat runs/e2e/sweep.json runs/e2e/steps_to_target.csv | md5sum)" ] || fail "folder changed"
   [ ! -e nowhere ] && [ ! -e ../outside ] || fail "wrote outside the output folder"
   ;;
+full_disk)
+  # A disk that fills up during a sweep: the write that fails names its file
+  # and the system's reason (exit 1, one line), and every file written
+  # before stays whole. A tmpfs of 96 KiB where mounting is allowed (root),
+  # else a file-size limit (SIGXFSZ ignored, so the write gets EFBIG).
+  mkdir disk
+  if mount -t tmpfs -o size=96k tmpfs disk 2> /dev/null; then
+    trap 'umount "$work/disk"' EXIT
+    reason="No space left on device"
+  else
+    trap '' XFSZ
+    ulimit -f 2  # KiB: the first event file outgrows it
+    reason="File too large"
+  fi
+  rc=0
+  "$bigbatch" sweep "$config" --out disk > out.txt 2> err.txt || rc=$?
+  [ "$rc" -eq 1 ] || fail "a full disk: exit $rc, want 1: $(tail -2 err.txt)"
+  last=$(tail -n 1 err.txt)
+  case $last in
+    "bigbatch: "*disk/e2e*": $reason"* | "bigbatch: "*"$reason"*disk/e2e*) ;;
+    *) fail "a full disk: the last line '$last' does not name the file and '$reason'" ;;
+  esac
+  $py - disk/e2e <<'PY'
+import json, os, sys
+whole = 0
+for root, _, files in os.walk(sys.argv[1]):
+    for f in files:
+        assert ".tmp." not in f, os.path.join(root, f) + ": a temporary left behind"
+        if f.endswith(".json"):
+            json.load(open(os.path.join(root, f)))  # no half file
+            whole += 1
+print("a full disk: the error names the file and the reason;", whole, "JSON files written before are whole")
+PY
+  echo "$last"
+  ;;
 quickstart)
   # The shipped configs parse; one quickstart trial runs a few steps on Fashion-MNIST.
   for c in "$src"/experiments/configs/*.json; do

@@ -1,6 +1,8 @@
 // Strict reading of JSON config objects: every key known, every type right,
-// every error naming the key by its full path (e.g. "schedule.decay.gamma").
-// Shared by the schedule (de)serialization and the experiment configs.
+// every error naming the key by its full path (e.g. "schedule.decay.gamma"),
+// and the tables that spell enums in configs and result files. Below every
+// folder that reads or writes JSON: the schedule's JSON form (schedules/) and
+// the experiment configs and results (experiments/).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -12,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace bigbatch::schedules {
+namespace bigbatch::config {
 
 /// How a config spells one value of an enum. A table of these (or of any
 /// struct with `value` and `name` members), in the order error messages list
@@ -55,6 +57,8 @@ class JsonReader {
   JsonReader(const nlohmann::json& object, std::string path);
 
   bool has(const std::string& key) const;
+  /// The object's own path in messages, and a key's below it.
+  const std::string& path() const { return path_; }
   std::string path_of(const std::string& key) const;
 
   double number(const std::string& key, double fallback);
@@ -95,4 +99,4 @@ class JsonReader {
 /// config_error(path, problem) throws "<path>: <problem>" as a c10::Error, for
 /// checks after reading (declared above).
 
-}  // namespace bigbatch::schedules
+}  // namespace bigbatch::config

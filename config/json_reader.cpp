@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-namespace bigbatch::schedules {
+namespace bigbatch::config {
 namespace {
 
 const nlohmann::json& empty_object() {
@@ -141,4 +141,4 @@ void JsonReader::finish() const {
   }
 }
 
-}  // namespace bigbatch::schedules
+}  // namespace bigbatch::config
