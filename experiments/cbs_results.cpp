@@ -13,6 +13,7 @@
 #include <iomanip>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
 
 namespace bigbatch::experiments {
 namespace fs = std::filesystem;
@@ -178,10 +179,18 @@ json schedule_patch(const CbsConfig& c, const BatchWarmup& w) {
 }
 
 BatchWarmup warmup_of(const json& patch) {
+  // Types checked before reading (a hand-edited schedule.json): get<> of a
+  // float as an integer is undefined behaviour, not an error.
+  const auto integer = [](const json& v, const char* what) {
+    if (!v.is_number_integer()) throw std::runtime_error(std::string("schedule.json: ") + what + " is not an integer");
+    return v.get<std::int64_t>();
+  };
   BatchWarmup w;
-  w.final_batch = patch.at("batch_sizes").at(0).get<std::int64_t>();
-  for (const auto& st : patch.at("schedule").value("batch_warmup", json::array())) {
-    w.stages.push_back({st.at("batch").get<std::int64_t>(), st.at("until_examples").get<std::int64_t>()});
+  w.final_batch = integer(patch.at("batch_sizes").at(0), "batch_sizes[0]");
+  const json stages = patch.at("schedule").value("batch_warmup", json::array());
+  if (!stages.is_array()) throw std::runtime_error("schedule.json: schedule.batch_warmup is not a list");
+  for (const auto& st : stages) {
+    w.stages.push_back({integer(st.at("batch"), "a stage's batch"), integer(st.at("until_examples"), "until_examples")});
   }
   return w;
 }

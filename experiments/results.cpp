@@ -265,38 +265,12 @@ void check_comparable(const std::vector<LabelledSweep>& sweeps) {
   }
 }
 
-std::string compare_report(const std::vector<LabelledSweep>& sweeps, TableFormat format) {
-  check_comparable(sweeps);
-  std::vector<std::map<std::int64_t, TargetRow>> tables;
-  std::set<std::int64_t> batches;
-  for (const auto& s : sweeps) {
-    auto& t = tables.emplace_back();
-    for (TargetRow& r : read_steps_to_target(s.dir)) {
-      batches.insert(r.batch_size);
-      t[r.batch_size] = std::move(r);
-    }
-  }
-  // The cells of each row: batch, steps per sweep, then ratios to the first.
-  std::vector<std::string> header{"batch size"};
-  for (const auto& s : sweeps) header.push_back(s.label);
-  for (std::size_t k = 1; k < sweeps.size(); ++k) header.push_back(sweeps[k].label + " / " + sweeps[0].label);
-  const std::string none = format == TableFormat::kCsv ? "" : "-";
-  std::vector<std::vector<std::string>> rows;
-  for (const auto batch : batches) {
-    std::vector<std::optional<std::int64_t>> steps;
-    for (const auto& t : tables) {
-      const auto it = t.find(batch);
-      steps.push_back(it == t.end() ? std::nullopt : it->second.steps);
-    }
-    std::vector<std::string> row{std::to_string(batch)};
-    for (const auto& s : steps) row.push_back(s ? std::to_string(*s) : none);
-    for (std::size_t k = 1; k < steps.size(); ++k) {
-      std::ostringstream ratio;
-      if (steps[0] && steps[k]) ratio << std::fixed << std::setprecision(2) << static_cast<double>(*steps[k]) / static_cast<double>(*steps[0]);
-      row.push_back(steps[0] && steps[k] ? ratio.str() : none);
-    }
-    rows.push_back(std::move(row));
-  }
+namespace {
+
+// A table's header and rows in `format`: CSV, Markdown, LaTeX (tabular) or
+// text with aligned columns.
+std::string format_table(std::vector<std::string> header, const std::vector<std::vector<std::string>>& rows,
+                         TableFormat format) {
   std::ostringstream out;
   const auto line = [&](const std::vector<std::string>& cells, const char* begin, const char* sep, const char* end) {
     out << begin;
@@ -351,6 +325,43 @@ std::string compare_report(const std::vector<LabelledSweep>& sweeps, TableFormat
     }
   }
   return out.str();
+}
+
+}  // namespace
+
+std::string compare_report(const std::vector<LabelledSweep>& sweeps, TableFormat format) {
+  check_comparable(sweeps);
+  std::vector<std::map<std::int64_t, TargetRow>> tables;
+  std::set<std::int64_t> batches;
+  for (const auto& s : sweeps) {
+    auto& t = tables.emplace_back();
+    for (TargetRow& r : read_steps_to_target(s.dir)) {
+      batches.insert(r.batch_size);
+      t[r.batch_size] = std::move(r);
+    }
+  }
+  // The cells of each row: batch, steps per sweep, then ratios to the first.
+  std::vector<std::string> header{"batch size"};
+  for (const auto& s : sweeps) header.push_back(s.label);
+  for (std::size_t k = 1; k < sweeps.size(); ++k) header.push_back(sweeps[k].label + " / " + sweeps[0].label);
+  const std::string none = format == TableFormat::kCsv ? "" : "-";
+  std::vector<std::vector<std::string>> rows;
+  for (const auto batch : batches) {
+    std::vector<std::optional<std::int64_t>> steps;
+    for (const auto& t : tables) {
+      const auto it = t.find(batch);
+      steps.push_back(it == t.end() ? std::nullopt : it->second.steps);
+    }
+    std::vector<std::string> row{std::to_string(batch)};
+    for (const auto& s : steps) row.push_back(s ? std::to_string(*s) : none);
+    for (std::size_t k = 1; k < steps.size(); ++k) {
+      std::ostringstream ratio;
+      if (steps[0] && steps[k]) ratio << std::fixed << std::setprecision(2) << static_cast<double>(*steps[k]) / static_cast<double>(*steps[0]);
+      row.push_back(steps[0] && steps[k] ? ratio.str() : none);
+    }
+    rows.push_back(std::move(row));
+  }
+  return format_table(header, rows, format);
 }
 
 }  // namespace bigbatch::experiments

@@ -24,6 +24,7 @@
 #include <iostream>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 
 namespace bigbatch::experiments {
 namespace fs = std::filesystem;
@@ -218,13 +219,27 @@ std::string extensions_json(const std::vector<ExtraPoint>& extra) {
 }
 
 std::vector<ExtraPoint> parse_extensions(const std::string& text, const std::string& path) {
+  // Each value's type is checked before it is read: nlohmann's get<> of a
+  // float as an integer (or of a huge one) is undefined behaviour, not an error.
+  const auto number = [](const json& p, const char* key, bool integer) -> const json& {
+    const json& v = p.at(key);
+    if (!(integer ? v.is_number_integer() : v.is_number())) {
+      throw std::invalid_argument(std::string(key) + " is not " + (integer ? "an integer" : "a number"));
+    }
+    return v;
+  };
   std::vector<ExtraPoint> out;
   try {
     const json parsed = json::parse(text);
-    for (const json& p : parsed.at("points")) {
-      ExtraPoint e{p.at("batch_size").get<std::int64_t>(), p.at("lr").get<double>(), std::nullopt};
-      if (!p.at("momentum").is_null()) e.momentum = p.at("momentum").get<double>();
-      if (!(e.lr > 0) || e.batch_size < 1) throw std::invalid_argument("a rate or batch size out of range");
+    const json& points = parsed.at("points");
+    if (!points.is_array()) throw std::invalid_argument("points is not a list");
+    for (const json& p : points) {
+      ExtraPoint e{number(p, "batch_size", true).get<std::int64_t>(), number(p, "lr", false).get<double>(),
+                   std::nullopt};
+      if (!p.at("momentum").is_null()) e.momentum = number(p, "momentum", false).get<double>();
+      if (!(e.lr > 0) || !std::isfinite(e.lr) || e.batch_size < 1) {
+        throw std::invalid_argument("a rate or batch size out of range");
+      }
       out.push_back(e);
     }
   } catch (const std::exception& e) {

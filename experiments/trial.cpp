@@ -165,14 +165,49 @@ void Trainer::leave(std::size_t i, TrialStatus status, double seconds, const Hoo
   if (hooks.finished) hooks.finished(i, r);
 }
 
+void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& seconds) {
+  const auto metrics = evaluate();
+  for (std::size_t i = 0; i < lanes_.size(); ++i) {
+    Lane& lane = *lanes_[i];
+    if (!lane.active) continue;
+    const auto [val_loss, val_error] = metrics[i];
+    EvalRow row;
+    row.step = step_;
+    row.examples = examples_;
+    row.epoch = static_cast<double>(examples_) / static_cast<double>(data_.train_size());
+    row.train_loss = lane.loss_sum / static_cast<double>(lane.losses);
+    row.val_loss = val_loss;
+    row.val_error = val_error;
+    row.lr = lane.last_lr;
+    row.batch_size = lane.adapter->schedule().batch_size(step_ - 1);
+    row.wall_time = seconds();
+    row.gns = b_simple(i);
+    lane.rows.push_back(row);
+    if (hooks.on_eval) hooks.on_eval(i, row);
+    lane.loss_sum = 0;
+    lane.losses = 0;
+    if (!std::isfinite(val_loss)) {
+      leave(i, TrialStatus::kDiverged, seconds(), hooks);
+      continue;
+    }
+    const TargetSpec& target = lane.config.target;
+    const double metric = target.metric == Metric::kValError ? val_error : val_loss;
+    lane.best_metric = std::min(lane.best_metric, metric);
+    if (metric <= target.threshold) {
+      lane.result.steps_to_target = step_;
+      lane.result.examples_to_target = examples_;
+      leave(i, TrialStatus::kReached, seconds(), hooks);
+    }
+  }
+}
+
 std::vector<TrialResult> Trainer::run(const Hooks& hooks) {
   const auto start = std::chrono::steady_clock::now();
   const double before = elapsed_;
-  const auto seconds = [&] {
+  const std::function<double()> seconds = [&] {
     return before + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  const TargetSpec& target = lanes_.front()->config.target;  // the lanes share it
-  const std::int64_t every = target.eval_every;
+  const std::int64_t every = lanes_.front()->config.target.eval_every;  // the lanes share it
   const std::int64_t checkpoint_every = lanes_.front()->config.checkpoint_every;
   double last_report = 0;
   while (step_ < budget_ && any_active()) {
@@ -201,38 +236,7 @@ std::vector<TrialResult> Trainer::run(const Hooks& hooks) {
     }
     if (step_ % every != 0 && step_ != budget_) continue;
     if (!any_active()) break;
-    const auto metrics = evaluate();
-    for (std::size_t i = 0; i < lanes_.size(); ++i) {
-      Lane& lane = *lanes_[i];
-      if (!lane.active) continue;
-      const auto [val_loss, val_error] = metrics[i];
-      EvalRow row;
-      row.step = step_;
-      row.examples = examples_;
-      row.epoch = static_cast<double>(examples_) / static_cast<double>(data_.train_size());
-      row.train_loss = lane.loss_sum / static_cast<double>(lane.losses);
-      row.val_loss = val_loss;
-      row.val_error = val_error;
-      row.lr = lane.last_lr;
-      row.batch_size = lane.adapter->schedule().batch_size(step_ - 1);
-      row.wall_time = seconds();
-      row.gns = b_simple(i);
-      lane.rows.push_back(row);
-      if (hooks.on_eval) hooks.on_eval(i, row);
-      lane.loss_sum = 0;
-      lane.losses = 0;
-      if (!std::isfinite(val_loss)) {
-        leave(i, TrialStatus::kDiverged, seconds(), hooks);
-        continue;
-      }
-      const double metric = target.metric == Metric::kValError ? val_error : val_loss;
-      lane.best_metric = std::min(lane.best_metric, metric);
-      if (metric <= lane.config.target.threshold) {
-        lane.result.steps_to_target = step_;
-        lane.result.examples_to_target = examples_;
-        leave(i, TrialStatus::kReached, seconds(), hooks);
-      }
-    }
+    evaluate_lanes(hooks, seconds);
     if (hooks.on_checkpoint && checkpoint_every > 0 && step_ % checkpoint_every == 0 && step_ < budget_ &&
         any_active()) {
       elapsed_ = seconds();

@@ -197,6 +197,9 @@ class Trainer {
   void add_lanes(const std::vector<TrialConfig>& configs);
   // A lane's result as it ends: status, steps, best metric, rows, time.
   void leave(std::size_t lane, TrialStatus status, double seconds, const Hooks& hooks);
+  // An evaluation of every active lane: its row, and the stop rules (the
+  // target, a non-finite validation loss).
+  void evaluate_lanes(const Hooks& hooks, const std::function<double()>& seconds);
   bool any_active() const;
   // The weights, optimizer state, sampler and examples of a checkpoint.
   void load_run(torch::serialize::InputArchive& archive);

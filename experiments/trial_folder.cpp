@@ -130,6 +130,15 @@ std::optional<nlohmann::json> finished_summary(const TrialConfig& t, const std::
     std::cerr << "warning: " << (dir / "summary.json").string() << ": no status; redoing " << t.name << "\n";
     return std::nullopt;
   }
+  // What the tables read of it (write_tables), of the types they read.
+  const bool reached = status == to_string(TrialStatus::kReached);
+  if (!summary.contains("peak_lr") || !summary["peak_lr"].is_number() ||
+      (reached && !(summary.contains("steps_to_target") && summary["steps_to_target"].is_number_integer() &&
+                    summary.contains("examples_to_target") && summary["examples_to_target"].is_number_integer()))) {
+    std::cerr << "warning: " << (dir / "summary.json").string() << ": a field missing or of another type; redoing "
+              << t.name << "\n";
+    return std::nullopt;
+  }
   if (!accept_pruned && summary["status"] == to_string(TrialStatus::kPruned)) return std::nullopt;
   return summary;
 }
