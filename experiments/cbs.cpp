@@ -1,5 +1,5 @@
 // bigbatch cbs's runner (cbs.h): the reference runs and their checkpoints,
-// the branches, and the three-way comparison; the config is cbs_config.cpp's,
+// the branches, and the three-way comparison; the config is config.cpp's,
 // the curve and report cbs_results.cpp's.
 #include "cbs.h"
 

@@ -11,7 +11,7 @@
 // branch's (docs/formulas.md "Critical batch size, measured directly").
 #pragma once
 
-#include "cbs_config.h"
+#include "config.h"
 #include "cbs_results.h"
 #include "../distributed/process_group.h"
 

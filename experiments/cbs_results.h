@@ -5,7 +5,7 @@
 // docs/formulas.md "Critical batch size, measured directly".
 #pragma once
 
-#include "cbs_config.h"
+#include "config.h"
 #include "trial.h"
 #include "../schedules/schedule.h"
 

@@ -1,8 +1,12 @@
-// Sweep and trial configs (config.h), each part read and written from one
-// field list (config_io.h: `xxx_fields(io, spec)`).
+// The configs bigbatch reads (config.h): sweep and trial configs, and cbs
+// configs. Reading and writing share one field list per spec:
+// `xxx_fields(io, spec)` names each key once, with its default (the spec's
+// initial value) and its checks. Reader fills a spec from strict JSON
+// (config/json_reader.h) and runs the checks; Writer writes the spec back
+// with every default spelled out (sweep.json, config.json, cbs.json). A key
+// that only one side knows cannot happen: there is one list.
 #include "config.h"
 
-#include "config_io.h"
 #include "files.h"
 #include "optimizer_registry.h"
 
@@ -20,10 +24,108 @@ namespace {
 
 using config::JsonReader;
 using config::config_error;
-using config_io::num;
-using config_io::Reader;
-using config_io::Writer;
 using nlohmann::json;
+
+/// A number as a message shows it.
+std::string num(double x) {
+  std::ostringstream s;
+  s << x;
+  return s.str();
+}
+
+/// Fills a spec from a JSON object (JsonReader: every key known, every type
+/// checked) and runs its checks, failing on the first with its key's path.
+class Reader {
+ public:
+  static constexpr bool kReading = true;
+  explicit Reader(JsonReader r) : r_(std::move(r)) {}
+
+  /// An optional key: absent leaves `value` (the default) as it is.
+  template <typename T>
+  void field(const std::string& key, T& value) { read(key, value); }
+  void required(const std::string& key, double& value) { value = r_.number(key); }
+  void required(const std::string& key, std::int64_t& value) { value = r_.integer(key); }
+  void required(const std::string& key, std::string& value) { value = r_.string(key); }
+  template <typename Table, typename E>
+  void choice(const std::string& key, E& value, const Table& table) { value = r_.choice(key, table, value); }
+  template <typename Table, typename E>
+  void choice(const std::string& key, E& value, const Table& table, E fallback) {
+    value = r_.choice(key, table, fallback);
+  }
+  /// A nested object read by `fields` (absent: an empty object, so defaults).
+  template <typename Spec, typename Fields>
+  void object(const std::string& key, Spec& spec, const Fields& fields) {
+    Reader nested(r_.object(key));
+    fields(nested, spec);
+    nested.r_.finish();
+  }
+  /// Whether the config gives `key` (the writer asks the spec instead).
+  bool given(const std::string& key, bool /*in_spec*/) const { return r_.has(key); }
+  void check(const std::string& key, bool ok, const std::string& problem) const {
+    if (!ok) config_error(r_.path_of(key), problem);
+  }
+  /// A check of the object as a whole, reported at its own path.
+  void check_whole(bool ok, const std::string& problem) const {
+    if (!ok) config_error(r_.path(), problem);
+  }
+  JsonReader& json_reader() { return r_; }
+
+ private:
+  void read(const std::string& key, double& v) { v = r_.number(key, v); }
+  void read(const std::string& key, std::int64_t& v) { v = r_.integer(key, v); }
+  void read(const std::string& key, std::uint64_t& v) {
+    const std::int64_t x = r_.integer(key, static_cast<std::int64_t>(v));
+    check(key, x >= 0, "must be >= 0, got " + std::to_string(x));
+    v = static_cast<std::uint64_t>(x);
+  }
+  void read(const std::string& key, bool& v) { v = r_.boolean(key, v); }
+  void read(const std::string& key, std::vector<double>& v) { v = r_.numbers(key, v); }
+  void read(const std::string& key, std::vector<std::int64_t>& v) { v = r_.integers(key, v); }
+  void read(const std::string& key, std::vector<std::uint64_t>& v) {
+    const auto xs = r_.integers(key, std::vector<std::int64_t>(v.begin(), v.end()));
+    for (const auto x : xs) check(key, x >= 0, "must be >= 0, got " + std::to_string(x));
+    v.assign(xs.begin(), xs.end());
+  }
+  void read(const std::string& key, std::optional<double>& v) { v = r_.optional_number(key); }
+  void read(const std::string& key, std::optional<std::vector<double>>& v) {
+    if (r_.has(key)) v = r_.numbers(key, {});
+  }
+
+  JsonReader r_;
+};
+
+/// Writes a spec as a JSON object, every default spelled out; checks pass.
+class Writer {
+ public:
+  static constexpr bool kReading = false;
+
+  template <typename T>
+  void field(const std::string& key, const T& value) { json_[key] = value; }
+  template <typename T>
+  void field(const std::string& key, const std::optional<T>& value) {
+    if (value) json_[key] = *value;
+  }
+  template <typename T>
+  void required(const std::string& key, const T& value) { field(key, value); }
+  template <typename Table, typename E>
+  void choice(const std::string& key, E value, const Table& table, E /*fallback*/ = E{}) {
+    json_[key] = config::enum_name(table, value);
+  }
+  template <typename Spec, typename Fields>
+  void object(const std::string& key, const Spec& spec, const Fields& fields) {
+    Writer nested;
+    fields(nested, spec);
+    json_[key] = std::move(nested.json_);
+  }
+  bool given(const std::string& /*key*/, bool in_spec) const { return in_spec; }
+  void check(const std::string&, bool, const std::string&) const {}
+  void check_whole(bool, const std::string&) const {}
+  json& out() { return json_; }
+
+ private:
+  json json_ = json::object();
+};
+
 
 template <typename Io, typename Spec>
 void data_fields(Io& io, Spec& d) {
@@ -314,6 +416,115 @@ std::vector<Point> search_points(const SearchSpec& s) {
   return out;
 }
 
+// ------------------------------------------------------------ cbs configs --
+
+// "checkpoints" as given: a list of examples, or {"first", "last", "count"}
+// spaced evenly in log(examples), each rounded to a multiple of the
+// reference batch. `path` names the key in errors.
+std::vector<std::int64_t> read_checkpoints(const json& value, std::int64_t batch, const std::string& path) {
+  std::vector<std::int64_t> out;
+  if (value.is_object()) {
+    JsonReader r(value, path);
+    const std::int64_t first = r.integer("first");
+    const std::int64_t last = r.integer("last");
+    const std::int64_t count = r.integer("count");
+    r.finish();
+    if (first <= 0) config_error(r.path_of("first"), "must be > 0, got " + std::to_string(first));
+    if (last <= first) {
+      config_error(r.path_of("last"), "must be > first (" + std::to_string(first) + "), got " + std::to_string(last));
+    }
+    if (count < 2) config_error(r.path_of("count"), "must be >= 2, got " + std::to_string(count));
+    for (std::int64_t i = 0; i < count; ++i) {
+      const double e = static_cast<double>(first) *
+                       std::pow(static_cast<double>(last) / static_cast<double>(first),
+                                static_cast<double>(i) / static_cast<double>(count - 1));
+      const std::int64_t rounded = std::max<std::int64_t>(1, std::llround(e / static_cast<double>(batch))) * batch;
+      if (!out.empty() && rounded <= out.back()) {
+        config_error(r.path_of("count"), std::to_string(count) + " checkpoints between " + std::to_string(first) +
+                                             " and " + std::to_string(last) +
+                                             " collide once rounded to multiples of the reference batch (" +
+                                             std::to_string(batch) + "); use fewer");
+      }
+      out.push_back(rounded);
+    }
+    return out;
+  }
+  if (!value.is_array() || value.empty()) {
+    config_error(path, "expected a non-empty list of examples or {first, last, count}");
+  }
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    const std::string key = path + "[" + std::to_string(i) + "]";
+    if (!value[i].is_number_integer()) config_error(key, "expected an integer (examples seen)");
+    out.push_back(value[i].get<std::int64_t>());
+  }
+  return out;
+}
+
+// {"absolute": x} or {"relative": x}: the key is the kind.
+template <typename Io, typename Spec>
+void tolerance_fields(Io& io, Spec& t) {
+  const bool relative = io.given("relative", t.relative);
+  io.check_whole(relative != io.given("absolute", !t.relative), "give exactly one of \"absolute\" and \"relative\"");
+  io.required(relative ? "relative" : "absolute", t.value);
+  if constexpr (Io::kReading) t.relative = relative;
+  io.check(relative ? "relative" : "absolute", t.value >= 0 && std::isfinite(t.value),
+           "must be >= 0, got " + num(t.value));
+}
+
+template <typename Io, typename Spec>
+void cbs_fields(Io& io, Spec& c) {
+  io.required("reference_batch", c.reference_batch);
+  io.check("reference_batch", c.reference_batch > 0, "must be > 0, got " + std::to_string(c.reference_batch));
+  io.required("reference_lr", c.reference_lr);
+  io.check("reference_lr", c.reference_lr > 0, "must be > 0, got " + num(c.reference_lr));
+  if constexpr (Io::kReading) {  // a list, or a log-spaced range that reads as one
+    auto& r = io.json_reader();
+    const json* given = r.raw("checkpoints");
+    if (given == nullptr) config_error(r.path_of("checkpoints"), "missing (a list or {first, last, count})");
+    c.checkpoints = read_checkpoints(*given, c.reference_batch, r.path_of("checkpoints"));
+  } else {
+    io.field("checkpoints", c.checkpoints);
+  }
+  for (std::size_t i = 0; i < c.checkpoints.size(); ++i) {
+    const std::string key = "checkpoints[" + std::to_string(i) + "]";
+    const std::int64_t e = c.checkpoints[i];
+    io.check(key, e >= 0 && e % c.reference_batch == 0,
+             "must be a multiple of cbs.reference_batch (" + std::to_string(c.reference_batch) + ") and >= 0, got " +
+                 std::to_string(e));
+    io.check(key, i == 0 || e > c.checkpoints[i - 1],
+             "must be greater than the one before (" + std::to_string(i > 0 ? c.checkpoints[i - 1] : 0) + "), got " +
+                 std::to_string(e));
+  }
+  io.field("branch_batches", c.branch_batches);
+  const auto& b = c.branch_batches;
+  io.check("branch_batches", b.size() >= 2, "needs at least 2 batch sizes, got " + std::to_string(b.size()));
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    const std::string key = "branch_batches[" + std::to_string(i) + "]";
+    io.check(key, b[i] > 0, "must be > 0, got " + std::to_string(b[i]));
+    io.check(key, i == 0 || b[i] > b[i - 1],
+             "must be greater than the one before (" + std::to_string(i > 0 ? b[i - 1] : 0) + "), got " +
+                 std::to_string(b[i]));
+  }
+  io.check("branch_batches", std::find(b.begin(), b.end(), c.reference_batch) != b.end(),
+           "must include cbs.reference_batch (" + std::to_string(c.reference_batch) + ")");
+  io.required("window", c.window);
+  io.check("window", c.window > 0, "must be > 0, got " + std::to_string(c.window));
+  for (const auto batch : b) {
+    io.check("window", c.window % batch == 0,
+             "must be a multiple of every branch batch, so that each trains the same examples; " +
+                 std::to_string(c.window) + " is not a multiple of " + std::to_string(batch));
+  }
+  if (io.given("tolerance", true)) {  // the writer writes it; absent, the default stays
+    io.object("tolerance", c.tolerance, [](auto& q, auto& t) { tolerance_fields(q, t); });
+  }
+  io.field("lr_factors", c.lr_factors);
+  io.check("lr_factors", !c.lr_factors.empty(), "must not be empty");
+  for (std::size_t i = 0; i < c.lr_factors.size(); ++i) {
+    io.check("lr_factors[" + std::to_string(i) + "]", c.lr_factors[i] > 0 && std::isfinite(c.lr_factors[i]),
+             "must be > 0, got " + num(c.lr_factors[i]));
+  }
+}
+
 }  // namespace
 
 void check_name(const std::string& name, const std::string& what) {
@@ -468,5 +679,69 @@ std::optional<std::string> identity_difference(const json& existing, const json&
 std::string to_string(NoiseType type) { return config::enum_name(kNoiseTypes, type); }
 std::string to_string(Metric metric) { return config::enum_name(kMetrics, metric); }
 std::string to_string(DeviceType device) { return config::enum_name(kDeviceTypes, device); }
+
+CbsConfig parse_cbs(const json& j) {
+  if (!j.is_object()) throw ConfigError("a cbs config must be a JSON object");
+  if (!j.contains("cbs")) throw ConfigError("cbs: missing (an object: reference_batch, reference_lr, checkpoints, ...)");
+  for (const char* key : {"batch_sizes", "search", "variants"}) {
+    if (j.contains(key)) {
+      throw ConfigError(std::string(key) + ": not a key of a cbs config (cbs.reference_batch, cbs.reference_lr and "
+                                           "cbs.branch_batches set the batches and rates)");
+    }
+  }
+  CbsConfig c;
+  try {
+    Reader r(JsonReader(j.at("cbs"), "cbs"));
+    cbs_fields(r, c.cbs);
+    r.json_reader().finish();
+  } catch (const c10::Error& e) {
+    throw ConfigError(e.what_without_backtrace());
+  }
+  json workload = j;
+  workload.erase("cbs");
+  if (workload.contains("schedule") && workload["schedule"].is_object()) {
+    json& s = workload["schedule"];
+    if (s.contains("base_batch") && s["base_batch"] != json(c.cbs.reference_batch)) {
+      throw ConfigError("schedule.base_batch: set by cbs.reference_batch (" + std::to_string(c.cbs.reference_batch) +
+                        ") in a cbs config, got " + s["base_batch"].dump());
+    }
+    s["base_batch"] = c.cbs.reference_batch;
+  } else if (!workload.contains("schedule")) {
+    workload["schedule"] = {{"base_batch", c.cbs.reference_batch}};
+  }
+  workload["batch_sizes"] = c.cbs.branch_batches;
+  workload["search"] = {{"lr", {c.cbs.reference_lr}}};
+  c.sweep = parse_sweep(workload);
+  const schedules::ScheduleSpec& s = c.sweep.base.schedule;
+  if (s.warmup.length != 0 || s.decay.type != schedules::DecayType::kConstant || s.batch_increase ||
+      !s.batch_warmup.empty() || s.regime_adaptation) {
+    throw ConfigError("schedule: a cbs reference and its branches train at a constant rate (the scaling rule sets "
+                      "each branch's), so no warmup, decay, batch_increase, batch_warmup or regime_adaptation");
+  }
+  if (c.sweep.base.checkpoint_every != 0) {
+    throw ConfigError("checkpoint_every: not a key of a cbs config (cbs.checkpoints says where the reference saves)");
+  }
+  return c;
+}
+
+CbsConfig load_cbs(const std::string& path) {
+  const json j = read_config(path);
+  try {
+    return parse_cbs(j);
+  } catch (const ConfigError& e) {
+    throw ConfigError(path + ": " + e.what());
+  }
+}
+
+json to_json(const CbsConfig& c) {
+  json j = to_json(c.sweep);
+  j.erase("batch_sizes");
+  j.erase("search");
+  j.erase("runner");
+  Writer w;
+  cbs_fields(w, c.cbs);
+  j["cbs"] = w.out();
+  return j;
+}
 
 }  // namespace bigbatch::experiments

@@ -31,7 +31,7 @@ struct Trainer::Lane {
   std::vector<EvalRow> rows;
   TrialResult result;
 
-  explicit Lane(const TrialConfig& c) : config(c), gns(c.gns.beta) {}
+  explicit Lane(const TrialConfig& c);
 };
 
 }  // namespace bigbatch::experiments

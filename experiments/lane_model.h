@@ -1,8 +1,8 @@
 // The model side of the training loop (trial.h): how a run's lanes get their
 // gradients for a batch and their validation metrics. Two kinds: one
 // unbatched model (a single trial; data-parallel with a process group;
-// single_model.cpp) and a stacked model whose layers carry a lane dimension
-// (a batched group; batched.cpp). The loop itself, the lanes' optimizers,
+// trial.cpp) and a stacked model whose layers carry a lane dimension (a
+// batched group; batched.cpp). The loop itself, the lanes' optimizers,
 // schedules, noise and outcomes, is written once in trial.cpp. Internal to
 // experiments/.
 #pragma once

@@ -12,13 +12,8 @@ namespace bigbatch::optim {
 // What the fused step needs of the state (layerwise_optimizer_impl.h); declared
 // before anything here instantiates LayerwiseOptimizer.
 template <>
-struct FusedTraits<LARSOptions> {
+struct FusedTraits<LARSOptions> : BufferState<LARSParamState> {
   using Plan = kernels::LarsPlan;
-  using State = LARSParamState;
-  static void bind(State& st, kernels::TensorSlot& slot) {  // a momentum buffer
-    slot.m = st.momentum_buffer().data_ptr<float>();
-  }
-  static void set_step(State&, std::int64_t) {}  // no step count
 };
 
 LARSOptions::LARSOptions(double lr) : lr_(lr) {}

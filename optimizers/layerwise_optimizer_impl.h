@@ -34,10 +34,29 @@ namespace bigbatch::optim {
 ///   using Plan = kernels::XPlan;                            its plan (kernels/x.h)
 ///   static void bind(XParamState&, kernels::TensorSlot&);   where its state is
 ///   static void set_step(XParamState&, std::int64_t);       the step count the engine kept
+/// (the last two from BufferState or MomentState below, where they fit).
 /// The options reach the plan through kernel_group(const XOptions&),
 /// declared beside the options.
 template <typename Options>
 struct FusedTraits;
+
+/// The two ways an optimizer's state reaches the engine, for a FusedTraits to
+/// derive from: a momentum buffer and no step count (LARS, LARC), or two
+/// moments and a step count (LAMB; NovoGrad's second moment is one float).
+template <typename State>
+struct BufferState {
+  static void bind(State& st, kernels::TensorSlot& slot) { slot.m = st.momentum_buffer().template data_ptr<float>(); }
+  static void set_step(State&, std::int64_t) {}
+};
+template <typename State>
+struct MomentState {
+  static void bind(State& st, kernels::TensorSlot& slot) {
+    slot.m = st.exp_avg().template data_ptr<float>();
+    slot.v = st.exp_avg_sq().template data_ptr<float>();
+    slot.step = st.step();
+  }
+  static void set_step(State& st, std::int64_t step) { st.step(step); }
+};
 
 template <typename Options, typename ParamState>
 LayerwiseOptimizer<Options, ParamState>::LayerwiseOptimizer(

@@ -13,15 +13,8 @@ namespace bigbatch::optim {
 // What the fused step needs of the state (layerwise_optimizer_impl.h); declared
 // before anything here instantiates LayerwiseOptimizer.
 template <>
-struct FusedTraits<NovoGradOptions> {
+struct FusedTraits<NovoGradOptions> : MomentState<NovoGradParamState> {
   using Plan = kernels::NovoGradPlan;
-  using State = NovoGradParamState;
-  static void bind(State& st, kernels::TensorSlot& slot) {  // two moments and a step count
-    slot.m = st.exp_avg().data_ptr<float>();
-    slot.v = st.exp_avg_sq().data_ptr<float>();
-    slot.step = st.step();
-  }
-  static void set_step(State& st, std::int64_t step) { st.step(step); }
 };
 
 NovoGradOptions::NovoGradOptions(double lr) : lr_(lr) {}

@@ -18,18 +18,13 @@ Usage: check_architecture.py [REPO]   (default: this script's repository)
 import glob
 import os
 import re
-import subprocess
 import sys
+
+from check_includes import repo_files
 
 SOURCE = (".h", ".cpp", ".cu", ".cuh")
 TARGET_FOLDERS = ["compat", "config", "kernels", "optimizers", "schedules", "normalization", "noise",
                   "distributed", "experiments", "cmake", "."]
-
-
-def repo_files(repo):
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=repo,
-                         check=True, capture_output=True, text=True).stdout.split()
-    return [f for f in out if os.path.exists(os.path.join(repo, f))]
 
 
 def tables(text):

@@ -18,11 +18,15 @@ import sys
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 
 
-def sources(repo):
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
-                          "*.h", "*.cpp", "*.cu", "*.cuh"], cwd=repo, check=True,
-                         capture_output=True, text=True).stdout
+def repo_files(repo):
+    """The files of the repository: tracked, and new ones git does not ignore."""
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=repo,
+                         check=True, capture_output=True, text=True).stdout
     return [f for f in out.split() if os.path.exists(os.path.join(repo, f))]
+
+
+def sources(repo):
+    return [f for f in repo_files(repo) if f.endswith((".h", ".cpp", ".cu", ".cuh"))]
 
 
 def main():

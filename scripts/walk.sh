@@ -25,6 +25,7 @@ fi
 export WALK_LIZARD=$root/.walkdeps WALK_REPO=$root
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.ccache}" CCACHE_BASEDIR="$root"
 build=build-walk
+export WALK_BUILD=$root/$build
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DBIGBATCH_BUILD_BENCHMARKS=OFF > /dev/null
 cmake --build "$build" --parallel 2 --target bigbatch_cli bigbatch-fmnist-lamb simt_optimizers_tests > /dev/null
 work=$(mktemp -d)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""analyze.py REPO HITS.json ROOT_REGEX [--device] [-v] [-t]: the reading walk of the first call of ROOT
-(scripts/walk.sh; -v: entries per file, -t: the call tree).
+"""analyze.py REPO HITS.json ROOT_REGEX [--device] [--min-lines N] [-v] [-t]: the reading walk of
+the first call of ROOT (scripts/walk.sh; -v: entries per file, -t: the call tree).
 A reader starts at ROOT's function, reads each function it calls (depth
 first, each function once, in the order the program first enters them) and
 returns to the caller after each. Only functions written out in the source
@@ -15,6 +15,9 @@ sys.path.insert(0, os.environ.get("WALK_LIZARD", ""))
 import lizard
 repo, hits_path, root_pat = sys.argv[1:4]
 device = "--device" in sys.argv
+# --min-lines N: a function shorter than N lines (lizard's count) is read
+# where it is called, as a reader reads a one-line accessor, not visited.
+min_lines = int(sys.argv[sys.argv.index("--min-lines") + 1]) if "--min-lines" in sys.argv else 1
 hits = json.load(open(hits_path))
 root_re = re.compile(root_pat)
 ranges = {}
@@ -22,7 +25,8 @@ def written(f):
     if f["file"] not in ranges:
         try:
             info = lizard.analyze_file(os.path.join(repo, f["file"]))
-            ranges[f["file"]] = [(fn.start_line, fn.end_line) for fn in info.function_list]
+            ranges[f["file"]] = [(fn.start_line, fn.end_line) for fn in info.function_list
+                                 if fn.end_line - fn.start_line + 1 >= min_lines]
         except Exception:
             ranges[f["file"]] = []
     return any(s - 3 <= f["line"] <= s + 3 and f["line"] <= e for s, e in ranges[f["file"]])

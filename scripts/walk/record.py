@@ -1,6 +1,7 @@
 # gdb script (scripts/walk.sh): a breakpoint at every function the debug
 # information places in a file of the repository (WALK_REPO, but files
-# matching WALK_SKIP), each disabled at its first hit; at each first hit the
+# matching WALK_SKIP; WALK_BUILD, the build folder, resolves relative paths),
+# each disabled at its first hit; at each first hit the
 # repository frames of the stack (function, file, line) are recorded, and
 # written to WALK_OUT as JSON when the program exits.
 import json
@@ -11,6 +12,7 @@ import gdb
 
 REPO = os.environ["WALK_REPO"]
 OUT = os.environ["WALK_OUT"]
+BUILD = os.environ.get("WALK_BUILD", REPO)  # where the compiler ran: relative paths are from there
 SKIP = re.compile(os.environ.get("WALK_SKIP") or r"^$")
 hits = []
 
@@ -51,7 +53,7 @@ def arm():
     for line in gdb.execute("info functions", to_string=True).splitlines():
         m = re.match(r"^File (.*):$", line)
         if m:
-            path = os.path.realpath(m.group(1)) if os.path.isabs(m.group(1)) else None
+            path = os.path.realpath(os.path.join(BUILD, m.group(1)))
             where = path if path and path.startswith(REPO + "/") and not SKIP.search(path) else None
             continue
         m = re.match(r"^(\d+):\s", line)
