@@ -284,7 +284,7 @@ std::vector<double> to_vector(const at::Tensor& t) {
 // The stacked model of a group as the training loop's LaneModel.
 class StackedLanes final : public LaneModel {
  public:
-  StackedLanes(const torch::nn::Sequential& unbatched, std::int64_t k, const Dataset& data, const at::Device& device)
+  StackedLanes(const torch::nn::Sequential& unbatched, std::int64_t k, const WorkloadData& data, const at::Device& device)
       : LaneModel(static_cast<std::size_t>(k)), data_(data), device_(device) {
     model_ = std::make_unique<StackedModel>(unbatched, k);
     model_->to(device_);  // (parameters keep their handles: the slots stay valid)
@@ -296,8 +296,7 @@ class StackedLanes final : public LaneModel {
 
   std::vector<LaneGradient> gradients(const StepBatch& b, const std::vector<bool>& active,
                                       std::int64_t micro_batches) override {
-    const at::Tensor x = rows_of(data_.x_train, b.index, device_);
-    const at::Tensor y = rows_of(data_.y_train, b.index, device_);
+    const auto [x, y] = rows_of(data_, b.index, device_);
     std::vector<std::int64_t> which;
     for (std::size_t i = 0; i < active.size(); ++i) {
       if (active[i]) which.push_back(static_cast<std::int64_t>(i));
@@ -340,37 +339,12 @@ class StackedLanes final : public LaneModel {
     return out;
   }
 
-  std::vector<std::pair<double, double>> evaluate() override {
+  std::vector<ValidationMetrics> evaluate() override {
     at::NoGradGuard no_grad;
     model_->eval();
-    const std::int64_t n = data_.x_val.size(0);
-    const auto k = static_cast<std::int64_t>(lanes());
-    const auto options = at::TensorOptions(at::kDouble).device(device_);
-    at::Tensor loss = at::zeros({k}, options), wrong = at::zeros({k}, options);
-    for (std::int64_t begin = 0; begin < n; begin += kEvalChunk) {
-      const std::int64_t end = std::min(n, begin + kEvalChunk);
-      const at::Tensor x = data_.x_val.slice(0, begin, end).to(device_);
-      const at::Tensor y = data_.y_val.slice(0, begin, end).to(device_);
-      const at::Tensor out = model_->forward(x);  // [K, N, outputs]
-      if (data_.classes > 0) {
-        const std::int64_t rows = end - begin;
-        loss += F::cross_entropy(out.reshape({k * rows, out.size(2)}), y.repeat({k}),
-                                 F::CrossEntropyFuncOptions().reduction(torch::kNone))
-                    .view({k, rows})
-                    .sum(1)
-                    .to(at::kDouble);
-        wrong += out.argmax(2).ne(y.unsqueeze(0)).sum(1).to(at::kDouble);
-      } else {
-        loss += (out - y.unsqueeze(0)).pow(2).sum({1, 2}).to(at::kDouble);
-      }
-    }
+    auto out = evaluate_split(data_, device_, static_cast<std::int64_t>(lanes()),
+                              [&](const at::Tensor& x) { return model_->forward(x); });
     model_->train();
-    const auto count = static_cast<double>(n);
-    std::vector<std::pair<double, double>> out;
-    const auto l = to_vector(loss), w = to_vector(wrong);
-    for (std::int64_t i = 0; i < k; ++i) {
-      out.emplace_back(l[i] / count, data_.classes > 0 ? w[i] / count : std::numeric_limits<double>::quiet_NaN());
-    }
     return out;
   }
 
@@ -415,6 +389,12 @@ class StackedLanes final : public LaneModel {
   at::Tensor losses(const at::Tensor& x, const at::Tensor& y) {
     const at::Tensor out = model_->forward(x);  // [K, B, outputs]
     const std::int64_t k = out.size(0), b = out.size(1);
+    if (data_.loss) {  // the workload's own, per example of [K * B] against the targets repeated per lane
+      std::vector<std::int64_t> flat{k * b}, times(static_cast<std::size_t>(y.dim()), 1);
+      flat.insert(flat.end(), out.sizes().begin() + 2, out.sizes().end());
+      times[0] = k;
+      return data_.example_loss(out.reshape(flat), y.repeat(times)).view({k, b}).mean(1);
+    }
     if (data_.classes > 0) {
       return F::cross_entropy(out.reshape({k * b, out.size(2)}), y.repeat({k}),
                               F::CrossEntropyFuncOptions().reduction(torch::kNone))
@@ -435,7 +415,7 @@ class StackedLanes final : public LaneModel {
     return to_vector(sum);
   }
 
-  const Dataset& data_;
+  const WorkloadData& data_;
   at::Device device_;
   std::unique_ptr<StackedModel> model_;
   std::vector<at::Tensor> stacked_;  // the stacked model's parameters, as its slots list them
@@ -444,9 +424,20 @@ class StackedLanes final : public LaneModel {
 
 }  // namespace
 
-std::unique_ptr<LaneModel> stacked_model(const torch::nn::Sequential& model, std::int64_t lanes, const Dataset& data,
+std::unique_ptr<LaneModel> stacked_model(const torch::nn::Sequential& model, std::int64_t lanes, const WorkloadData& data,
                                          const at::Device& device) {
   return std::make_unique<StackedLanes>(model, lanes, data, device);
+}
+
+std::string stack_refusal(const Model& model) {
+  const torch::nn::Sequential seq = model.sequential();
+  if (!seq) return "the model is not a torch::nn::Sequential";
+  try {
+    StackedModel stacked(seq, 1);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
 }
 
 }  // namespace bigbatch::experiments

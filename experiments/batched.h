@@ -7,6 +7,7 @@
 #pragma once
 
 #include "config.h"
+#include "workload.h"
 
 #include <string>
 
@@ -14,8 +15,15 @@ namespace bigbatch::experiments {
 
 /// Why `trial` cannot be trained in a batched group ("" when it can): no
 /// gradient noise, no checkpoints, not data-parallel (the caller's business).
-/// Every model batches; with device cuda the group trains on cuda:0.
+/// With device cuda the group trains on cuda:0. The model has its own say:
+/// stack_refusal.
 std::string batch_refusal(const TrialConfig& trial);
+
+/// Why `model` cannot be stacked ("" when it can): it is not a
+/// torch::nn::Sequential, or holds a layer with no stacked form here
+/// (linear, conv2d, batch and ghost batch norm, ReLU, pooling, flatten and
+/// the built-in ResNet block have one). Every built-in model stacks.
+std::string stack_refusal(const Model& model);
 
 /// Whether trials a and b can share a group: both batchable, and equal but
 /// for their names, rates and momenta.

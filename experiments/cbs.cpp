@@ -87,7 +87,7 @@ bool point_saved(const CbsFolder& l, std::uint64_t seed, std::int64_t e) {
 }
 
 // Trains reference `seed` through every checkpoint, from its last saved one.
-void run_reference(const CbsConfig& c, const Dataset& data, const CbsFolder& l, std::uint64_t seed,
+void run_reference(const CbsConfig& c, const WorkloadData& data, const CbsFolder& l, std::uint64_t seed,
                    distributed::ProcessGroup* group) {
   const bool writer = group == nullptr || group->rank() == 0;
   const auto& points = c.cbs.checkpoints;
@@ -121,7 +121,8 @@ void run_reference(const CbsConfig& c, const Dataset& data, const CbsFolder& l, 
       loss_sum += trainer.train_step().front();
       ++losses;
     }
-    const auto [val_loss, val_error] = trainer.evaluate().front();
+    const ValidationMetrics v = trainer.evaluate().front();
+    const double val_loss = v.loss, val_error = v.error;
     const std::string bytes = trainer.checkpoint();
     if (!writer) continue;
     const double train_loss = losses > 0 ? loss_sum / static_cast<double>(losses) : kNaN;
@@ -169,7 +170,7 @@ struct Branch {
   std::uint64_t seed;
 };
 
-void run_branch(const CbsConfig& c, const Dataset& data, const CbsFolder& l, const Branch& b,
+void run_branch(const CbsConfig& c, const WorkloadData& data, const CbsFolder& l, const Branch& b,
                 distributed::ProcessGroup* group, ProgressBoard& board) {
   const bool writer = group == nullptr || group->rank() == 0;
   const TrialConfig t = branch_trial(c, b.examples, b.batch, b.factor, b.seed);
@@ -223,7 +224,7 @@ std::vector<CompareRun> compare_runs(const CbsConfig& c, const BatchWarmup& w) {
   return out;
 }
 
-void run_compare(const CbsConfig& c, const BatchWarmup& w, const Dataset& data, const fs::path& dir, int jobs,
+void run_compare(const CbsConfig& c, const BatchWarmup& w, const WorkloadData& data, const fs::path& dir, int jobs,
                  distributed::ProcessGroup* group) {
   const bool writer = group == nullptr || group->rank() == 0;
   const auto runs = compare_runs(c, w);
@@ -266,7 +267,7 @@ CbsSummary run_cbs(const CbsConfig& c, const CbsOptions& options, distributed::P
     }
   }
   if (writer) check_folder(l.dir.string(), "--out");
-  const Dataset data = load_data(c.sweep);
+  const WorkloadData data = load_data(c.sweep);
   if (writer) write_file_atomic((l.dir / "cbs.json").string(), resolved.dump(2) + "\n");
 
   // The references, one per seed (in parallel with --jobs), then the branches.

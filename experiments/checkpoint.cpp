@@ -70,6 +70,13 @@ void put_rows(OutputArchive& archive, const std::vector<EvalRow>& rows) {
   }
   for (const auto& [name, values] : columns.counts) archive.write("rows/" + name, at::tensor(values, at::kLong));
   for (const auto& [name, values] : columns.reals) archive.write("rows/" + name, at::tensor(values, at::kDouble));
+  // The workload's own metrics: [rows, metrics], when it reports any.
+  if (!rows.empty() && !rows.front().extra.empty()) {
+    std::vector<double> extra;
+    for (const EvalRow& r : rows) extra.insert(extra.end(), r.extra.begin(), r.extra.end());
+    const auto n = static_cast<std::int64_t>(rows.size());
+    archive.write("rows/extra", at::tensor(extra, at::kDouble).view({n, -1}));
+  }
 }
 
 std::vector<EvalRow> get_rows(InputArchive& archive) {
@@ -90,6 +97,16 @@ std::vector<EvalRow> get_rows(InputArchive& archive) {
     for_each_field(rows[i], [&](const char* name, auto& value) {
       value = columns.of<std::decay_t<decltype(value)>>(name)[i];
     });
+  }
+  at::Tensor extra;
+  if (!rows.empty() && archive.try_read("rows/extra", extra)) {
+    extra = extra.cpu().to(at::kDouble).contiguous();
+    TORCH_CHECK(extra.dim() == 2 && extra.size(0) == count, "checkpoint: rows/extra is ", extra.sizes(), " for ",
+                count, " rows");
+    for (std::int64_t i = 0; i < count; ++i) {
+      const double* p = extra[i].data_ptr<double>();
+      rows[static_cast<std::size_t>(i)].extra.assign(p, p + extra.size(1));
+    }
   }
   return rows;
 }
@@ -117,7 +134,7 @@ std::string Trainer::checkpoint() const {
   const Lane& lane = *lanes_.front();
   OutputArchive archive, model, optimizer, sampler;
   put(archive, "format", kCheckpointFormat);
-  (*model_->sequential())->save(model);
+  model_->lane(0).save(model);
   lane.optimizer->save(optimizer);
   sampler_.save(sampler);
   archive.write("model", model);
@@ -171,7 +188,7 @@ void Trainer::load_run(torch::serialize::InputArchive& archive) {
   archive.read("model", model);
   archive.read("optimizer", optimizer);
   archive.read("sampler", sampler);
-  (*model_->sequential())->load(model);
+  model_->lane(0).load(model);
   lanes_.front()->optimizer->load(optimizer);
   sampler_.load(sampler);
   get(archive, "examples", examples_);

@@ -9,6 +9,7 @@
 
 #include "files.h"
 #include "optimizer_registry.h"
+#include "workload.h"
 
 #include <c10/util/Exception.h>
 
@@ -302,6 +303,50 @@ void search_fields(Io& io, Spec& s) {
   }
 }
 
+// "dataset" and "model": the registered name under `name_key` (absent: the
+// spec's default), the rest resolved by the registration (workload.h).
+json dataset_resolver(const std::string& name, const json& params) {
+  const DatasetRegistration r = dataset_registration(name);
+  return r.resolve ? r.resolve(params) : params;
+}
+json model_resolver(const std::string& type, const json& params) {
+  const ModelRegistration r = model_registration(type);
+  return r.resolve ? r.resolve(params) : params;
+}
+
+template <typename Io>
+void part_field(Io& io, const char* key, const char* name_key, WorkloadPart& part,
+                json (*resolve)(const std::string&, const json&)) {
+  if constexpr (Io::kReading) {
+    JsonReader& r = io.json_reader();
+    const std::string path = r.path_of(key);
+    const json* given = r.raw(key);
+    json params = given != nullptr ? *given : json::object();
+    if (!params.is_object()) config_error(path, std::string("expected an object, got ") + params.type_name());
+    std::string name = part.name;
+    if (const auto it = params.find(name_key); it != params.end()) {
+      if (!it->is_string()) config_error(path + "." + name_key, std::string("expected a string, got ") + it->type_name());
+      name = it->template get<std::string>();
+      params.erase(name_key);
+    }
+    json resolved = resolve(name, params);
+    if (!resolved.is_object()) config_error(path, "the registration of \"" + name + "\" resolved it to a non-object");
+    resolved.erase(name_key);
+    part = {name, std::move(resolved)};
+  } else {
+    json j = part.params;
+    j[name_key] = part.name;
+    io.field(key, j);
+  }
+}
+
+template <typename Io>
+void part_field(Io& io, const char* key, const char* name_key, const WorkloadPart& part,
+                json (*resolve)(const std::string&, const json&)) {
+  static_assert(!Io::kReading);
+  part_field(io, key, name_key, const_cast<WorkloadPart&>(part), resolve);
+}
+
 // A missing object that has no useful default.
 template <typename Io>
 void need(Io& io, const char* key, bool in_spec, const char* what) {
@@ -313,8 +358,8 @@ void need(Io& io, const char* key, bool in_spec, const char* what) {
 template <typename Io, typename Spec>
 void common_fields(Io& io, Spec& t, bool with_rate) {
   const auto nested = [&](const char* key, auto& spec, auto fields) { io.object(key, spec, fields); };
-  nested("dataset", t.data, [](auto& q, auto& d) { data_fields(q, d); });
-  nested("model", t.model, [](auto& q, auto& m) { model_fields(q, m); });
+  part_field(io, "dataset", "name", t.data, dataset_resolver);
+  part_field(io, "model", "type", t.model, model_resolver);
   nested("optimizer", t.optimizer, [](auto& q, auto& o) { optimizer_fields(q, o); });
   schedule_field(io, t.schedule, with_rate);
   nested("noise", t.noise, [](auto& q, auto& n) { noise_fields(q, n); });
@@ -359,8 +404,6 @@ void sweep_fields(Io& io, Spec& s) {
     q.field("prune", r.prune);
     q.field("batch_trials", r.batch_trials);
   });
-  io.check("target.metric", t.target.metric != Metric::kValError || t.data.name != DatasetName::kLinearRegression,
-           "val_error needs a classification dataset; linear_regression has val_loss");
 }
 
 template <typename Io, typename Spec>
@@ -659,6 +702,44 @@ json to_json(const TrialConfig& t) {
   Writer w;
   trial_fields(w, t);
   return w.out();
+}
+
+WorkloadPart dataset_part(const DataSpec& spec) {
+  Writer w;
+  data_fields(w, spec);
+  json j = w.out();
+  const std::string name = j.at("name").get<std::string>();
+  j.erase("name");
+  return {name, std::move(j)};
+}
+
+WorkloadPart model_part(const ModelSpec& spec) {
+  Writer w;
+  model_fields(w, spec);
+  json j = w.out();
+  const std::string type = j.at("type").get<std::string>();
+  j.erase("type");
+  return {type, std::move(j)};
+}
+
+DataSpec data_spec(const WorkloadPart& part) {
+  json j = part.params;
+  j["name"] = part.name;
+  DataSpec d;
+  Reader r(JsonReader(j, "dataset"));
+  data_fields(r, d);
+  r.json_reader().finish();
+  return d;
+}
+
+ModelSpec model_spec(const WorkloadPart& part) {
+  json j = part.params;
+  j["type"] = part.name;
+  ModelSpec m;
+  Reader r(JsonReader(j, "model"));
+  model_fields(r, m);
+  r.json_reader().finish();
+  return m;
 }
 
 json identity(json resolved) {

@@ -79,12 +79,27 @@ struct GnsSpec {
   double beta = 0.99;
 };
 
+/// A config's "dataset" or "model": the name it is registered under
+/// (workload.h; the "name" or "type" key) and its parameters, as the
+/// registration resolved them (every default written out).
+struct WorkloadPart {
+  std::string name;
+  nlohmann::json params = nlohmann::json::object();
+};
+
+/// The built-in datasets' and models' specs as a config's parts, for a
+/// program that builds configs in C++ (the tests do), and back.
+WorkloadPart dataset_part(const DataSpec& spec);
+WorkloadPart model_part(const ModelSpec& spec);
+DataSpec data_spec(const WorkloadPart& part);
+ModelSpec model_spec(const WorkloadPart& part);
+
 /// One training run: everything fixed.
 struct TrialConfig {
   std::string sweep;  ///< the sweep's name
   std::string name;   ///< the trial's folder name
-  DataSpec data;
-  ModelSpec model;
+  WorkloadPart data = dataset_part(DataSpec{});   ///< "dataset"
+  WorkloadPart model = model_part(ModelSpec{});  ///< "model"
   OptimizerSpec optimizer;
   schedules::ScheduleSpec schedule;  ///< base_lr is the trial's rate
   NoiseSpec noise;

@@ -2,6 +2,7 @@
 // tasks drawn from their own generator so a seed fixes them.
 #include "data.h"
 
+#include "config.h"
 #include "idx.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -31,36 +32,39 @@ at::Tensor labels(const IdxArray& a, std::int64_t begin, std::int64_t end) {
       .to(at::kLong);
 }
 
-Dataset fashion_mnist() {
+WorkloadData fashion_mnist() {
   const FashionMnist f = load_fashion_mnist();
-  Dataset d;
+  WorkloadData d;
   d.classes = 10;
-  d.x_train = images(f.train_images, 0, kFashionTrain);
-  d.y_train = labels(f.train_labels, 0, kFashionTrain);
-  d.x_val = images(f.train_images, kFashionTrain, 60000);
-  d.y_val = labels(f.train_labels, kFashionTrain, 60000);
-  d.x_test = images(f.test_images, 0, 10000);
-  d.y_test = labels(f.test_labels, 0, 10000);
+  d.train = tensor_examples(images(f.train_images, 0, kFashionTrain), labels(f.train_labels, 0, kFashionTrain));
+  d.validation =
+      tensor_examples(images(f.train_images, kFashionTrain, 60000), labels(f.train_labels, kFashionTrain, 60000));
+  d.test = tensor_examples(images(f.test_images, 0, 10000), labels(f.test_labels, 0, 10000));
   return d;
 }
 
 // The splits of a synthetic task, drawn in order (train, validation, test,
 // the last two of val_size examples) from the one generator `draw` holds.
 template <typename Draw>
-Dataset synthetic(const DataSpec& s, std::int64_t classes, const Draw& draw) {
+WorkloadData synthetic(const DataSpec& s, std::int64_t classes, const Draw& draw) {
   TORCH_CHECK(s.train_size > 1, "dataset.train_size: must be > 1, got ", s.train_size);
   TORCH_CHECK(s.val_size > 0, "dataset.val_size: must be > 0, got ", s.val_size);
-  Dataset d;
+  WorkloadData d;
   d.classes = classes;
-  draw(s.train_size, d.x_train, d.y_train);
-  draw(s.val_size, d.x_val, d.y_val);
-  draw(s.val_size, d.x_test, d.y_test);
+  const auto split = [&](std::int64_t n) {
+    at::Tensor x, y;
+    draw(n, x, y);
+    return tensor_examples(x, y);
+  };
+  d.train = split(s.train_size);
+  d.validation = split(s.val_size);
+  d.test = split(s.val_size);
   return d;
 }
 
 // y = 10 (x + e) + 2 with x, e ~ N(0, 1): the noise enters through the input,
 // as in the classic GD-vs-SGD lab; the best fit is w = 10, b = 2.
-Dataset linear_regression(const DataSpec& s) {
+WorkloadData linear_regression(const DataSpec& s) {
   auto gen = at::detail::createCPUGenerator(s.seed);
   const auto draw = [&](std::int64_t n, at::Tensor& x, at::Tensor& y) {
     x = at::randn({n, 1}, gen, at::kFloat);
@@ -71,7 +75,7 @@ Dataset linear_regression(const DataSpec& s) {
 
 // Class k's examples ~ N(mu_k, I) with mu_k ~ N(0, separation^2 I / dim) * sqrt(dim):
 // overlapping classes, so the error floor is above zero and batch size matters.
-Dataset gaussian_mixture(const DataSpec& s) {
+WorkloadData gaussian_mixture(const DataSpec& s) {
   TORCH_CHECK(s.classes >= 2, "dataset.classes: must be >= 2, got ", s.classes);
   TORCH_CHECK(s.dim >= 1, "dataset.dim: must be >= 1, got ", s.dim);
   auto gen = at::detail::createCPUGenerator(s.seed);
@@ -85,22 +89,25 @@ Dataset gaussian_mixture(const DataSpec& s) {
 
 }  // namespace
 
-std::vector<std::int64_t> Dataset::example_shape() const {
-  const auto sizes = x_train.sizes();
-  return {sizes.begin() + 1, sizes.end()};
-}
-
-std::int64_t training_examples(const DataSpec& spec) {
-  return spec.name == DatasetName::kFashionMnist ? kFashionTrain : spec.train_size;
-}
-
-Dataset load_dataset(const DataSpec& spec) {
+WorkloadData load_dataset(const DataSpec& spec) {
   switch (spec.name) {
     case DatasetName::kFashionMnist: return fashion_mnist();
     case DatasetName::kLinearRegression: return linear_regression(spec);
     case DatasetName::kGaussianMixture: return gaussian_mixture(spec);
   }
   TORCH_INTERNAL_ASSERT(false, "dataset ", static_cast<int>(spec.name), " has no loader");
+}
+
+WorkloadData load_dataset(const WorkloadPart& part) { return dataset_registration(part.name).load(part.params); }
+
+std::vector<DatasetRegistration> builtin_datasets() {
+  std::vector<DatasetRegistration> out;
+  for (const auto& [name, text] : kDatasetNames) {
+    const std::string key = text;
+    out.push_back({key, [key](const nlohmann::json& params) { return dataset_part(data_spec({key, params})).params; },
+                   [key](const nlohmann::json& params) { return load_dataset(data_spec({key, params})); }});
+  }
+  return out;
 }
 
 BatchSampler::BatchSampler(std::int64_t size, std::uint64_t seed)

@@ -1,8 +1,10 @@
-// Datasets of the experiment runner, held in memory as tensors: Fashion-MNIST
-// (55k/5k/10k from Debian's dataset-fashion-mnist), the linear regression
-// y = 10(x + N(0,1)) + 2, and a Gaussian-mixture classification task.
+// The built-in datasets, held in memory as tensors and registered as any
+// user's (workload.h): Fashion-MNIST (55k/5k/10k from Debian's
+// dataset-fashion-mnist), the linear regression y = 10(x + N(0,1)) + 2, and
+// a Gaussian-mixture classification task; and the runner's batch sampler.
 #pragma once
 
+#include "workload.h"
 #include "../config/json_reader.h"
 
 #include <ATen/ATen.h>
@@ -18,6 +20,8 @@ class OutputArchive;
 
 namespace bigbatch::experiments {
 
+struct WorkloadPart;  // config.h
+
 enum class DatasetName { kFashionMnist, kLinearRegression, kGaussianMixture };
 
 /// How configs spell them, in the order error messages list them.
@@ -26,7 +30,7 @@ inline constexpr config::EnumName<DatasetName> kDatasetNames[] = {
     {DatasetName::kLinearRegression, "linear_regression"},
     {DatasetName::kGaussianMixture, "gaussian_mixture"}};
 
-/// What a config says about the data ("dataset" in a sweep config).
+/// A built-in dataset's parameters ("dataset" in a sweep config).
 struct DataSpec {
   DatasetName name = DatasetName::kFashionMnist;
   std::int64_t train_size = 8192;       ///< synthetic: training examples (Fashion-MNIST: 55000)
@@ -37,22 +41,15 @@ struct DataSpec {
   std::uint64_t seed = 0;               ///< synthetic data
 };
 
-struct Dataset {
-  at::Tensor x_train, y_train, x_val, y_val, x_test, y_test;
-  /// 0 for regression (y float, loss MSE), else the number of classes.
-  std::int64_t classes = 0;
-  std::int64_t train_size() const { return x_train.size(0); }
-  /// Shape of one example, e.g. {1, 28, 28} or {1}.
-  std::vector<std::int64_t> example_shape() const;
-};
+/// The built-in datasets, registered under their config names (workload.h).
+std::vector<DatasetRegistration> builtin_datasets();
 
-/// The training examples `spec` gives, known without loading anything
-/// (Fashion-MNIST: the 55,000 of its split; synthetic: train_size).
-std::int64_t training_examples(const DataSpec& spec);
-
-/// Loads or generates the data. A missing Fashion-MNIST is a std::runtime_error
-/// naming the file and the Debian package.
-Dataset load_dataset(const DataSpec& spec);
+/// The data a config's "dataset" names, loaded through its registration
+/// (workload.h). Errors are the registration's (std::runtime_error,
+/// c10::Error); preflight.h's load_data() turns them into ConfigError.
+WorkloadData load_dataset(const WorkloadPart& part);
+/// A built-in dataset, loaded directly.
+WorkloadData load_dataset(const DataSpec& spec);
 
 /// Draws batches without replacement within an epoch: a fresh permutation per
 /// epoch from the sampler's own generator; a batch never spans two epochs

@@ -8,11 +8,14 @@
 #pragma once
 
 #include "data.h"
+#include "trial.h"
+#include "workload.h"
 #include "../distributed/process_group.h"
 
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -45,6 +48,12 @@ struct LaneGradient {
   std::optional<NoiseSample> noise;
 };
 
+/// The validation split's metrics for a model whose outputs carry `lanes`
+/// leading lanes ([K, N, ...]; 0: one unbatched model, [N, ...]), in chunks
+/// of kEvalChunk rows; grad off, the caller sets eval mode.
+std::vector<ValidationMetrics> evaluate_split(const WorkloadData& data, const at::Device& device, std::int64_t lanes,
+                                        const std::function<at::Tensor(const at::Tensor&)>& forward);
+
 class LaneModel {
  public:
   virtual ~LaneModel() = default;
@@ -54,6 +63,8 @@ class LaneModel {
   virtual torch::nn::Module& lane(std::size_t k) = 0;
   /// The unbatched model of a single trial; nullptr for a stacked one.
   virtual torch::nn::Sequential* sequential() { return nullptr; }
+  /// Whether this is a single trial's model (not a stacked group's, even of one lane).
+  virtual bool single() const { return false; }
 
   /// Leaves in each active lane's parameters' .grad its mean gradient over
   /// `batch` (the sum over the examples of a weighted batch) and returns
@@ -63,9 +74,8 @@ class LaneModel {
   virtual std::vector<LaneGradient> gradients(const StepBatch& batch, const std::vector<bool>& active,
                                               std::int64_t micro_batches) = 0;
 
-  /// Each lane's validation (loss, error) in eval mode: the mean loss, and
-  /// the fraction misclassified (NaN for regression).
-  virtual std::vector<std::pair<double, double>> evaluate() = 0;
+  /// Each lane's validation metrics in eval mode.
+  virtual std::vector<ValidationMetrics> evaluate() = 0;
 
  protected:
   explicit LaneModel(std::size_t lanes) : lanes_(lanes) {}
@@ -76,15 +86,16 @@ class LaneModel {
 
 /// One trial's model, moved to `device`; with a process group, rank 0's
 /// weights broadcast and the gradients averaged over the ranks.
-std::unique_ptr<LaneModel> single_model(torch::nn::Sequential model, const Dataset& data, const at::Device& device,
+std::unique_ptr<LaneModel> single_model(Model model, const WorkloadData& data, const at::Device& device,
                                         distributed::ProcessGroup* group);
 /// The model of `lanes` lanes that start from `model`'s weights (batched.h).
-std::unique_ptr<LaneModel> stacked_model(const torch::nn::Sequential& model, std::int64_t lanes, const Dataset& data,
-                                         const at::Device& device);
+std::unique_ptr<LaneModel> stacked_model(const torch::nn::Sequential& model, std::int64_t lanes,
+                                         const WorkloadData& data, const at::Device& device);
 
-/// Rows `index` of a training tensor, on `device`.
-inline at::Tensor rows_of(const at::Tensor& t, const at::Tensor& index, const at::Device& device) {
-  return t.index_select(0, index).to(device);
+/// Training examples `index`, on `device`.
+inline Batch rows_of(const WorkloadData& data, const at::Tensor& index, const at::Device& device) {
+  const Batch b = data.train->get(index);
+  return {b.input.to(device), b.target.to(device)};
 }
 
 }  // namespace bigbatch::experiments

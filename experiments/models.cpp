@@ -3,6 +3,9 @@
 // 64/128/2048), as docs/formulas.md "Steps to result" fixes it.
 #include "models.h"
 
+#include "config.h"
+#include "torchscript.h"
+#include "trial.h"
 #include "../normalization/ghost_batch_norm.h"
 
 #include <c10/util/Exception.h>
@@ -13,6 +16,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
 
+#include <mutex>
 #include <numeric>
 
 namespace bigbatch::experiments {
@@ -148,6 +152,34 @@ Sequential make_model(const ModelSpec& spec, const std::vector<std::int64_t>& ex
     case ModelType::kResnet: return resnet(spec, example_shape, outputs);
   }
   TORCH_INTERNAL_ASSERT(false, "model type ", static_cast<int>(spec.type), " has no builder");
+}
+
+Model build_model(const WorkloadPart& part, const WorkloadData& data, std::uint64_t seed) {
+  const ModelRegistration r = model_registration(part.name);
+  ModelInput input;
+  input.example_shape = data.example_shape();
+  if (data.classes > 0) {
+    input.outputs = data.classes;
+  } else {
+    const at::Tensor target = data.train->range(0, 1).target;
+    input.outputs = target.numel();
+  }
+  std::lock_guard<std::mutex> lock(model_init_mutex());
+  at::manual_seed(seed);
+  return r.build(part.params, input);
+}
+
+std::vector<ModelRegistration> builtin_models() {
+  std::vector<ModelRegistration> out;
+  for (const auto& [type, text] : kModelTypes) {
+    const std::string key = text;
+    out.push_back({key, [key](const nlohmann::json& params) { return model_part(model_spec({key, params})).params; },
+                   [key](const nlohmann::json& params, const ModelInput& input) -> Model {
+                     return make_model(model_spec({key, params}), input.example_shape, input.outputs);
+                   }});
+  }
+  out.push_back(torchscript_model());
+  return out;
 }
 
 }  // namespace bigbatch::experiments

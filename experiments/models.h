@@ -1,8 +1,10 @@
-// Models of the experiment runner: linear, MLP (optionally with BatchNorm or
-// GhostBatchNorm), the simple CNN of Shallue et al. 2018 (base/narrow/wide),
-// and a small ResNet (8 layers) with BatchNorm or GhostBatchNorm.
+// The built-in models, registered as any user's (workload.h): linear, MLP
+// (optionally with BatchNorm or GhostBatchNorm), the simple CNN of Shallue
+// et al. 2018 (base/narrow/wide), and a small ResNet (8 layers) with
+// BatchNorm or GhostBatchNorm.
 #pragma once
 
+#include "workload.h"
 #include "../config/json_reader.h"
 
 #include <torch/nn/cloneable.h>
@@ -12,6 +14,8 @@
 #include <vector>
 
 namespace bigbatch::experiments {
+
+struct WorkloadPart;  // config.h
 
 enum class ModelType { kLinear, kMlp, kSimpleCnn, kResnet };
 enum class Norm { kNone, kBatch, kGhost };
@@ -26,7 +30,7 @@ inline constexpr config::EnumName<Norm> kNorms[] = {
 inline constexpr config::EnumName<CnnVariant> kCnnVariants[] = {
     {CnnVariant::kBase, "base"}, {CnnVariant::kNarrow, "narrow"}, {CnnVariant::kWide, "wide"}};
 
-/// "model" in a sweep config.
+/// A built-in model's parameters ("model" in a sweep config).
 struct ModelSpec {
   ModelType type = ModelType::kMlp;
   std::vector<std::int64_t> widths{256, 256};  ///< mlp hidden widths
@@ -61,5 +65,14 @@ TORCH_MODULE(ResidualBlock);
 /// global generator: seed it first.
 torch::nn::Sequential make_model(const ModelSpec& spec, const std::vector<std::int64_t>& example_shape,
                                  std::int64_t outputs);
+
+/// The model a config's "model" names (through its registration), for
+/// `data`: LibTorch's global generator seeded with `seed` first, under
+/// model_init_mutex() (trial.h), so parallel trials stay reproducible.
+Model build_model(const WorkloadPart& part, const WorkloadData& data, std::uint64_t seed);
+
+/// The built-in models, registered under their config types: the four above
+/// and "torchscript" (torchscript.h).
+std::vector<ModelRegistration> builtin_models();
 
 }  // namespace bigbatch::experiments

@@ -2,13 +2,16 @@
 #include "preflight.h"
 
 #include "files.h"
+#include "models.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <system_error>
 
@@ -46,6 +49,9 @@ void check_folder(const std::string& dir, const std::string& what) {
 
 namespace {
 
+// The first line of a message (LibTorch's may go on with a trace).
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
 // Each batch size, and the largest batch-size increase grows it to, against
 // the training set's size and gns.micro_batches.
 void check_batches(const SweepConfig& sweep, std::int64_t train_size) {
@@ -73,20 +79,72 @@ void check_batches(const SweepConfig& sweep, std::int64_t train_size) {
   }
 }
 
+// The data's splits, and the target's metric against the task.
+void check_data(const SweepConfig& sweep, const WorkloadData& data) {
+  const std::string name = "dataset \"" + sweep.base.data.name + "\"";
+  if (!data.train || data.train->size() == 0) throw ConfigError(name + ": no training examples (size 0)");
+  if (!data.validation || data.validation->size() == 0) {
+    throw ConfigError(name + ": no validation examples (size 0): evaluation has nothing to measure");
+  }
+  if (sweep.base.target.metric == Metric::kValError && data.classes == 0) {
+    throw ConfigError("target.metric: val_error needs a classification dataset; " + sweep.base.data.name +
+                      " has val_loss");
+  }
+}
+
+// One model of the sweep, built as a trial builds it, on two training
+// examples: its output must fit the task (shapes named), and the loss must
+// take it.
+void check_model(const SweepConfig& sweep, const WorkloadData& data) {
+  const std::string model = "model \"" + sweep.base.model.name + "\"";
+  try {
+    const Model m = build_model(sweep.base.model, data, sweep.seeds.front());
+    const Batch b = data.train->range(0, std::min<std::int64_t>(2, data.train->size()));
+    at::NoGradGuard no_grad;
+    m.module().eval();
+    const at::Tensor out = m.forward(b.input);
+    m.module().train();
+    const bool fits = data.classes > 0
+                          ? out.dim() == 2 && out.size(0) == b.input.size(0) && out.size(1) == data.classes
+                          : out.sizes() == b.target.sizes();
+    if (!fits) {
+      std::ostringstream why;
+      why << model << ": output " << out.sizes() << " for inputs " << b.input.sizes()
+          << " does not fit the targets of dataset \"" << sweep.base.data.name << "\" (" << b.target.sizes()
+          << "; expected ";
+      if (data.classes > 0) {
+        why << "[" << b.input.size(0) << ", " << data.classes << "] for " << data.classes << " classes)";
+      } else {
+        why << "the targets' shape: regression)";
+      }
+      throw ConfigError(why.str());
+    }
+    (void)data.example_loss(out, b.target);
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw ConfigError(model + ": " + first_line(e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    throw ConfigError(model + ": " + e.what());
+  }
+}
+
 }  // namespace
 
-Dataset load_data(const SweepConfig& sweep) {
-  check_batches(sweep, training_examples(sweep.base.data));
-  Dataset data;
+WorkloadData load_data(const SweepConfig& sweep) {
+  WorkloadData data;
   try {
     data = load_dataset(sweep.base.data);
+  } catch (const ConfigError&) {
+    throw;
   } catch (const c10::Error& e) {
-    throw ConfigError(std::string("dataset: ") + e.what_without_backtrace());
-  } catch (const std::runtime_error& e) {
+    throw ConfigError("dataset: " + first_line(e.what_without_backtrace()));
+  } catch (const std::exception& e) {
     throw ConfigError(std::string("dataset: ") + e.what());
   }
-  TORCH_INTERNAL_ASSERT(data.train_size() == training_examples(sweep.base.data), "dataset: ", data.train_size(),
-                        " training examples, expected ", training_examples(sweep.base.data));
+  check_data(sweep, data);
+  check_batches(sweep, data.train->size());
+  check_model(sweep, data);
   return data;
 }
 

@@ -22,11 +22,13 @@ void check_jobs(int jobs, bool data_parallel, const std::string& runs_one);
 /// written there (the file is removed again).
 void check_folder(const std::string& dir, const std::string& what);
 
-/// The sweep's dataset, checked against its batch sizes first (without
-/// loading: the size of the training set is known from the config): each,
-/// and the largest that batch-size increase grows it to, must fit the
-/// training set and split into gns.micro_batches. A missing dataset or a
-/// refuted batch is a ConfigError.
-Dataset load_data(const SweepConfig& sweep);
+/// The sweep's dataset, loaded through its registration (workload.h) and
+/// checked before any training: both splits have examples; each batch size,
+/// and the largest that batch-size increase grows it to, fits the training
+/// set and splits into gns.micro_batches; val_error has a classification
+/// task; and one model, built as a trial builds it, gives outputs that fit
+/// the targets. Each failure (a missing dataset, an unknown name, a bad
+/// TorchScript file, ...) is a ConfigError naming the thing and the value.
+WorkloadData load_data(const SweepConfig& sweep);
 
 }  // namespace bigbatch::experiments

@@ -36,13 +36,14 @@ std::string libtorch_version() {
 
 json finite_or_null(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
 
-std::string metrics_csv(const std::vector<EvalRow>& rows) {
+std::string metrics_csv(const std::vector<EvalRow>& rows, const std::vector<std::string>& extra) {
   std::ostringstream s;
   const char* sep = "";
   for_each_field(EvalRow{}, [&](const char* name, const auto&) {
     s << sep << name;
     sep = ",";
   });
+  for (const auto& name : extra) s << ",val_" << name;
   s << '\n';
   for (const auto& r : rows) {
     sep = "";
@@ -55,6 +56,7 @@ std::string metrics_csv(const std::vector<EvalRow>& rows) {
       }
       sep = ",";
     });
+    for (std::size_t i = 0; i < extra.size(); ++i) s << ',' << (i < r.extra.size() ? csv_number(r.extra[i]) : "");
     s << '\n';
   }
   return s.str();
@@ -77,6 +79,7 @@ json summary_json(const TrialConfig& t, const TrialResult& r) {
             {"wall_time", r.wall_time},
             {"code_version", code_version()},
             {"libtorch_version", libtorch_version()}};
+  if (!r.error.empty()) j["error"] = r.error;
   if (!r.rows.empty()) {
     const EvalRow& last = r.rows.back();
     j["final"] = {{"val_loss", finite_or_null(last.val_loss)},
@@ -103,6 +106,7 @@ TrialResult result_from_summary(const json& summary) {
                       : kNaN;
   r.peak_lr = summary.value("peak_lr", 0.0);
   r.wall_time = summary.value("wall_time", 0.0);
+  if (summary.contains("error") && summary["error"].is_string()) r.error = summary["error"].get<std::string>();
   return r;
 }
 
@@ -123,6 +127,7 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
   struct Best {
     std::optional<json> reached;  // the fastest trial that reached
     std::optional<json> closest;  // else the one with the best metric
+    std::int64_t failed = 0;      // trials whose workload threw
   };
   const auto metric_of = [](const std::optional<json>& s) {
     return s && (*s)["best_metric"].is_number() ? (*s)["best_metric"].get<double>()
@@ -133,6 +138,7 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
   for (const auto& t : trials) {
     json s = read_json((dir / t.name / "summary.json").string());
     Best& b = best[t.batch_size];
+    if (s["status"] == to_string(TrialStatus::kFailed)) ++b.failed;
     if (s["status"] == to_string(TrialStatus::kReached)) {
       ++reached;
       if (!b.reached || s["steps_to_target"].get<std::int64_t>() < (*b.reached)["steps_to_target"].get<std::int64_t>()) {
@@ -143,7 +149,7 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
     }
   }
   std::ostringstream csv;
-  csv << "batch_size,steps,examples,best_lr,trial,reached,edge\n";
+  csv << "batch_size,steps,examples,best_lr,trial,reached,edge,failed\n";
   std::vector<std::pair<double, double>> points;
   json fit_batches = json::array(), fit_steps = json::array();
   for (const auto& [batch, b] : best) {
@@ -159,7 +165,7 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
       csv << batch << ",,,";
     }
     csv << csv_number(s["peak_lr"].get<double>()) << ',' << trial << ',' << (b.reached ? 1 : 0) << ','
-        << search_edge(trials, trial) << "\n";
+        << search_edge(trials, trial) << ',' << b.failed << "\n";
   }
   write_file_atomic((dir / "steps_to_target.csv").string(), csv.str());
   json fit = {{"batch_sizes", fit_batches}, {"steps", fit_steps}};

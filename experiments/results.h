@@ -25,7 +25,7 @@ nlohmann::json finite_or_null(double x);
 
 /// metrics.csv: a header of EvalRow's field names, then one line per row;
 /// a number that is not finite is an empty cell.
-std::string metrics_csv(const std::vector<EvalRow>& rows);
+std::string metrics_csv(const std::vector<EvalRow>& rows, const std::vector<std::string>& extra = {});
 
 /// The code version (git describe at configure time) and the LibTorch
 /// version, which every summary.json records.

@@ -4,6 +4,7 @@
 
 #include "batched.h"
 #include "files.h"
+#include "models.h"
 #include "preflight.h"
 #include "progress.h"
 #include "results.h"
@@ -160,7 +161,7 @@ std::int64_t queue_unfinished(const std::vector<TrialConfig>& trials, const fs::
 
 // Runs what is left of `trials` into `dir`, options.jobs at a time: the
 // body of run_sweep (sweep.h), once per round of the search.
-void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, const fs::path& dir,
+void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data, const fs::path& dir,
                 const SweepOptions& options, const RunnerSpec& runner, distributed::ProcessGroup* group,
                 bool report_resume, RoundTotals& totals) {
   const bool writer = group == nullptr || group->rank() == 0;
@@ -183,22 +184,41 @@ void run_trials(const std::vector<TrialConfig>& trials, const Dataset& data, con
     const std::vector<std::size_t> lanes = job.group.empty() ? std::vector<std::size_t>{job.index} : job.group;
     FolderHooks hooks;
     hooks.progress = [&](const TrialProgress& p) { board.update(trials[lanes.front()].name, p); };
-    hooks.finished = [&](std::size_t lane, const TrialResult& r) { record(lanes[lane], r); };
     hooks.prune = [&](std::size_t lane, std::int64_t next_eval) {
       return group == nullptr ? queue.pruned(lanes[lane], next_eval)
                               : runner.prune && TrialQueue::beaten(job.bound, lanes[lane], next_eval);
     };
-    if (job.group.empty()) {
-      run_one(trials[job.index], data, (dir / trials[job.index].name).string(), hooks, group);
-      return;
+    std::vector<bool> ended(lanes.size(), false);
+    hooks.finished = [&](std::size_t lane, const TrialResult& r) {
+      ended[lane] = true;
+      record(lanes[lane], r);
+    };
+    try {
+      if (job.group.empty()) {
+        run_one(trials[job.index], data, (dir / trials[job.index].name).string(), hooks, group);
+        return;
+      }
+      std::vector<TrialConfig> configs;
+      std::vector<std::string> dirs;
+      for (const auto i : lanes) {
+        configs.push_back(trials[i]);
+        dirs.push_back((dir / trials[i].name).string());
+      }
+      run_group(configs, data, dirs, hooks);
+    } catch (const std::exception& e) {
+      // The workload threw: the trial fails with its message and the sweep
+      // goes on. (Data-parallel, the ranks may be out of step: stop.)
+      if (group != nullptr) throw;
+      const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+      std::string message = torch_error ? torch_error->what_without_backtrace() : e.what();
+      message = message.substr(0, message.find('\n'));
+      for (std::size_t lane = 0; lane < lanes.size(); ++lane) {
+        if (ended[lane]) continue;
+        const TrialConfig& t = trials[lanes[lane]];
+        std::cerr << "trial " << t.name << " failed: " << message << "\n";
+        record(lanes[lane], record_failure(t, (dir / t.name).string(), message));
+      }
     }
-    std::vector<TrialConfig> configs;
-    std::vector<std::string> dirs;
-    for (const auto i : lanes) {
-      configs.push_back(trials[i]);
-      dirs.push_back((dir / trials[i].name).string());
-    }
-    run_group(configs, data, dirs, hooks);
   };
   // Each worker's intra-op pool: cores / jobs / local ranks (ranks on this
   // machine share its cores too).
@@ -270,14 +290,26 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   if (group != nullptr) extra_text = distributed::broadcast_bytes(*group, extra_text);
   std::vector<ExtraPoint> extra;
   if (!extra_text.empty()) extra = parse_extensions(extra_text, extensions.string());
-  const Dataset data = load_data(sweep);
+  const WorkloadData data = load_data(sweep);
   if (writer) write_file_atomic((dir / "sweep.json").string(), resolved.dump(2) + "\n");
 
   SweepSummary summary;
   summary.dir = dir.string();
+  RunnerSpec runner = sweep.runner;
+  if (runner.batch_trials) {  // say when batching cannot be done, and why
+    std::string refusal = group != nullptr ? "a data-parallel sweep" : batch_refusal(sweep.base);
+    if (refusal.empty()) {
+      const std::string model = stack_refusal(build_model(sweep.base.model, data, sweep.seeds.front()));
+      if (!model.empty()) refusal = "model \"" + sweep.base.model.name + "\" cannot be stacked: " + model;
+    }
+    if (!refusal.empty()) {
+      if (writer) std::cerr << "note: no batched trials (" << refusal << "): each trial runs alone\n";
+      runner.batch_trials = false;
+    }
+  }
   const auto run_round = [&](const std::vector<TrialConfig>& trials, bool first) {
     RoundTotals totals;
-    run_trials(trials, data, dir, options, sweep.runner, group, first, totals);
+    run_trials(trials, data, dir, options, runner, group, first, totals);
     if (first) summary.skipped = totals.skipped;
     summary.trials = static_cast<std::int64_t>(trials.size());
     summary.pruned += totals.pruned;
@@ -287,10 +319,6 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   // The search's own trials, then any points an --extend-search added (now or
   // in an earlier run), one round of edges at a time.
   std::vector<TrialConfig> trials = expand(sweep, extra);
-  if (writer && sweep.runner.batch_trials) {  // say when batching cannot be done
-    const std::string refusal = group != nullptr ? "a data-parallel sweep" : batch_refusal(trials.front());
-    if (!refusal.empty()) std::cerr << "note: no batched trials (" << refusal << "): each trial runs alone\n";
-  }
   run_round(trials, true);
   for (int round = 0; round < options.extend_search; ++round) {
     std::string more;

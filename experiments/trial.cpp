@@ -40,16 +40,17 @@ namespace F = torch::nn::functional;
 
 class SingleModel final : public LaneModel {
  public:
-  SingleModel(torch::nn::Sequential model, const Dataset& data, const at::Device& device,
-              distributed::ProcessGroup* group)
-      : LaneModel(1), model_(std::move(model)), data_(data), device_(device), group_(group) {
-    model_->to(device_);
-    if (group_) distributed::broadcast_module(*group_, *model_);
-    params_ = model_->parameters();
+  SingleModel(Model model, const WorkloadData& data, const at::Device& device, distributed::ProcessGroup* group)
+      : LaneModel(1), model_(std::move(model)), sequential_(model_.sequential()), data_(data), device_(device),
+        group_(group) {
+    model_.module().to(device_);
+    if (group_) distributed::broadcast_module(*group_, model_.module());
+    params_ = model_.module().parameters();
   }
 
-  torch::nn::Module& lane(std::size_t) override { return *model_; }
-  torch::nn::Sequential* sequential() override { return &model_; }
+  torch::nn::Module& lane(std::size_t) override { return model_.module(); }
+  torch::nn::Sequential* sequential() override { return sequential_ ? &sequential_ : nullptr; }
+  bool single() const override { return true; }
 
   std::vector<LaneGradient> gradients(const StepBatch& b, const std::vector<bool>&,
                                       std::int64_t micro_batches) override {
@@ -64,8 +65,7 @@ class SingleModel final : public LaneModel {
       index = index.slice(0, begin, begin + local);
       if (weights.defined()) weights = weights.slice(0, begin, begin + local);
     }
-    const at::Tensor x = rows_of(data_.x_train, index, device_);
-    const at::Tensor y = rows_of(data_.y_train, index, device_);
+    const auto [x, y] = rows_of(data_, index, device_);
     if (weights.defined()) weights = weights.to(device_);
     // Zeroed in place, as LibTorch 1.13's Optimizer::zero_grad does (2.x's sets
     // them to none: the same sums).
@@ -82,16 +82,20 @@ class SingleModel final : public LaneModel {
     return {{l.item<double>(), std::nullopt}};
   }
 
-  std::vector<std::pair<double, double>> evaluate() override {
+  std::vector<ValidationMetrics> evaluate() override {
     if (group_) {  // rank 0 measures, every rank gets its numbers: one stopping decision
-      std::vector<at::Tensor> result{at::zeros({2}, at::kDouble)};
+      std::vector<at::Tensor> result{at::zeros({2 + static_cast<std::int64_t>(data_.metrics.size())}, at::kDouble)};
       if (group_->rank() == 0) {
-        const auto [l, e] = evaluate_here();
-        result[0][0] = l;
-        result[0][1] = e;
+        const ValidationMetrics m = evaluate_here();
+        result[0][0] = m.loss;
+        result[0][1] = m.error;
+        for (std::size_t i = 0; i < m.extra.size(); ++i) result[0][2 + static_cast<std::int64_t>(i)] = m.extra[i];
       }
       group_->broadcast(result, 0);
-      return {{result[0][0].item<double>(), result[0][1].item<double>()}};
+      const at::Tensor r = result[0];
+      ValidationMetrics m{r[0].item<double>(), r[1].item<double>(), {}};
+      for (std::int64_t i = 2; i < r.numel(); ++i) m.extra.push_back(r[i].item<double>());
+      return {m};
     }
     return {evaluate_here()};
   }
@@ -99,10 +103,7 @@ class SingleModel final : public LaneModel {
  private:
   // The mean (or weighted mean) loss of the model on rows x, y.
   at::Tensor loss(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weights) {
-    const at::Tensor out = model_->forward(x);
-    const at::Tensor per_sample = data_.classes > 0
-                                      ? F::cross_entropy(out, y, F::CrossEntropyFuncOptions().reduction(torch::kNone))
-                                      : (out - y).pow(2).sum(1);
+    const at::Tensor per_sample = data_.example_loss(model_.forward(x), y);
     return weights.defined() ? (per_sample * weights).mean() : per_sample.mean();
   }
 
@@ -137,31 +138,17 @@ class SingleModel final : public LaneModel {
     return g;
   }
 
-  std::pair<double, double> evaluate_here() {
+  ValidationMetrics evaluate_here() {
     at::NoGradGuard no_grad;
-    model_->eval();
-    const std::int64_t n = data_.x_val.size(0);
-    double loss = 0;
-    double wrong = 0;
-    for (std::int64_t begin = 0; begin < n; begin += kEvalChunk) {
-      const std::int64_t end = std::min(n, begin + kEvalChunk);
-      const at::Tensor x = data_.x_val.slice(0, begin, end).to(device_);
-      const at::Tensor y = data_.y_val.slice(0, begin, end).to(device_);
-      const at::Tensor out = model_->forward(x);
-      if (data_.classes > 0) {
-        loss += F::cross_entropy(out, y, F::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
-        wrong += out.argmax(1).ne(y).sum().item<double>();
-      } else {
-        loss += (out - y).pow(2).sum().item<double>();
-      }
-    }
-    model_->train();
-    const auto count = static_cast<double>(n);
-    return {loss / count, data_.classes > 0 ? wrong / count : std::numeric_limits<double>::quiet_NaN()};
+    model_.module().eval();
+    const auto out = evaluate_split(data_, device_, 0, [&](const at::Tensor& x) { return model_.forward(x); });
+    model_.module().train();
+    return out.at(0);
   }
 
-  torch::nn::Sequential model_;
-  const Dataset& data_;
+  Model model_;
+  torch::nn::Sequential sequential_;  // the model when it is one (Trainer::model())
+  const WorkloadData& data_;
   at::Device device_;
   distributed::ProcessGroup* group_;
   std::vector<at::Tensor> params_;
@@ -169,9 +156,58 @@ class SingleModel final : public LaneModel {
 
 }  // namespace
 
-std::unique_ptr<LaneModel> single_model(torch::nn::Sequential model, const Dataset& data, const at::Device& device,
+std::unique_ptr<LaneModel> single_model(Model model, const WorkloadData& data, const at::Device& device,
                                         distributed::ProcessGroup* group) {
   return std::make_unique<SingleModel>(std::move(model), data, device, group);
+}
+
+std::vector<ValidationMetrics> evaluate_split(const WorkloadData& data, const at::Device& device, std::int64_t lanes,
+                                        const std::function<at::Tensor(const at::Tensor&)>& forward) {
+  const std::int64_t n = data.validation->size();
+  const std::int64_t k = std::max<std::int64_t>(lanes, 1);
+  const auto options = at::TensorOptions(at::kDouble).device(device);
+  const std::size_t extras = data.metrics.size();
+  at::Tensor loss = at::zeros({k}, options), wrong = at::zeros({k}, options);
+  std::vector<at::Tensor> extra(extras);
+  for (auto& e : extra) e = at::zeros({k}, options);
+  // Per example [K * rows] -> each lane's sum [K].
+  const auto lane_sums = [&](const at::Tensor& values, std::int64_t rows) {
+    return values.reshape({k, rows}).sum(1).to(at::kDouble);
+  };
+  for (std::int64_t begin = 0; begin < n; begin += kEvalChunk) {
+    const std::int64_t end = std::min(n, begin + kEvalChunk), rows = end - begin;
+    const Batch chunk = data.validation->range(begin, end);
+    const at::Tensor x = chunk.input.to(device), y = chunk.target.to(device);
+    at::Tensor out = forward(x);
+    at::Tensor target = y;
+    if (lanes > 0) {  // [K, N, ...] -> [K * N, ...] against the targets repeated per lane
+      std::vector<std::int64_t> flat{k * rows};
+      flat.insert(flat.end(), out.sizes().begin() + 2, out.sizes().end());
+      out = out.reshape(flat);
+      std::vector<std::int64_t> times(static_cast<std::size_t>(y.dim()), 1);
+      times[0] = k;
+      target = y.repeat(times);
+    }
+    if (data.loss || lanes > 0) {
+      loss += lane_sums(data.example_loss(out, target), rows);
+    } else if (data.classes > 0) {  // (the summed reductions of one model, as before: the same bits)
+      loss += F::cross_entropy(out, y, F::CrossEntropyFuncOptions().reduction(torch::kSum)).to(at::kDouble);
+    } else {
+      loss += (out - y).pow(2).sum().to(at::kDouble);
+    }
+    if (data.classes > 0) wrong += lane_sums(out.argmax(1).ne(target), rows);
+    for (std::size_t m = 0; m < extras; ++m) extra[m] += lane_sums(data.metrics[m].second(out, target), rows);
+  }
+  const auto count = static_cast<double>(n);
+  const at::Tensor l = loss.cpu(), w = wrong.cpu();
+  std::vector<ValidationMetrics> result(static_cast<std::size_t>(k));
+  for (std::int64_t i = 0; i < k; ++i) {
+    ValidationMetrics& m = result[static_cast<std::size_t>(i)];
+    m.loss = l[i].item<double>() / count;
+    m.error = data.classes > 0 ? w[i].item<double>() / count : kNaN;
+    for (const auto& e : extra) m.extra.push_back(e[i].item<double>() / count);
+  }
+  return result;
 }
 
 
@@ -189,11 +225,7 @@ at::Device trial_device(DeviceType type, const distributed::ProcessGroup* group)
 }
 
 // The unbatched model of a trial, seeded by its seed.
-torch::nn::Sequential initial_model(const TrialConfig& t, const Dataset& data) {
-  std::lock_guard<std::mutex> lock(model_init_mutex());
-  at::manual_seed(t.seed);
-  return make_model(t.model, data.example_shape(), data.classes > 0 ? data.classes : 1);
-}
+Model initial_model(const TrialConfig& t, const WorkloadData& data) { return build_model(t.model, data, t.seed); }
 
 // The data order of a run: every rank and every lane of a trial's seed
 // draws the same batches.
@@ -210,7 +242,7 @@ std::mutex& model_init_mutex() {
 
 std::string to_string(TrialStatus status) { return config::enum_name(kTrialStatuses, status); }
 
-Trainer::Trainer(const TrialConfig& config, const Dataset& data, distributed::ProcessGroup* group)
+Trainer::Trainer(const TrialConfig& config, const WorkloadData& data, distributed::ProcessGroup* group)
     : data_(data),
       group_(group),
       device_(trial_device(config.device, group)),
@@ -219,7 +251,7 @@ Trainer::Trainer(const TrialConfig& config, const Dataset& data, distributed::Pr
   add_lanes({config});
 }
 
-Trainer::Trainer(const std::vector<TrialConfig>& lanes, const Dataset& data)
+Trainer::Trainer(const std::vector<TrialConfig>& lanes, const WorkloadData& data)
     : data_(data),
       group_(nullptr),
       device_(trial_device(lanes.at(0).device, nullptr)),
@@ -228,7 +260,10 @@ Trainer::Trainer(const std::vector<TrialConfig>& lanes, const Dataset& data)
     TORCH_CHECK(batchable_together(lanes[0], t), "batched trials: ", t.name, " cannot join ", lanes[0].name,
                 "'s group", batch_refusal(t).empty() ? "" : ": " + batch_refusal(t));
   }
-  model_ = stacked_model(initial_model(lanes[0], data), static_cast<std::int64_t>(lanes.size()), data, device_);
+  const Model model = initial_model(lanes[0], data);
+  const std::string refusal = stack_refusal(model);
+  TORCH_CHECK(refusal.empty(), "batched trials: ", refusal);
+  model_ = stacked_model(model.sequential(), static_cast<std::int64_t>(lanes.size()), data, device_);
   add_lanes(lanes);
 }
 
@@ -262,12 +297,13 @@ torch::optim::Optimizer& Trainer::optimizer(std::size_t lane) { return *lanes_.a
 
 torch::nn::Sequential& Trainer::model() {
   torch::nn::Sequential* sequential = model_->sequential();
-  TORCH_CHECK(sequential != nullptr, "Trainer::model(): a batched group has no unbatched model (use module(lane))");
+  TORCH_CHECK(sequential != nullptr, "Trainer::model(): a batched group, or a model that is not a torch::nn::Sequential "
+                                   "(use module(lane))");
   return *sequential;
 }
 
 void Trainer::check_one_lane(const char* what) const {
-  TORCH_CHECK(lanes_.size() == 1 && model_->sequential() != nullptr, what,
+  TORCH_CHECK(lanes_.size() == 1 && model_->single(), what,
               ": a single trial's only, not a batched group's");
 }
 
@@ -308,7 +344,13 @@ std::vector<double> Trainer::train_step() {
   return losses;
 }
 
-std::vector<std::pair<double, double>> Trainer::evaluate() { return model_->evaluate(); }
+std::vector<ValidationMetrics> Trainer::evaluate() { return model_->evaluate(); }
+
+std::vector<std::string> Trainer::metric_names() const {
+  std::vector<std::string> out;
+  for (const auto& m : data_.metrics) out.push_back(m.first);
+  return out;
+}
 
 void Trainer::leave(std::size_t i, TrialStatus status, double seconds, const Hooks& hooks) {
   Lane& lane = *lanes_[i];
@@ -327,7 +369,7 @@ void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& 
   for (std::size_t i = 0; i < lanes_.size(); ++i) {
     Lane& lane = *lanes_[i];
     if (!lane.active) continue;
-    const auto [val_loss, val_error] = metrics[i];
+    const double val_loss = metrics[i].loss, val_error = metrics[i].error;
     EvalRow row;
     row.step = step_;
     row.examples = examples_;
@@ -339,6 +381,7 @@ void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& 
     row.batch_size = lane.adapter->schedule().batch_size(step_ - 1);
     row.wall_time = seconds();
     row.gns = b_simple(i);
+    row.extra = metrics[i].extra;
     lane.rows.push_back(row);
     if (hooks.on_eval) hooks.on_eval(i, row);
     lane.loss_sum = 0;

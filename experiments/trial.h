@@ -10,6 +10,7 @@
 
 #include "config.h"
 #include "data.h"
+#include "workload.h"
 #include "../distributed/process_group.h"
 #include "../noise/gradient_noise.h"
 #include "../noise/noise_scale.h"
@@ -45,10 +46,22 @@ struct EvalRow {
   std::int64_t batch_size = 0;
   double wall_time = 0;         ///< seconds since the trial started
   double gns = 0;               ///< B_simple so far (NaN when not measured)
+  /// The workload's further validation metrics (WorkloadData::metrics, in
+  /// its order): metrics.csv's columns after the fields below.
+  std::vector<double> extra;
+};
+
+/// One evaluation of a lane on the validation split: the mean loss, the
+/// fraction misclassified (NaN for regression), and the workload's further
+/// metrics (WorkloadData::metrics, in its order).
+struct ValidationMetrics {
+  double loss = 0;
+  double error = 0;
+  std::vector<double> extra;
 };
 
 /// EvalRow's one field list: visit(name, member) for each field in column
-/// order. metrics.csv and the checkpoint both read it, so a new field is
+/// order (the workload's own metrics, `extra`, follow them). metrics.csv and the checkpoint both read it, so a new field is
 /// written, saved and restored by adding it here.
 template <typename Row, typename Visit>
 void for_each_field(Row&& row, Visit&& visit) {
@@ -64,12 +77,14 @@ void for_each_field(Row&& row, Visit&& visit) {
   visit("gns", row.gns);
 }
 
+/// kFailed: the workload (its data, model or loss) threw during the run;
+/// TrialResult::error says what, and a resumed sweep runs it again.
 /// kPruned: stopped by the sweep once a sibling (same batch size) had reached
 /// the target at a step this trial could no longer beat (trial_queue.h).
-enum class TrialStatus { kReached, kNotReached, kDiverged, kPruned };
+enum class TrialStatus { kReached, kNotReached, kDiverged, kPruned, kFailed };
 inline constexpr config::EnumName<TrialStatus> kTrialStatuses[] = {
     {TrialStatus::kReached, "reached"}, {TrialStatus::kNotReached, "not_reached"},
-    {TrialStatus::kDiverged, "diverged"}, {TrialStatus::kPruned, "pruned"}};
+    {TrialStatus::kDiverged, "diverged"}, {TrialStatus::kPruned, "pruned"}, {TrialStatus::kFailed, "failed"}};
 std::string to_string(TrialStatus status);
 
 struct TrialResult {
@@ -82,6 +97,7 @@ struct TrialResult {
   double peak_lr = 0;        ///< the scaled rate after warmup
   double wall_time = 0;
   std::vector<EvalRow> rows;
+  std::string error;  ///< kFailed: the message the workload threw
 };
 
 /// Model initialization draws from LibTorch's global generator: a trainer
@@ -122,9 +138,9 @@ class LaneModel;
 class Trainer {
  public:
   /// One trial.
-  Trainer(const TrialConfig& config, const Dataset& data, distributed::ProcessGroup* group = nullptr);
+  Trainer(const TrialConfig& config, const WorkloadData& data, distributed::ProcessGroup* group = nullptr);
   /// A batched group of trials, one lane each, in this order.
-  Trainer(const std::vector<TrialConfig>& lanes, const Dataset& data);
+  Trainer(const std::vector<TrialConfig>& lanes, const WorkloadData& data);
   ~Trainer();
 
   /// What run() reports and asks, lane by lane (every hook may be empty).
@@ -150,15 +166,19 @@ class Trainer {
   /// One optimizer step of every active lane at the schedule's batch size;
   /// each lane's batch loss (NaN for a lane that has ended).
   std::vector<double> train_step();
-  /// Each lane's validation (loss, error), with the model in eval mode.
-  std::vector<std::pair<double, double>> evaluate();
+  /// Each lane's validation metrics, with the model in eval mode.
+  std::vector<ValidationMetrics> evaluate();
+  /// The names of the workload's further metrics (EvalRow::extra), without
+  /// the "val_" that metrics.csv puts before them.
+  std::vector<std::string> metric_names() const;
 
   std::size_t lanes() const { return lanes_.size(); }
   /// Lane `lane`'s parameters under the unbatched model's names ("1.weight"):
   /// the model itself for one trial, views into the stacked model for a group.
   torch::nn::Module& module(std::size_t lane = 0);
   torch::optim::Optimizer& optimizer(std::size_t lane = 0);
-  /// The unbatched model of a single trial (not of a group).
+  /// The unbatched model of a single trial (not of a group) when it is a
+  /// torch::nn::Sequential (the built-in models are); module() otherwise.
   torch::nn::Sequential& model();
 
   /// The trust ratio of each parameter of lane `lane` that its layer-wise
@@ -205,7 +225,7 @@ class Trainer {
   void load_run(torch::serialize::InputArchive& archive);
   void check_one_lane(const char* what) const;
 
-  const Dataset& data_;
+  const WorkloadData& data_;
   distributed::ProcessGroup* group_;
   at::Device device_;
   std::unique_ptr<LaneModel> model_;

@@ -31,7 +31,7 @@ bool same_config(const TrialConfig& t, const fs::path& dir) {
 
 // An evaluation as TensorBoard scalars: what metrics.csv holds (NaN cells
 // left out) and the optimizer's trust ratios.
-std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row,
+std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const std::vector<std::string>& extra,
                                                      const std::vector<std::pair<std::string, double>>& ratios) {
   std::vector<tensorboard::Event::Scalar> out;
   const auto add = [&](const char* tag, double value) {
@@ -45,6 +45,9 @@ std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row,
   add("examples", static_cast<double>(row.examples));
   add("epoch", row.epoch);
   add("gns/b_simple", row.gns);
+  for (std::size_t i = 0; i < extra.size() && i < row.extra.size(); ++i) {
+    if (!std::isnan(row.extra[i])) out.push_back({"val/" + extra[i], static_cast<float>(row.extra[i])});
+  }
   for (const auto& [name, ratio] : ratios) {
     out.push_back({"trust_ratio/" + name, static_cast<float>(ratio)});
   }
@@ -88,7 +91,7 @@ std::vector<TrialResult> run_into(Trainer& trainer, const std::vector<TrialConfi
     }
     hooks.progress = outer.progress;
     hooks.on_eval = [&](std::size_t i, const EvalRow& row) {
-      if (events[i]) events[i]->scalars(row.step, eval_scalars(row, trainer.trust_ratios(i)));
+      if (events[i]) events[i]->scalars(row.step, eval_scalars(row, trainer.metric_names(), trainer.trust_ratios(i)));
     };
     if (trials.size() == 1 && trials[0].checkpoint_every > 0) {
       hooks.on_checkpoint = [&](const std::string& bytes) {
@@ -99,7 +102,7 @@ std::vector<TrialResult> run_into(Trainer& trainer, const std::vector<TrialConfi
   hooks.prune = outer.prune;
   hooks.finished = [&](std::size_t i, const TrialResult& r) {
     if (writer) {
-      write_file_atomic((folders[i] / "metrics.csv").string(), metrics_csv(r.rows));
+      write_file_atomic((folders[i] / "metrics.csv").string(), metrics_csv(r.rows, trainer.metric_names()));
       write_file_atomic((folders[i] / "summary.json").string(), summary_json(trials[i], r).dump(2) + "\n");
       fs::remove(folders[i] / "checkpoint.pt");  // finished: the summary and metrics are the record
       events[i].reset();
@@ -140,12 +143,24 @@ std::optional<nlohmann::json> finished_summary(const TrialConfig& t, const std::
     return std::nullopt;
   }
   if (!accept_pruned && summary["status"] == to_string(TrialStatus::kPruned)) return std::nullopt;
+  if (summary["status"] == to_string(TrialStatus::kFailed)) return std::nullopt;  // perhaps fixed since: try again
   return summary;
+}
+
+TrialResult record_failure(const TrialConfig& trial, const std::string& dir, const std::string& error) {
+  TrialResult r;
+  r.status = TrialStatus::kFailed;
+  r.error = error;
+  r.best_metric = kNaN;
+  fs::create_directories(dir);
+  write_file_atomic((fs::path(dir) / "config.json").string(), to_json(trial).dump(2) + "\n");
+  write_file_atomic((fs::path(dir) / "summary.json").string(), summary_json(trial, r).dump(2) + "\n");
+  return r;
 }
 
 bool trial_finished(const TrialConfig& t, const std::string& folder) { return finished_summary(t, folder).has_value(); }
 
-TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::string& dir, const FolderHooks& hooks,
+TrialResult run_one(const TrialConfig& trial, const WorkloadData& data, const std::string& dir, const FolderHooks& hooks,
                     distributed::ProcessGroup* group) {
   const bool writer = group == nullptr || group->rank() == 0;
   const fs::path folder(dir);
@@ -175,7 +190,7 @@ TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::st
   return run_into(*trainer, {trial}, {folder}, writer, resumed_at, hooks).front();
 }
 
-std::vector<TrialResult> run_group(const std::vector<TrialConfig>& trials, const Dataset& data,
+std::vector<TrialResult> run_group(const std::vector<TrialConfig>& trials, const WorkloadData& data,
                                    const std::vector<std::string>& dirs, const FolderHooks& hooks) {
   std::vector<fs::path> folders;
   for (std::size_t i = 0; i < trials.size(); ++i) {

@@ -41,13 +41,18 @@ struct FolderHooks {
 /// Runs one trial into `dir`, resuming from its checkpoint when the folder
 /// holds one of the same config. Data-parallel with a process group; only
 /// rank 0 writes (and reports progress).
-TrialResult run_one(const TrialConfig& trial, const Dataset& data, const std::string& dir,
+TrialResult run_one(const TrialConfig& trial, const WorkloadData& data, const std::string& dir,
                     const FolderHooks& hooks = {}, distributed::ProcessGroup* group = nullptr);
+
+/// Marks a trial failed (TrialStatus::kFailed): its summary.json with the
+/// workload's message under "error", what the tables count and a resumed
+/// sweep runs again. The result it recorded.
+TrialResult record_failure(const TrialConfig& trial, const std::string& dir, const std::string& error);
 
 /// Runs a batched group of trials (batched.h), each into its own folder of
 /// `dirs` exactly as run_one would (no checkpoints: batched trials have
 /// none); their results in order.
-std::vector<TrialResult> run_group(const std::vector<TrialConfig>& trials, const Dataset& data,
+std::vector<TrialResult> run_group(const std::vector<TrialConfig>& trials, const WorkloadData& data,
                                    const std::vector<std::string>& dirs, const FolderHooks& hooks = {});
 
 }  // namespace bigbatch::experiments

@@ -36,3 +36,19 @@ if [ "$mode" = package ]; then  # the docs' examples, once is enough
   cmake --build "$work/build" --parallel 2 --target docs_examples
   "$work/build/docs_examples"
 fi
+# The example workload, built against this mode's bigbatch::experiments: its
+# sweep and cbs end to end (the plots once), each with a table to show.
+cmake --build "$work/build" --parallel 2 --target waves >/dev/null
+example="$src/examples/sequence_workload"
+runs="$work/runs"
+"$work/build/sequence_workload/waves" sweep "$example/sweep.json" --out "$runs" --jobs 2 >/dev/null 2>"$work/sweep.log" ||
+  { cat "$work/sweep.log" >&2; exit 1; }
+grep -q "^512," "$runs/waves/steps_to_target.csv" || { echo "example sweep: no table" >&2; exit 1; }
+"$work/build/sequence_workload/waves" cbs "$example/cbs.json" --out "$runs" --jobs 2 >/dev/null 2>"$work/cbs.log" ||
+  { cat "$work/cbs.log" >&2; exit 1; }
+test -s "$runs/waves_cbs/cbs.csv" || { echo "example cbs: no cbs.csv" >&2; exit 1; }
+if [ "$mode" = package ]; then
+  "$work/build/sequence_workload/waves" plot "$runs/waves" >/dev/null
+  test -s "$runs/waves/plots/steps_to_target.png" || { echo "example plot: no steps_to_target.png" >&2; exit 1; }
+fi
+echo "example workload: sweep, cbs$([ "$mode" = package ] && echo ", plot") ran"

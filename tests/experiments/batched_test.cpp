@@ -36,14 +36,14 @@ TrialConfig lane(OptimizerName optimizer, Norm norm, double lr, int index) {
   TrialConfig c;
   c.sweep = "batched";
   c.name = "lane" + std::to_string(index);
-  c.data.name = DatasetName::kGaussianMixture;
-  c.data.train_size = 2048;
-  c.data.val_size = 512;
-  c.data.classes = 4;
-  c.data.dim = 12;
-  c.data.separation = 0.7;  // overlapping classes: no lane reaches the target
-  c.model.widths = {32, 16};
-  c.model.norm = norm;
+  c.data.name = "gaussian_mixture";
+  c.data.params["train_size"] = 2048;
+  c.data.params["val_size"] = 512;
+  c.data.params["classes"] = 4;
+  c.data.params["dim"] = 12;
+  c.data.params["separation"] = 0.7;  // overlapping classes: no lane reaches the target
+  c.model.params["widths"] = std::vector<std::int64_t>{32, 16};
+  c.model.params["norm"] = bigbatch::config::enum_name(kNorms, norm);
   c.optimizer.name = optimizer;
   c.optimizer.momentum = index == 1 ? 0.8 : 0.9;  // lanes may differ in momentum too
   c.schedule.base_lr = lr;
@@ -62,14 +62,14 @@ void expect_close(double a, double b, double rtol, const std::string& what) {
 }
 
 void expect_lanes_equal_separate(const std::vector<TrialConfig>& trials, const std::string& label,
-                                 const Dataset& data) {
+                                 const WorkloadData& data) {
   Trainer group(trials, data);
   const std::vector<TrialResult> batched = group.run();
   ASSERT_EQ(batched.size(), trials.size());
   const bool adam_like = trials[0].optimizer.name == OptimizerName::kAdamW ||
                          trials[0].optimizer.name == OptimizerName::kLamb ||
                          trials[0].optimizer.name == OptimizerName::kAdam;
-  const double val_rtol = adam_like && trials[0].model.norm != Norm::kNone ? kRtolBatchNormAdam : kRtol;
+  const double val_rtol = adam_like && model_spec(trials[0].model).norm != Norm::kNone ? kRtolBatchNormAdam : kRtol;
   for (std::size_t k = 0; k < trials.size(); ++k) {
     Trainer alone(trials[k], data);
     const TrialResult r = alone.run().front();
@@ -112,17 +112,20 @@ void expect_lanes_equal_separate(const std::vector<TrialConfig>& trials, const s
 
 // Images for the convolutional models: 4 classes of 1 x 8 x 8 noise around
 // a class pattern.
-Dataset images() {
+WorkloadData images() {
   const auto gen = at::detail::createCPUGenerator(5);
-  Dataset d;
+  WorkloadData d;
   d.classes = 4;
   const at::Tensor patterns = at::randn({4, 1, 8, 8}, gen, at::kFloat);
   const auto make = [&](std::int64_t n, at::Tensor& x, at::Tensor& y) {
     y = at::randint(4, {n}, gen, at::kLong);
     x = patterns.index_select(0, y) + 1.5 * at::randn({n, 1, 8, 8}, gen, at::kFloat);
   };
-  make(1024, d.x_train, d.y_train);
-  make(256, d.x_val, d.y_val);
+  at::Tensor x, y;
+  make(1024, x, y);
+  d.train = tensor_examples(x, y);
+  make(256, x, y);
+  d.validation = tensor_examples(x, y);
   return d;
 }
 
@@ -132,17 +135,20 @@ Dataset images() {
 // tell a bug from rounding; a grouped convolution rounds differently from K
 // plain ones. With one lane the group equals the trial alone to 1e-5.
 TEST(BatchedTrials, TheConvolutionalModelsToo) {
-  const Dataset data = images();
+  const WorkloadData data = images();
   for (const auto type : {ModelType::kSimpleCnn, ModelType::kResnet}) {
     for (const auto norm : {Norm::kNone, Norm::kBatch, Norm::kGhost}) {
       if (type == ModelType::kSimpleCnn && norm != Norm::kNone) continue;  // it has no norm option
       std::vector<TrialConfig> trials;
       for (int k = 0; k < 3; ++k) {
         TrialConfig t = lane(OptimizerName::kLars, norm, 0.02 * (k + 1), k);
-        t.model.type = type;
-        t.model.variant = CnnVariant::kNarrow;
-        t.model.width = 4;
-        t.model.ghost_batch_size = 8;
+        ModelSpec m;
+        m.type = type;
+        m.norm = norm;
+        m.variant = CnnVariant::kNarrow;
+        m.width = 4;
+        m.ghost_batch_size = 8;
+        t.model = model_part(m);
         t.budget = {10, bigbatch::schedules::Unit::kSteps};
         t.target.eval_every = 5;
         trials.push_back(t);
@@ -195,9 +201,9 @@ TEST(BatchedTrials, EachLaneEqualsItsTrialRunAlone_CUDA) {
 TEST(BatchedTrials, GhostBatchNormAndALaneThatDivergesLeaveTheOthersAlone) {
   std::vector<TrialConfig> trials;
   for (int k = 0; k < 3; ++k) trials.push_back(lane(OptimizerName::kSgd, Norm::kGhost, 0.05, k));
-  for (auto& t : trials) t.model.ghost_batch_size = 8;
+  for (auto& t : trials) t.model.params["ghost_batch_size"] = 8;
   trials[1].schedule.base_lr = 1e30;  // diverges within a few steps
-  const Dataset data = load_dataset(trials[0].data);
+  const WorkloadData data = load_dataset(trials[0].data);
   Trainer group(trials, data);
   const std::vector<TrialResult> results = group.run();
   EXPECT_EQ(results[1].status, TrialStatus::kDiverged);

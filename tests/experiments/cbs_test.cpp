@@ -136,18 +136,18 @@ TEST(Cbs, ShippedConfigsParse) {
 // optimizer state travel in the checkpoint).
 TEST(Cbs, ABranchAtTheReferenceBatchIsTheReferenceContinued) {
   TrialConfig t;
-  t.data.name = DatasetName::kGaussianMixture;
-  t.data.train_size = 1000;  // not a multiple of the batch: the epoch ends mid-window
-  t.data.val_size = 256;
-  t.data.classes = 3;
-  t.data.dim = 5;
-  t.model.widths = {16};
+  t.data.name = "gaussian_mixture";
+  t.data.params["train_size"] = 1000;  // not a multiple of the batch: the epoch ends mid-window
+  t.data.params["val_size"] = 256;
+  t.data.params["classes"] = 3;
+  t.data.params["dim"] = 5;
+  t.model.params["widths"] = std::vector<std::int64_t>{16};
   t.optimizer.name = OptimizerName::kLamb;
   t.schedule.base_lr = 0.01;
   t.schedule.base_batch = 24;
   t.batch_size = 24;
   t.budget = {100, bigbatch::schedules::Unit::kSteps};
-  const Dataset data = load_dataset(t.data);
+  const WorkloadData data = load_dataset(t.data);
   Trainer reference(t, data);
   for (int i = 0; i < 30; ++i) reference.train_step();
   const std::string bytes = reference.checkpoint();

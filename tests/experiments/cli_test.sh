@@ -516,6 +516,15 @@ bad_configs)
   expect_error 2 'variants: "/abs" is not a valid name' "$bigbatch" sweep variant.json
   derive schedule.json 'c["schedule"]["decay"] = {"type": "step", "milestones": [30, 20]}'
   expect_error 2 "schedule.decay.milestones: must be strictly increasing" "$bigbatch" sweep schedule.json
+  derive workload.json 'c["model"] = {"type": "transformer"}'
+  expect_error 2 'workload.json: model.type: unknown "transformer" (registered: linear, mlp, resnet, simple_cnn, torchscript)' \
+    "$bigbatch" sweep workload.json
+  derive script.json 'c["model"] = {"type": "torchscript", "path": "nowhere/net.pt"}'
+  expect_error 2 "script.json: model.path: nowhere/net.pt: cannot open (No such file or directory)" \
+    "$bigbatch" sweep script.json
+  echo "not a module" > garbage.pt
+  derive garbage.json 'c["model"] = {"type": "torchscript", "path": "garbage.pt"}'
+  expect_error 2 "model.path: garbage.pt: not a TorchScript module (" "$bigbatch" sweep garbage.json
   derive device.json 'c["device"] = "tpu"'
   expect_error 2 'device.json: device: unknown value "tpu" (one of: cpu, cuda)' "$bigbatch" sweep device.json
   expect_error 2 "" "$bigbatch" train "$config" --backend mpi

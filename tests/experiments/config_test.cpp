@@ -32,7 +32,8 @@ std::string error_of(const json& j) {
 
 TEST(SweepConfig, DefaultsAndExpansion) {
   const SweepConfig s = parse_sweep(minimal());
-  EXPECT_EQ(s.base.model.type, ModelType::kMlp);
+  EXPECT_EQ(s.base.model.name, "mlp");
+  EXPECT_EQ(model_spec(s.base.model).type, ModelType::kMlp);
   EXPECT_EQ(s.base.optimizer.name, OptimizerName::kLamb);
   EXPECT_EQ(s.base.target.metric, Metric::kValError);
   EXPECT_EQ(s.base.target.eval_every, 50);
@@ -93,11 +94,12 @@ TEST(SweepConfig, ErrorsNameTheKey) {
   j["gns"] = {{"micro_batches", 3}};
   EXPECT_EQ(error_of(j), "batch_sizes[0]: 32 is not divisible by gns.micro_batches 3");
   j = minimal();
-  j["dataset"] = {{"name", "linear_regression"}};
-  EXPECT_EQ(error_of(j), "target.metric: val_error needs a classification dataset; linear_regression has val_loss");
-  j = minimal();
   j["model"] = {{"type", "transformer"}};
-  EXPECT_EQ(error_of(j), "model.type: unknown value \"transformer\" (one of: linear, mlp, simple_cnn, resnet)");
+  EXPECT_EQ(error_of(j), "model.type: unknown \"transformer\" (registered: linear, mlp, resnet, simple_cnn, torchscript)");
+  j = minimal();
+  j["dataset"] = {{"name", "imagenet"}};
+  EXPECT_EQ(error_of(j), "dataset.name: unknown \"imagenet\" (registered: fashion_mnist, gaussian_mixture, "
+                         "linear_regression)");
 }
 
 TEST(SweepConfig, NamesCannotLeaveTheOutputFolder) {

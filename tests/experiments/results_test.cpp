@@ -76,9 +76,9 @@ class Tables : public ::testing::Test {
 TEST_F(Tables, FastestReachedElseClosest) {
   EXPECT_EQ(write_tables(trials_, dir_.string()), 2);
   EXPECT_EQ(read_file((dir_ / "steps_to_target.csv").string()),
-            "batch_size,steps,examples,best_lr,trial,reached,edge\n"
-            "32,300,9600,0.2,b32_p1,1,high\n"
-            "64,,,0.1,b64_p0,0,low\n");
+            "batch_size,steps,examples,best_lr,trial,reached,edge,failed\n"
+            "32,300,9600,0.2,b32_p1,1,high,0\n"
+            "64,,,0.1,b64_p0,0,low,0\n");
   // One point cannot fit S(B) = S_min (1 + B_crit / B): the fit says so.
   EXPECT_NE(read_json((dir_ / "fit.json").string()).value("error", "").find("too few batch sizes: 1 reached"),
             std::string::npos);
@@ -96,10 +96,10 @@ TEST_F(Tables, RowsWhoseRateIsOnTheEdgeOfTheSearchAreMarked) {
   add("b128_p1", 128, TrialStatus::kPruned, 0, 0.3, 0.2);     // the same rate, another seed
   write_tables(trials_, dir_.string());
   EXPECT_EQ(read_file((dir_ / "steps_to_target.csv").string()),
-            "batch_size,steps,examples,best_lr,trial,reached,edge\n"
-            "32,300,9600,0.2,b32_p1,1,\n"
-            "64,,,0.1,b64_p0,0,\n"
-            "128,90,11520,0.3,b128_p0,1,\n");
+            "batch_size,steps,examples,best_lr,trial,reached,edge,failed\n"
+            "32,300,9600,0.2,b32_p1,1,,0\n"
+            "64,,,0.1,b64_p0,0,,0\n"
+            "128,90,11520,0.3,b128_p0,1,,0\n");
   EXPECT_EQ(search_edge(trials_, "b32_p2"), "high");
   EXPECT_EQ(search_edge(trials_, "b64_p2"), "low");
   EXPECT_EQ(search_edge(trials_, "b128_p0"), "");

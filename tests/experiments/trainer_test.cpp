@@ -68,13 +68,13 @@ TEST(BatchSampler, EachEpochIsAPermutationAndBatchesHaveTheirSize) {
 
 TrialConfig mixture_trial(double lr, double threshold) {
   TrialConfig c;
-  c.data.name = DatasetName::kGaussianMixture;
-  c.data.train_size = 2048;
-  c.data.val_size = 512;
-  c.data.classes = 3;
-  c.data.dim = 5;
-  c.data.separation = 3;
-  c.model.widths = {16};
+  c.data.name = "gaussian_mixture";
+  c.data.params["train_size"] = 2048;
+  c.data.params["val_size"] = 512;
+  c.data.params["classes"] = 3;
+  c.data.params["dim"] = 5;
+  c.data.params["separation"] = 3;
+  c.model.params["widths"] = std::vector<std::int64_t>{16};
   c.optimizer.name = OptimizerName::kSgd;
   c.schedule.base_lr = lr;
   c.target.threshold = threshold;
@@ -86,7 +86,7 @@ TrialConfig mixture_trial(double lr, double threshold) {
 
 TEST(Trainer, EndsReachedNotReachedOrDiverged) {
   const auto run = [](const TrialConfig& c) {
-    const Dataset d = load_dataset(c.data);
+    const WorkloadData d = load_dataset(c.data);
     Trainer t(c, d);
     return t.run().front();
   };
@@ -99,7 +99,7 @@ TEST(Trainer, EndsReachedNotReachedOrDiverged) {
   EXPECT_EQ(reached.rows.back().step, *reached.steps_to_target);
 
   TrialConfig overlapping = mixture_trial(0.05, 0.05);
-  overlapping.data.separation = 0.3;  // classes overlap: the Bayes error is far above 0.05
+  overlapping.data.params["separation"] = 0.3;  // classes overlap: the Bayes error is far above 0.05
   const TrialResult never = run(overlapping);
   EXPECT_EQ(never.status, TrialStatus::kNotReached);
   EXPECT_EQ(never.steps, 200);
@@ -112,7 +112,7 @@ TEST(Trainer, EndsReachedNotReachedOrDiverged) {
 
 TEST(Trainer, SameSeedSameRun) {
   const TrialConfig c = mixture_trial(0.05, 0.001);
-  const Dataset d = load_dataset(c.data);
+  const WorkloadData d = load_dataset(c.data);
   Trainer a(c, d), b(c, d);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(a.train_step().front(), b.train_step().front());
 }
@@ -125,14 +125,14 @@ TEST(Trainer, ResumedFromACheckpointEqualsUninterrupted) {
   for (const auto optimizer : {OptimizerName::kLamb, OptimizerName::kSgd}) {
     TrialConfig c = mixture_trial(0.05, 0.001);
     c.optimizer.name = optimizer;
-    c.data.separation = 0.5;  // overlapping classes: the target is never reached
+    c.data.params["separation"] = 0.5;  // overlapping classes: the target is never reached
     c.checkpoint_every = 20;
     c.gns.micro_batches = 2;
     c.noise.type = NoiseType::kMultiplicative;
     c.noise.base_batch = 32;
     c.schedule.warmup.length = 30;
     c.budget = {90, bigbatch::schedules::Unit::kSteps};
-    const Dataset d = load_dataset(c.data);
+    const WorkloadData d = load_dataset(c.data);
 
     Trainer whole(c, d);
     const TrialResult full = whole.run().front();
@@ -176,10 +176,10 @@ TEST(Trainer, ResumedFromACheckpointEqualsUninterrupted) {
 // marker (an older layout) is refused by name instead of misread.
 TEST(Trainer, CheckpointKeysAreNamedAndOtherFormatsAreRefused) {
   TrialConfig c = mixture_trial(0.05, 0.001);
-  c.data.separation = 0.5;
+  c.data.params["separation"] = 0.5;
   c.budget = {60, bigbatch::schedules::Unit::kSteps};
   c.target.eval_every = 20;
-  const Dataset d = load_dataset(c.data);
+  const WorkloadData d = load_dataset(c.data);
   Trainer t(c, d);
   const TrialResult r = t.run().front();
   ASSERT_EQ(r.rows.size(), 3u);
@@ -233,11 +233,11 @@ TEST(Trainer, CheckpointKeysAreNamedAndOtherFormatsAreRefused) {
 TEST(TrialFolder, AnUnreadableCheckpointRestartsTheTrial) {
   TrialConfig c = mixture_trial(0.05, 0.001);
   c.name = "t";
-  c.data.separation = 0.5;
+  c.data.params["separation"] = 0.5;
   c.budget = {40, bigbatch::schedules::Unit::kSteps};
   c.target.eval_every = 10;
   c.checkpoint_every = 20;
-  const Dataset d = load_dataset(c.data);
+  const WorkloadData d = load_dataset(c.data);
   const TrialResult fresh = Trainer(c, d).run().front();
   const auto dir = std::filesystem::temp_directory_path() / ("bigbatch_trial_folder_test_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
@@ -257,7 +257,7 @@ TEST(Trainer, CudaTrialFollowsTheCpuTrial_CUDA) {
   for (const auto optimizer : {OptimizerName::kSgd, OptimizerName::kLamb, OptimizerName::kLars}) {
     TrialConfig c = mixture_trial(optimizer == OptimizerName::kLars ? 1.0 : 0.05, 0.001);
     c.optimizer.name = optimizer;
-    const Dataset d = load_dataset(c.data);
+    const WorkloadData d = load_dataset(c.data);
     Trainer cpu(c, d);
     c.device = DeviceType::kCuda;
     Trainer gpu(c, d);
@@ -270,8 +270,8 @@ TEST(Trainer, CudaTrialFollowsTheCpuTrial_CUDA) {
       const double b = gpu.train_step().front();
       EXPECT_NEAR(a, b, 1e-3 * std::abs(a) + 1e-4) << to_string(optimizer) << ", step " << i;
     }
-    const auto [loss_cpu, error_cpu] = cpu.evaluate().front();
-    const auto [loss_gpu, error_gpu] = gpu.evaluate().front();
+    const double loss_cpu = cpu.evaluate().front().loss;
+    const double loss_gpu = gpu.evaluate().front().loss;
     EXPECT_NEAR(loss_cpu, loss_gpu, 1e-2 * loss_cpu) << to_string(optimizer);
   }
 }
@@ -280,7 +280,7 @@ TEST(Trainer, MissingCudaDeviceIsRefused) {
   if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA device is visible";
   TrialConfig c = mixture_trial(0.05, 0.2);
   c.device = DeviceType::kCuda;
-  const Dataset d = load_dataset(c.data);
+  const WorkloadData d = load_dataset(c.data);
   try {
     Trainer t(c, d);
     FAIL() << "cuda was accepted without a CUDA device";

@@ -24,12 +24,12 @@ bx::TrialConfig trial() {
   bx::TrialConfig t;
   t.sweep = "fuzz";
   t.name = "checkpoint";
-  t.data.name = bx::DatasetName::kGaussianMixture;
-  t.data.train_size = 256;
-  t.data.val_size = 64;
-  t.data.classes = 3;
-  t.data.dim = 4;
-  t.model.widths = {8};
+  t.data.name = "gaussian_mixture";
+  t.data.params["train_size"] = 256;
+  t.data.params["val_size"] = 64;
+  t.data.params["classes"] = 3;
+  t.data.params["dim"] = 4;
+  t.model.params["widths"] = std::vector<std::int64_t>{8};
   t.optimizer.name = bx::OptimizerName::kLamb;
   t.schedule.base_lr = 0.01;
   t.schedule.base_batch = 16;
@@ -46,7 +46,7 @@ bx::TrialConfig trial() {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const bx::TrialConfig config = trial();
-  static const bx::Dataset dataset = [] {
+  static const bx::WorkloadData dataset = [] {
     at::set_num_threads(1);
     return bx::load_dataset(config.data);
   }();

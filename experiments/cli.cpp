@@ -1,0 +1,480 @@
+// The bigbatch command line (cli.h), one struct per subcommand (its
+// arguments, add() declaring them, run()).
+//   bigbatch sweep CONFIG [--out DIR] [--jobs N]   run or resume a sweep
+//   bigbatch train CONFIG [--out DIR] [...]        one trial of a sweep config
+//   bigbatch cbs CONFIG [--out DIR] [--compare]    the critical batch size over training
+//   bigbatch plot DIR... [--out FIG_DIR]           the plots of sweep folders, compared
+//   bigbatch report DIR... [--format F]            their steps-to-target tables
+// Exit 0 on success, 2 on a bad config or arguments (one line), 1 on failures.
+#include "cli.h"
+
+#include "../distributed/process_group.h"
+#include "cbs.h"
+#include "config.h"
+#include "launch.h"
+#include "preflight.h"
+#include "results.h"
+#include "sweep.h"
+#include "trial_folder.h"
+#include "workers.h"
+
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <set>
+#include <string>
+
+// The plot script: the source tree's (a build), else the installed copy.
+#ifndef BIGBATCH_PLOT_SCRIPT
+#define BIGBATCH_PLOT_SCRIPT "plots/plot_sweep.py"
+#endif
+#ifndef BIGBATCH_PLOT_SCRIPT_INSTALLED
+#define BIGBATCH_PLOT_SCRIPT_INSTALLED BIGBATCH_PLOT_SCRIPT
+#endif
+
+namespace {
+
+namespace bx = bigbatch::experiments;
+namespace fs = std::filesystem;
+
+// The finished sweep folders at DIR: DIR itself, or its variants' folders.
+std::vector<std::string> sweep_folders(const std::string& dir) {
+  if (fs::exists(fs::path(dir) / "steps_to_target.csv")) return {dir};
+  std::vector<std::string> out;
+  if (fs::is_directory(dir)) {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      if (fs::exists(entry.path() / "steps_to_target.csv")) out.push_back(entry.path().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  if (out.empty()) throw bx::ConfigError(dir + ": no steps_to_target.csv here or in its variant folders (not a finished sweep)");
+  return out;
+}
+
+// Runs the plot script with these arguments.
+void run_plot_script(const std::vector<std::string>& args) {
+  const char* env = std::getenv("BIGBATCH_PLOT_SCRIPT");
+  const std::string script = env                                  ? env
+                             : fs::exists(BIGBATCH_PLOT_SCRIPT) ? BIGBATCH_PLOT_SCRIPT
+                                                                : BIGBATCH_PLOT_SCRIPT_INSTALLED;
+  const std::string python = std::getenv("BIGBATCH_PYTHON") ? std::getenv("BIGBATCH_PYTHON") : "/usr/bin/python3";
+  // Arguments are quoted for the shell; names were checked, paths may have spaces.
+  const auto quote = [](const std::string& s) {
+    std::string q = "'";
+    for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  std::string command = quote(python) + " " + quote(script);
+  for (const auto& a : args) command += " " + quote(a);
+  const int rc = std::system(command.c_str());
+  if (rc != 0) throw std::runtime_error("plotting failed (" + python + " " + script + "); see above");
+}
+
+// Every sweep folder under DIRS (each a sweep or a config's variants), named
+// by its sweep's name, or by --labels (one per folder), or by its path when
+// two share a name.
+std::vector<bx::LabelledSweep> labelled_sweeps(const std::vector<std::string>& dirs,
+                                               const std::vector<std::string>& labels) {
+  std::vector<bx::LabelledSweep> sweeps;
+  for (const auto& dir : dirs) {
+    for (const auto& d : sweep_folders(dir)) sweeps.push_back({fs::path(d).filename().string(), d});
+  }
+  if (!labels.empty()) {
+    if (labels.size() != sweeps.size()) {
+      throw bx::ConfigError("--labels: " + std::to_string(labels.size()) + " labels for " +
+                            std::to_string(sweeps.size()) + " sweep folders");
+    }
+    for (std::size_t i = 0; i < labels.size(); ++i) {
+      if (labels[i].empty() || labels[i].find('=') != std::string::npos) {
+        throw bx::ConfigError("--labels: \"" + labels[i] + "\" must be non-empty and without '='");
+      }
+      sweeps[i].label = labels[i];
+    }
+  }
+  std::set<std::string> seen;
+  bool unique = true;
+  for (const auto& s : sweeps) unique = seen.insert(s.label).second && unique;
+  if (!unique) {
+    for (auto& s : sweeps) s.label = s.dir;
+  }
+  return sweeps;
+}
+
+// Each sweep's own plots; with several sweeps (a config's variants, or several
+// DIRs) also the comparison figures, into --out or else DIR/plots.
+int plot(const std::vector<std::string>& dirs, const std::optional<std::string>& out,
+         const std::vector<std::string>& labels) {
+  if (dirs.size() == 1 && fs::exists(fs::path(dirs.front()) / "cbs.csv")) {  // a cbs folder
+    run_plot_script({"--cbs", dirs.front()});
+    return 0;
+  }
+  const auto sweeps = labelled_sweeps(dirs, labels);
+  if (dirs.size() > 1 && !out) throw bx::ConfigError("--out: needed where several folders are compared");
+  bool compare = sweeps.size() > 1;
+  if (compare && dirs.size() == 1 && !out) {
+    try {
+      bx::check_comparable(sweeps);
+    } catch (const bx::ConfigError& e) {  // variants that change the target: each alone
+      std::cerr << "bigbatch: no comparison figures: " << e.what() << "\n";
+      compare = false;
+    }
+  } else if (compare) {
+    bx::check_comparable(sweeps);
+  }
+  if (!out) {
+    for (const auto& s : sweeps) run_plot_script({s.dir});
+  }
+  if (compare) {
+    std::vector<std::string> args{"--compare", out ? *out : (fs::path(dirs.front()) / "plots").string()};
+    for (const auto& s : sweeps) args.push_back(s.label + "=" + s.dir);
+    run_plot_script(args);
+  }
+  return 0;
+}
+
+int report(const std::vector<std::string>& dirs, bx::TableFormat format, const std::vector<std::string>& labels) {
+  if (dirs.size() == 1 && fs::exists(fs::path(dirs.front()) / "cbs.csv")) {  // a cbs folder
+    std::cout << bx::cbs_report(dirs.front());
+    return 0;
+  }
+  const auto sweeps = labelled_sweeps(dirs, labels);
+  if (format == bx::TableFormat::kText) {
+    for (const auto& s : sweeps) {
+      if (sweeps.size() > 1) std::cout << "== " << s.dir << "\n";
+      std::cout << bx::report(s.dir);
+    }
+    if (sweeps.size() > 1) std::cout << "== side by side (steps to target)\n";
+  }
+  if (format != bx::TableFormat::kText || sweeps.size() > 1) std::cout << bx::compare_report(sweeps, format);
+  return 0;
+}
+
+// Device and data-parallel options shared by sweep and train.
+struct Parallel {
+  bx::LaunchOptions launch;
+  double timeout = 60;
+  std::string backend = "auto";
+  std::optional<std::string> device;
+  void add_to(CLI::App* cmd) {
+    cmd->add_option("--device", device, "cpu or cuda (default: the config's device; cuda: cuda:LOCAL_RANK)")
+        ->check(CLI::IsMember({"cpu", "cuda"}));
+    cmd->add_option("--nproc", launch.nproc, "data-parallel ranks to start on this node")
+        ->capture_default_str();
+    cmd->add_option("--backend", backend,
+                    "c10d backend: auto (a world of one has none; else nccl on cuda where built, gloo otherwise), "
+                    "gloo or nccl (a group even for a world of one)")
+        ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
+        ->capture_default_str();
+    cmd->add_option("--nnodes", launch.nnodes, "nodes; run the same command on each")->capture_default_str();
+    cmd->add_option("--node-rank", launch.node_rank, "this node's index")->capture_default_str();
+    cmd->add_option("--master-addr", launch.master_addr, "rank 0's address")->capture_default_str();
+    cmd->add_option("--master-port", launch.master_port, "rank 0's rendezvous port")->capture_default_str();
+    cmd->add_option("--timeout", timeout, "seconds before a collective gives up (a dead rank)")
+        ->capture_default_str();
+  }
+  bool launcher() const { return !bx::launched_by_bigbatch() && (launch.nproc > 1 || launch.nnodes > 1); }
+  int world_size() const { return launch.nproc * launch.nnodes; }
+};
+
+// This process's place in a data-parallel job (torchrun, mpirun or our launcher),
+// with its process group on the backend for `device`; none in a world of one
+// unless --backend names one.
+std::unique_ptr<bigbatch::distributed::ProcessGroup> join(const Parallel& p, bx::DeviceType device) {
+  namespace bd = bigbatch::distributed;
+  const auto world = bd::world_from_env();
+  if (world.world_size == 1 && p.backend == "auto") return nullptr;
+  if (!(p.timeout > 0)) throw bx::ConfigError("--timeout: must be > 0, got " + std::to_string(p.timeout));
+  if (p.backend == "nccl" && !bd::nccl_available()) {
+    throw bx::ConfigError("--backend nccl: this build has no NCCL (build against a CUDA LibTorch with -DBIGBATCH_CUDA=ON)");
+  }
+  const bd::Backend backend = p.backend == "nccl"   ? bd::Backend::kNccl
+                              : p.backend == "gloo" ? bd::Backend::kGloo
+                              : device == bx::DeviceType::kCuda && bd::nccl_available() ? bd::Backend::kNccl
+                                                                         : bd::Backend::kGloo;
+  return std::make_unique<bd::ProcessGroup>(world, std::chrono::milliseconds(static_cast<std::int64_t>(p.timeout * 1000)),
+                                            backend);
+}
+
+// The sweeps of a config, with --device applied.
+std::vector<bx::NamedSweep> load(const std::string& config, const Parallel& p) {
+  auto sweeps = bx::load_sweeps(config);
+  if (p.device) {
+    const auto device = bigbatch::config::enum_value(bx::kDeviceTypes, *p.device, "--device");
+    for (auto& named : sweeps) named.sweep.base.device = device;
+  }
+  return sweeps;
+}
+
+// ------------------------------------------------------------ subcommands --
+// Each subcommand: its arguments, add() declaring them to CLI11, and run().
+
+struct SweepCommand {
+  std::string config, out = "runs";
+  int jobs = 1;
+  bool no_prune = false, extend_search = false, batch_trials = false;
+  Parallel parallel;
+
+  CLI::App* add(CLI::App& app) {
+    auto* cmd = app.add_subcommand("sweep", "run (or resume) every trial of a sweep config, then its tables");
+    cmd->add_option("CONFIG", config, "sweep config (JSON)")->required();
+    cmd->add_option("--out", out, "output folder; the sweep goes to OUT/<name>/")->capture_default_str();
+    cmd->add_option("--jobs", jobs,
+                    "trials in parallel, in one process (intra-op threads: cores / jobs; data-parallel: cores / "
+                    "ranks on this machine)")
+        ->capture_default_str();
+    cmd->add_flag("--batch-trials", batch_trials,
+                  "train trials that differ only in rate and momentum as one stacked model (config: "
+                  "runner.batch_trials; measured no faster on CPUs)");
+    cmd->add_flag("--extend-search", extend_search,
+                  "for each batch size whose best rate is the lowest or highest it tried, try one grid step "
+                  "beyond, up to 3 rounds (kept in the folder's extensions.json)");
+    cmd->add_flag("--no-prune", no_prune,
+                  "run every trial to its end, even one that can no longer change the steps-to-target table "
+                  "(config: runner.prune)");
+    parallel.add_to(cmd);
+    return cmd;
+  }
+
+  int run(int argc, char** argv) const {
+    auto sweeps = load(config, parallel);  // every variant parsed before any runs
+    for (auto& named : sweeps) {
+      if (no_prune) named.sweep.runner.prune = false;
+      if (batch_trials) named.sweep.runner.batch_trials = true;
+    }
+    if (parallel.launcher()) {
+      for (const auto& named : sweeps) bx::check_world(named.sweep, parallel.world_size());
+      return bx::launch_local(parallel.launch, argc, argv);
+    }
+    const auto group = join(parallel, sweeps.front().sweep.base.device);
+    const bool writer = !group || group->rank() == 0;  // only rank 0 prints
+    for (const auto& named : sweeps) {
+      const std::string parent = (fs::path(out) / named.folder).parent_path().string();
+      const bx::SweepSummary s = bx::run_sweep(named.sweep, {parent, jobs, extend_search ? 3 : 0}, group.get());
+      if (!writer) continue;
+      std::cout << bx::report(s.dir);
+      std::cout << "sweep " << named.folder << ": " << s.trials << " trials (" << s.skipped << " resumed), "
+                << s.reached << " reached the target, " << s.pruned << " pruned, " << s.wall_time
+                << " s; results in " << s.dir << "\n";
+    }
+    if (writer) {
+      const std::string top = (fs::path(out) / fs::path(sweeps.front().folder).begin()->string()).string();
+      std::cout << "plots: bigbatch plot " << top << "\n";
+    }
+    return 0;
+  }
+};
+
+struct TrainCommand {
+  std::string config, out = "runs";
+  std::optional<std::int64_t> batch, steps;
+  std::optional<double> lr;
+  std::optional<std::uint64_t> seed;
+  std::optional<std::string> variant;
+  Parallel parallel;
+
+  CLI::App* add(CLI::App& app) {
+    auto* cmd = app.add_subcommand("train", "run one trial of a sweep config into OUT/<name>.train/<trial>/");
+    cmd->add_option("CONFIG", config, "sweep config (JSON)")->required();
+    cmd->add_option("--out", out, "output folder")->capture_default_str();
+    cmd->add_option("--batch-size", batch, "batch size (default: the config's first)");
+    cmd->add_option("--lr", lr, "base learning rate (default: the search's first point)");
+    cmd->add_option("--seed", seed, "seed (default: the config's first)");
+    cmd->add_option("--steps", steps, "cap the budget at this many steps");
+    cmd->add_option("--variant", variant, "which variant of the config (default: the first)");
+    parallel.add_to(cmd);
+    return cmd;
+  }
+
+  // The config's sweep (its chosen variant) narrowed to the one trial.
+  std::pair<bx::NamedSweep, bx::TrialConfig> narrowed() const {
+    const auto sweeps = load(config, parallel);
+    const auto chosen = std::find_if(sweeps.begin(), sweeps.end(), [&](const bx::NamedSweep& n) {
+      return !variant || n.sweep.base.sweep == *variant;
+    });
+    if (chosen == sweeps.end()) throw bx::ConfigError("--variant: no variant named " + *variant);
+    bx::NamedSweep named = *chosen;
+    bx::SweepConfig& cfg = named.sweep;
+    if (batch) cfg.batch_sizes = {*batch};
+    if (seed) cfg.seeds = {*seed};
+    if (lr) {
+      if (!(*lr > 0)) throw bx::ConfigError("--lr: must be > 0, got " + std::to_string(*lr));
+      cfg.search = bx::SearchSpec{};
+      cfg.search.lr = {*lr};
+    }
+    if (steps) {
+      if (*steps < 1) throw bx::ConfigError("--steps: must be >= 1, got " + std::to_string(*steps));
+      cfg.base.budget = {static_cast<double>(*steps), bigbatch::schedules::Unit::kSteps};
+    }
+    cfg.batch_sizes = {cfg.batch_sizes.front()};  // the trial's: the checks below are about it
+    return {named, bx::expand(cfg).front()};
+  }
+
+  int run(int argc, char** argv) const {
+    const auto [named, trial] = narrowed();
+    const bx::SweepConfig& cfg = named.sweep;
+    bx::check_world(cfg, parallel.launcher() ? parallel.world_size()
+                                             : bigbatch::distributed::world_from_env().world_size);
+    if (parallel.launcher()) return bx::launch_local(parallel.launch, argc, argv);
+    const auto group = join(parallel, cfg.base.device);
+    // The ranks on this machine share its cores (a sweep's workers do the same).
+    const int threads = bx::threads_per_job(1, group ? group->local_size() : 1);
+    at::set_num_threads(threads);
+    const bx::WorkloadData data = bx::load_data(cfg);
+    const std::string tdir = (fs::path(out) / (named.folder + ".train") / trial.name).string();
+    bx::FolderHooks hooks;
+    hooks.progress = [](const bx::TrialProgress& p) {
+      std::cerr << "step " << p.step << "/" << p.budget << " loss " << p.loss << "\n";
+    };
+    const bx::TrialResult r = bx::run_one(trial, data, tdir, hooks, group.get());
+    if (group && group->rank() != 0) return 0;
+    std::cout << (group ? "data-parallel over " + std::to_string(group->size()) + " ranks (" +
+                              bigbatch::distributed::backend_name(group->backend()) + ", " +
+                              std::to_string(threads) + (threads == 1 ? " intra-op thread" : " intra-op threads") +
+                              " per rank): "
+                        : std::string())
+              << trial.name << ": " << bx::to_string(r.status) << " after " << r.steps << " steps, best "
+              << bx::to_string(trial.target.metric) << " " << r.best_metric << "; results in " << tdir << "\n";
+    return 0;
+  }
+};
+
+struct CbsCommand {
+  std::string config, out = "runs";
+  int jobs = 1;
+  bool compare = false, no_plots = false;
+  Parallel parallel;
+
+  CLI::App* add(CLI::App& app) {
+    auto* cmd = app.add_subcommand(
+        "cbs", "measure the critical batch size over training (Merrill et al. 2025): a reference run, branches at "
+               "each checkpoint, cbs.csv and the batch-size warmup it allows (schedule.json), then its plots");
+    cmd->add_option("CONFIG", config, "cbs config (JSON)")->required();
+    cmd->add_option("--out", out, "output folder; the run goes to OUT/<name>/")->capture_default_str();
+    cmd->add_option("--jobs", jobs,
+                    "branches in parallel, in one process (intra-op threads: cores / jobs; data-parallel: cores / "
+                    "ranks on this machine)")
+        ->capture_default_str();
+    cmd->add_flag("--compare", compare,
+                  "then train the derived warmup against the fixed reference batch and a fixed large batch to the "
+                  "config's target (compare.csv)");
+    cmd->add_flag("--no-plots", no_plots, "skip the plots");
+    parallel.add_to(cmd);
+    return cmd;
+  }
+
+  int run(int argc, char** argv) const {
+    bx::CbsConfig c = bx::load_cbs(config);
+    if (parallel.device) c.sweep.base.device = bigbatch::config::enum_value(bx::kDeviceTypes, *parallel.device, "--device");
+    if (parallel.launcher()) {
+      bx::check_world(c.sweep, parallel.world_size());
+      return bx::launch_local(parallel.launch, argc, argv);
+    }
+    const auto group = join(parallel, c.sweep.base.device);
+    const bx::CbsSummary s = bx::run_cbs(c, {out, jobs, compare}, group.get());
+    if (group && group->rank() != 0) return 0;
+    std::cout << bx::cbs_report(s.dir);
+    std::cout << "cbs " << c.sweep.base.sweep << ": " << s.branches << " branches (" << s.skipped << " resumed), "
+              << s.wall_time << " s; results in " << s.dir << "\n";
+    if (!no_plots) {
+      run_plot_script({"--cbs", s.dir});
+      std::cout << "plots in " << (fs::path(s.dir) / "plots").string() << "\n";
+    }
+    return 0;
+  }
+};
+
+struct PlotCommand {
+  std::vector<std::string> dirs, labels;
+  std::optional<std::string> out;
+
+  CLI::App* add(CLI::App& app) {
+    auto* cmd = app.add_subcommand(
+        "plot", "write the plots of sweep folders (PNG, SVG, JSON points); several sweeps (a config's variants, "
+                "or several DIRs) are also compared on one set of figures");
+    cmd->add_option("DIR", dirs, "sweep folders, e.g. runs/quickstart, or a config's folder of variants")->required();
+    cmd->add_option("--out", out,
+                    "write only the comparison figures, here (needed with several DIRs; default: DIR/plots)");
+    cmd->add_option("--labels", labels, "names of the compared sweeps, one per sweep folder (default: their names)")
+        ->delimiter(',');
+    return cmd;
+  }
+
+  int run() const { return plot(dirs, out, labels); }
+};
+
+struct ReportCommand {
+  std::vector<std::string> dirs, labels;
+  std::string format = "text";
+
+  CLI::App* add(CLI::App& app) {
+    auto* cmd = app.add_subcommand("report", "print the steps-to-target tables of sweep folders");
+    cmd->add_option("DIR", dirs, "sweep folders, or a config's folder of variants")->required();
+    cmd->add_option("--format", format,
+                    "text (each table, then side by side), or markdown, csv, latex: the sweeps side by side, "
+                    "steps per sweep and the ratio to the first")
+        ->check(CLI::IsMember({"text", "markdown", "csv", "latex"}))
+        ->capture_default_str();
+    cmd->add_option("--labels", labels, "column names, one per sweep folder (default: their names)")->delimiter(',');
+    return cmd;
+  }
+
+  int run() const { return report(dirs, bigbatch::config::enum_value(bx::kTableFormats, format, "--format"), labels); }
+};
+
+// The command line, parsed; the chosen subcommand's exit code.
+int run(int argc, char** argv) {
+  CLI::App app{"bigbatch: batch size against steps to target, on LibTorch"};
+  app.require_subcommand(1);
+  SweepCommand sweep;
+  TrainCommand train;
+  CbsCommand cbs;
+  PlotCommand plot;
+  ReportCommand report;
+  const CLI::App* chosen[] = {sweep.add(app), train.add(app), cbs.add(app), plot.add(app), report.add(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::cerr << "bigbatch: " << e.what() << " (see bigbatch --help)\n";
+    return 2;
+  }
+  if (*chosen[0]) return sweep.run(argc, argv);
+  if (*chosen[1]) return train.run(argc, argv);
+  if (*chosen[2]) return cbs.run(argc, argv);
+  if (*chosen[3]) return plot.run();
+  return report.run();
+}
+
+}  // namespace
+
+namespace bigbatch::experiments {
+
+int cli_main(int argc, char** argv) {
+  // In a data-parallel job every rank's message says which rank it is.
+  const char* rank = std::getenv("RANK");
+  const std::string who = rank != nullptr && std::getenv("WORLD_SIZE") != nullptr &&
+                                  std::string(std::getenv("WORLD_SIZE")) != "1"
+                              ? std::string("bigbatch: rank ") + rank + ": "
+                              : std::string("bigbatch: ");
+  try {
+    return run(argc, argv);
+  } catch (const bx::ConfigError& e) {
+    std::cerr << who << e.what() << "\n";
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << who << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << who << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace bigbatch::experiments

@@ -1,0 +1,163 @@
+// The workload interface (workload.h): in-memory examples, the task's loss,
+// the model handle, and the two registries with the built-ins in them.
+#include "workload.h"
+
+#include "config.h"
+#include "data.h"
+#include "models.h"
+
+#include <c10/util/Exception.h>
+#include <torch/nn/functional/loss.h>
+
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+namespace bigbatch::experiments {
+
+Batch Examples::range(std::int64_t begin, std::int64_t end) const { return get(at::arange(begin, end, at::kLong)); }
+
+namespace {
+
+class TensorExamples final : public Examples {
+ public:
+  TensorExamples(at::Tensor input, at::Tensor target) : input_(std::move(input)), target_(std::move(target)) {
+    TORCH_CHECK(input_.dim() >= 1 && target_.dim() >= 1 && input_.size(0) == target_.size(0),
+                "tensor_examples: inputs ", input_.sizes(), " and targets ", target_.sizes(),
+                " must have one row per example");
+  }
+  std::int64_t size() const override { return input_.size(0); }
+  Batch get(const at::Tensor& index) const override {
+    return {input_.index_select(0, index), target_.index_select(0, index)};
+  }
+  Batch range(std::int64_t begin, std::int64_t end) const override {
+    return {input_.slice(0, begin, end), target_.slice(0, begin, end)};
+  }
+
+ private:
+  at::Tensor input_, target_;
+};
+
+}  // namespace
+
+std::shared_ptr<const Examples> tensor_examples(at::Tensor input, at::Tensor target) {
+  return std::make_shared<TensorExamples>(std::move(input), std::move(target));
+}
+
+std::vector<std::int64_t> WorkloadData::example_shape() const {
+  TORCH_CHECK(train && train->size() > 0, "dataset: no training examples");
+  const auto sizes = train->range(0, 1).input.sizes();
+  return {sizes.begin() + 1, sizes.end()};
+}
+
+at::Tensor WorkloadData::example_loss(const at::Tensor& output, const at::Tensor& target) const {
+  if (loss) return loss(output, target);
+  namespace F = torch::nn::functional;
+  if (classes > 0) return F::cross_entropy(output, target, F::CrossEntropyFuncOptions().reduction(torch::kNone));
+  return (output - target).pow(2).reshape({output.size(0), -1}).sum(1);
+}
+
+Model::Model(std::shared_ptr<torch::nn::Module> module, std::function<at::Tensor(const at::Tensor&)> forward)
+    : module_(std::move(module)), forward_(std::move(forward)) {
+  TORCH_CHECK(module_ != nullptr && forward_, "Model: needs a module and a forward function");
+}
+
+torch::nn::Sequential Model::sequential() const {
+  auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(module_);
+  return seq ? torch::nn::Sequential(seq) : torch::nn::Sequential(nullptr);
+}
+
+// ------------------------------------------------------------ registries --
+
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, DatasetRegistration> datasets;
+  std::map<std::string, ModelRegistration> models;
+};
+
+template <typename Entry>
+void add(std::map<std::string, Entry>& to, const std::string& name, Entry entry, const char* what) {
+  if (name.empty()) throw std::invalid_argument(std::string("register_") + what + ": an empty name");
+  if (!to.emplace(name, std::move(entry)).second) {
+    throw std::invalid_argument(std::string("register_") + what + ": \"" + name + "\" is registered already");
+  }
+}
+
+// The registries, with the built-ins added on first use (not by static
+// initializers, which a static library's linker may drop).
+Registry& registry() {
+  static Registry* r = [] {
+    auto* out = new Registry;  // never destroyed: registrations may be read at exit
+    for (auto& d : builtin_datasets()) add(out->datasets, d.name, d, "dataset");
+    for (auto& m : builtin_models()) add(out->models, m.type, m, "model");
+    return out;
+  }();
+  return *r;
+}
+
+template <typename Entry>
+std::vector<std::string> names(const std::map<std::string, Entry>& from) {
+  std::vector<std::string> out;
+  for (const auto& item : from) out.push_back(item.first);
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+}  // namespace
+
+void register_dataset(DatasetRegistration registration) {
+  TORCH_CHECK(registration.load, "register_dataset(\"", registration.name, "\"): no load function");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const std::string name = registration.name;
+  add(r.datasets, name, std::move(registration), "dataset");
+}
+
+void register_model(ModelRegistration registration) {
+  TORCH_CHECK(registration.build, "register_model(\"", registration.type, "\"): no build function");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const std::string type = registration.type;
+  add(r.models, type, std::move(registration), "model");
+}
+
+std::vector<std::string> registered_datasets() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return names(r.datasets);
+}
+
+std::vector<std::string> registered_models() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return names(r.models);
+}
+
+DatasetRegistration dataset_registration(const std::string& name) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto it = r.datasets.find(name);
+  if (it == r.datasets.end()) {
+    throw ConfigError("dataset.name: unknown \"" + name + "\" (registered: " + joined(names(r.datasets)) + ")");
+  }
+  return it->second;
+}
+
+ModelRegistration model_registration(const std::string& type) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto it = r.models.find(type);
+  if (it == r.models.end()) {
+    throw ConfigError("model.type: unknown \"" + type + "\" (registered: " + joined(names(r.models)) + ")");
+  }
+  return it->second;
+}
+
+}  // namespace bigbatch::experiments
