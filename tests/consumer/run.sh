@@ -47,8 +47,10 @@ grep -q "^512," "$runs/waves/steps_to_target.csv" || { echo "example sweep: no t
 "$work/build/sequence_workload/waves" cbs "$example/cbs.json" --out "$runs" --jobs 2 >/dev/null 2>"$work/cbs.log" ||
   { cat "$work/cbs.log" >&2; exit 1; }
 test -s "$runs/waves_cbs/cbs.csv" || { echo "example cbs: no cbs.csv" >&2; exit 1; }
-if [ "$mode" = package ]; then
+if [ "$mode" = package ]; then  # the plots, and a data-parallel trial (--nproc runs argv[0] again)
   "$work/build/sequence_workload/waves" plot "$runs/waves" >/dev/null
   test -s "$runs/waves/plots/steps_to_target.png" || { echo "example plot: no steps_to_target.png" >&2; exit 1; }
+  "$work/build/sequence_workload/waves" train "$example/sweep.json" --out "$runs" --nproc 2 --steps 20 \
+    2>/dev/null | grep -q "data-parallel over 2 ranks" || { echo "example: no data-parallel trial" >&2; exit 1; }
 fi
-echo "example workload: sweep, cbs$([ "$mode" = package ] && echo ", plot") ran"
+echo "example workload: sweep, cbs$([ "$mode" = package ] && echo ", plot, data-parallel") ran"
