@@ -704,42 +704,43 @@ json to_json(const TrialConfig& t) {
   return w.out();
 }
 
-WorkloadPart dataset_part(const DataSpec& spec) {
+namespace {
+
+// A built-in spec as a config's part ("name"/"type" under name_key), and back.
+template <typename Spec, typename Fields>
+WorkloadPart to_part(const Spec& spec, const char* name_key, const Fields& fields) {
   Writer w;
-  data_fields(w, spec);
+  fields(w, spec);
   json j = w.out();
-  const std::string name = j.at("name").get<std::string>();
-  j.erase("name");
+  const std::string name = j.at(name_key).template get<std::string>();
+  j.erase(name_key);
   return {name, std::move(j)};
 }
 
+template <typename Spec, typename Fields>
+Spec from_part(const WorkloadPart& part, const char* name_key, const char* path, const Fields& fields) {
+  json j = part.params;
+  j[name_key] = part.name;
+  Spec spec;
+  Reader r(JsonReader(j, path));
+  fields(r, spec);
+  r.json_reader().finish();
+  return spec;
+}
+
+}  // namespace
+
+WorkloadPart dataset_part(const DataSpec& spec) {
+  return to_part(spec, "name", [](auto& io, auto& d) { data_fields(io, d); });
+}
 WorkloadPart model_part(const ModelSpec& spec) {
-  Writer w;
-  model_fields(w, spec);
-  json j = w.out();
-  const std::string type = j.at("type").get<std::string>();
-  j.erase("type");
-  return {type, std::move(j)};
+  return to_part(spec, "type", [](auto& io, auto& m) { model_fields(io, m); });
 }
-
 DataSpec data_spec(const WorkloadPart& part) {
-  json j = part.params;
-  j["name"] = part.name;
-  DataSpec d;
-  Reader r(JsonReader(j, "dataset"));
-  data_fields(r, d);
-  r.json_reader().finish();
-  return d;
+  return from_part<DataSpec>(part, "name", "dataset", [](auto& io, auto& d) { data_fields(io, d); });
 }
-
 ModelSpec model_spec(const WorkloadPart& part) {
-  json j = part.params;
-  j["type"] = part.name;
-  ModelSpec m;
-  Reader r(JsonReader(j, "model"));
-  model_fields(r, m);
-  r.json_reader().finish();
-  return m;
+  return from_part<ModelSpec>(part, "type", "model", [](auto& io, auto& m) { model_fields(io, m); });
 }
 
 json identity(json resolved) {

@@ -112,52 +112,58 @@ std::string joined(const std::vector<std::string>& names) {
 
 }  // namespace
 
-void register_dataset(DatasetRegistration registration) {
-  TORCH_CHECK(registration.load, "register_dataset(\"", registration.name, "\"): no load function");
+namespace {
+
+template <typename Entry>
+void register_in(std::map<std::string, Entry> Registry::*table, std::string name, Entry entry, const char* what) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
+  add(r.*table, name, std::move(entry), what);
+}
+
+template <typename Entry>
+std::vector<std::string> names_in(std::map<std::string, Entry> Registry::*table) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return names(r.*table);
+}
+
+// The entry of `name`, or ConfigError "<key>: unknown ..." listing the names.
+template <typename Entry>
+Entry find_in(std::map<std::string, Entry> Registry::*table, const std::string& name, const char* key) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto& entries = r.*table;
+  const auto it = entries.find(name);
+  if (it == entries.end()) {
+    throw ConfigError(std::string(key) + ": unknown \"" + name + "\" (registered: " + joined(names(entries)) + ")");
+  }
+  return it->second;
+}
+
+}  // namespace
+
+void register_dataset(DatasetRegistration registration) {
+  TORCH_CHECK(registration.load, "register_dataset(\"", registration.name, "\"): no load function");
   const std::string name = registration.name;
-  add(r.datasets, name, std::move(registration), "dataset");
+  register_in(&Registry::datasets, name, std::move(registration), "dataset");
 }
 
 void register_model(ModelRegistration registration) {
   TORCH_CHECK(registration.build, "register_model(\"", registration.type, "\"): no build function");
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
   const std::string type = registration.type;
-  add(r.models, type, std::move(registration), "model");
+  register_in(&Registry::models, type, std::move(registration), "model");
 }
 
-std::vector<std::string> registered_datasets() {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  return names(r.datasets);
-}
-
-std::vector<std::string> registered_models() {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  return names(r.models);
-}
+std::vector<std::string> registered_datasets() { return names_in(&Registry::datasets); }
+std::vector<std::string> registered_models() { return names_in(&Registry::models); }
 
 DatasetRegistration dataset_registration(const std::string& name) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  const auto it = r.datasets.find(name);
-  if (it == r.datasets.end()) {
-    throw ConfigError("dataset.name: unknown \"" + name + "\" (registered: " + joined(names(r.datasets)) + ")");
-  }
-  return it->second;
+  return find_in(&Registry::datasets, name, "dataset.name");
 }
 
 ModelRegistration model_registration(const std::string& type) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  const auto it = r.models.find(type);
-  if (it == r.models.end()) {
-    throw ConfigError("model.type: unknown \"" + type + "\" (registered: " + joined(names(r.models)) + ")");
-  }
-  return it->second;
+  return find_in(&Registry::models, type, "model.type");
 }
 
 }  // namespace bigbatch::experiments
