@@ -191,6 +191,7 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
 
 std::vector<TargetRow> target_rows(const CsvTable& csv) {
   const bool has_edge = std::find(csv.header().begin(), csv.header().end(), "edge") != csv.header().end();
+  const bool has_failed = std::find(csv.header().begin(), csv.header().end(), "failed") != csv.header().end();
   std::vector<TargetRow> rows;
   for (std::size_t i = 0; i < csv.rows(); ++i) {
     TargetRow r;
@@ -201,6 +202,7 @@ std::vector<TargetRow> target_rows(const CsvTable& csv) {
     r.trial = csv.at(i, "trial");
     r.reached = csv.at(i, "reached") == "1";
     if (has_edge) r.edge = csv.at(i, "edge");  // files from before the edge column have none
+    if (has_failed) r.failed = csv.integer(i, "failed").value_or(0);
     rows.push_back(std::move(r));
   }
   return rows;
@@ -218,8 +220,9 @@ std::string report(const std::string& sweep_dir) {
   std::ostringstream out;
   out << std::left << std::setw(12) << "batch" << std::setw(10) << "steps" << std::setw(12) << "examples"
       << std::setw(12) << "best lr" << std::setw(10) << "reached" << std::setw(7) << "edge" << "trial\n";
-  std::vector<std::string> edges;
+  std::vector<std::string> edges, failed;
   for (const TargetRow& r : read_steps_to_target(sweep_dir)) {
+    if (r.failed > 0) failed.push_back(std::to_string(r.batch_size) + " (" + std::to_string(r.failed) + ")");
     std::ostringstream lr;
     lr << std::setprecision(4) << r.best_lr;
     out << std::setw(12) << r.batch_size << std::setw(10) << dash(r.steps) << std::setw(12) << dash(r.examples)
@@ -228,6 +231,12 @@ std::string report(const std::string& sweep_dir) {
     if (!r.edge.empty()) edges.push_back(std::to_string(r.batch_size) + " (" + r.edge + ")");
   }
   if (!edges.empty()) out << search_edge_warning(edges) << "\n";
+  if (!failed.empty()) {
+    std::string list;
+    for (const auto& f : failed) list += (list.empty() ? "" : ", ") + f;
+    out << "warning: trials failed (their workload threw) at batch sizes " << list
+        << ": each one's summary.json says why; a rerun tries them again\n";
+  }
   if (fs::exists(dir / "fit.json")) {
     const json fit = read_json((dir / "fit.json").string());
     if (fit.contains("error")) {

@@ -54,6 +54,7 @@ struct TargetRow {
   std::string trial;  ///< the fastest trial that reached, else the closest
   bool reached = false;
   std::string edge;  ///< search_edge() of the trial
+  std::int64_t failed = 0;  ///< trials of this batch size whose workload threw (0 in tables from before the column)
 };
 
 /// A finished sweep folder's steps_to_target.csv. Throws ConfigError when the

@@ -46,8 +46,8 @@ std::shared_ptr<const Examples> tensor_examples(at::Tensor input, at::Tensor tar
 
 std::vector<std::int64_t> WorkloadData::example_shape() const {
   TORCH_CHECK(train && train->size() > 0, "dataset: no training examples");
-  const auto sizes = train->range(0, 1).input.sizes();
-  return {sizes.begin() + 1, sizes.end()};
+  const at::Tensor first = train->range(0, 1).input;  // (held: sizes() points into it)
+  return {first.sizes().begin() + 1, first.sizes().end()};
 }
 
 at::Tensor WorkloadData::example_loss(const at::Tensor& output, const at::Tensor& target) const {

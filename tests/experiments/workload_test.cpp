@@ -6,6 +6,7 @@
 #include "../../experiments/config.h"
 #include "../../experiments/files.h"
 #include "../../experiments/preflight.h"
+#include "../../experiments/results.h"
 #include "../../experiments/sweep.h"
 #include "../../experiments/trial.h"
 #include "../../experiments/workload.h"
@@ -297,6 +298,9 @@ TEST_F(Workloads, AThrowingWorkloadFailsItsTrialsAndTheSweepGoesOn) {
   EXPECT_NE(table.find("\n16,5,80,"), std::string::npos) << table;
   EXPECT_NE(table.find("\n64,,,"), std::string::npos) << table;
   EXPECT_NE(table.find(",2\n"), std::string::npos) << table;  // both of batch 64's trials failed
+  const std::string text = report((dir_ / "w").string());
+  EXPECT_NE(text.find("warning: trials failed (their workload threw) at batch sizes 64 (2)"), std::string::npos)
+      << text;
 }
 
 // --batch-trials with a model that cannot be stacked: the trials run one by
