@@ -314,8 +314,9 @@ json model_resolver(const std::string& type, const json& params) {
   return r.resolve ? r.resolve(params) : params;
 }
 
-template <typename Io>
-void part_field(Io& io, const char* key, const char* name_key, WorkloadPart& part,
+// (Part: WorkloadPart to read into, const WorkloadPart to write from.)
+template <typename Io, typename Part>
+void part_field(Io& io, const char* key, const char* name_key, Part& part,
                 json (*resolve)(const std::string&, const json&)) {
   if constexpr (Io::kReading) {
     JsonReader& r = io.json_reader();
@@ -338,13 +339,6 @@ void part_field(Io& io, const char* key, const char* name_key, WorkloadPart& par
     j[name_key] = part.name;
     io.field(key, j);
   }
-}
-
-template <typename Io>
-void part_field(Io& io, const char* key, const char* name_key, const WorkloadPart& part,
-                json (*resolve)(const std::string&, const json&)) {
-  static_assert(!Io::kReading);
-  part_field(io, key, name_key, const_cast<WorkloadPart&>(part), resolve);
 }
 
 // A missing object that has no useful default.
@@ -756,6 +750,12 @@ std::optional<std::string> identity_difference(const json& existing, const json&
   if (a == b) return std::nullopt;
   const json patch = json::diff(a, b);
   return patch.empty() ? std::string() : patch[0].value("path", std::string());
+}
+
+std::string error_line(const std::exception& e) {
+  const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string text = torch_error != nullptr ? torch_error->what_without_backtrace() : e.what();
+  return text.substr(0, text.find('\n'));
 }
 
 std::string to_string(NoiseType type) { return config::enum_name(kNoiseTypes, type); }

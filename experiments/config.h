@@ -24,6 +24,11 @@ struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// What `e` says, as one line: a c10::Error's message without LibTorch's
+/// backtrace, cut at its first line break (a message a workload or LibTorch
+/// threw, shown where one line is the rule).
+std::string error_line(const std::exception& e);
+
 /// The optimizers a config can name; optimizer_registry.h says how each is built.
 enum class OptimizerName { kSgd, kAdam, kAdamW, kLars, kLarc, kLamb, kNovoGrad };
 enum class NoiseType { kNone, kAnnealed, kMultiplicative };

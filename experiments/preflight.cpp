@@ -49,9 +49,6 @@ void check_folder(const std::string& dir, const std::string& what) {
 
 namespace {
 
-// The first line of a message (LibTorch's may go on with a trace).
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
 // Each batch size, and the largest batch-size increase grows it to, against
 // the training set's size and gns.micro_batches.
 void check_batches(const SweepConfig& sweep, std::int64_t train_size) {
@@ -122,10 +119,8 @@ void check_model(const SweepConfig& sweep, const WorkloadData& data) {
     (void)data.example_loss(out, b.target);
   } catch (const ConfigError&) {
     throw;
-  } catch (const c10::Error& e) {
-    throw ConfigError(model + ": " + first_line(e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    throw ConfigError(model + ": " + e.what());
+    throw ConfigError(model + ": " + error_line(e));
   }
 }
 
@@ -137,10 +132,8 @@ WorkloadData load_data(const SweepConfig& sweep) {
     data = load_dataset(sweep.base.data);
   } catch (const ConfigError&) {
     throw;
-  } catch (const c10::Error& e) {
-    throw ConfigError("dataset: " + first_line(e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    throw ConfigError(std::string("dataset: ") + e.what());
+    throw ConfigError("dataset: " + error_line(e));
   }
   check_data(sweep, data);
   check_batches(sweep, data.train->size());

@@ -209,9 +209,7 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
       // The workload threw: the trial fails with its message and the sweep
       // goes on. (Data-parallel, the ranks may be out of step: stop.)
       if (group != nullptr) throw;
-      const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
-      std::string message = torch_error ? torch_error->what_without_backtrace() : e.what();
-      message = message.substr(0, message.find('\n'));
+      const std::string message = error_line(e);
       for (std::size_t lane = 0; lane < lanes.size(); ++lane) {
         if (ended[lane]) continue;
         const TrialConfig& t = trials[lanes[lane]];

@@ -69,9 +69,7 @@ Model load_script_model(const std::string& path) {
   try {
     module = torch::jit::load(path, at::Device(at::kCPU));
   } catch (const c10::Error& e) {
-    std::string why = e.what_without_backtrace();
-    why = why.substr(0, why.find('\n'));
-    bad_file(path, "not a TorchScript module (torch::jit::load: " + why + ")");
+    bad_file(path, "not a TorchScript module (torch::jit::load: " + error_line(e) + ")");
   }
   if (!module.find_method("forward")) bad_file(path, "the TorchScript module has no forward method");
   bool trainable = false;

@@ -179,10 +179,8 @@ TrialResult run_one(const TrialConfig& trial, const WorkloadData& data, const st
       // Unreadable (truncated, or another version's): the trial starts over.
       // Every rank read the same bytes, so every rank gets here.
       if (writer) {
-        const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
-        std::cerr << "warning: " << (folder / "checkpoint.pt").string() << ": "
-                  << (torch_error ? torch_error->what_without_backtrace() : e.what()) << "; starting " << trial.name
-                  << " over\n";
+        std::cerr << "warning: " << (folder / "checkpoint.pt").string() << ": " << error_line(e) << "; starting "
+                  << trial.name << " over\n";
       }
       trainer.emplace(trial, data, group);
     }
