@@ -389,11 +389,9 @@ class StackedLanes final : public LaneModel {
   at::Tensor losses(const at::Tensor& x, const at::Tensor& y) {
     const at::Tensor out = model_->forward(x);  // [K, B, outputs]
     const std::int64_t k = out.size(0), b = out.size(1);
-    if (data_.loss) {  // the workload's own, per example of [K * B] against the targets repeated per lane
-      std::vector<std::int64_t> flat{k * b}, times(static_cast<std::size_t>(y.dim()), 1);
-      flat.insert(flat.end(), out.sizes().begin() + 2, out.sizes().end());
-      times[0] = k;
-      return data_.example_loss(out.reshape(flat), y.repeat(times)).view({k, b}).mean(1);
+    if (data_.loss) {  // the workload's own, per example of the K lanes' outputs
+      const auto [outputs, targets] = lanes_as_batch(out, y);
+      return data_.example_loss(outputs, targets).view({k, b}).mean(1);
     }
     if (data_.classes > 0) {
       return F::cross_entropy(out.reshape({k * b, out.size(2)}), y.repeat({k}),

@@ -92,6 +92,18 @@ std::unique_ptr<LaneModel> single_model(Model model, const WorkloadData& data, c
 std::unique_ptr<LaneModel> stacked_model(const torch::nn::Sequential& model, std::int64_t lanes,
                                          const WorkloadData& data, const at::Device& device);
 
+/// A stacked model's outputs [K, N, ...] as one batch [K * N, ...], and the
+/// targets [N, ...] repeated once per lane to match: how a workload's
+/// per-example loss or metric sees the outputs of K lanes.
+inline std::pair<at::Tensor, at::Tensor> lanes_as_batch(const at::Tensor& out, const at::Tensor& target) {
+  const std::int64_t k = out.size(0);
+  std::vector<std::int64_t> flat{k * out.size(1)};
+  flat.insert(flat.end(), out.sizes().begin() + 2, out.sizes().end());
+  std::vector<std::int64_t> times(static_cast<std::size_t>(target.dim()), 1);
+  times[0] = k;
+  return {out.reshape(flat), target.repeat(times)};
+}
+
 /// Training examples `index`, on `device`.
 inline Batch rows_of(const WorkloadData& data, const at::Tensor& index, const at::Device& device) {
   const Batch b = data.train->get(index);

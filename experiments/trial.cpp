@@ -23,6 +23,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <tuple>
 
 namespace bigbatch::experiments {
 
@@ -180,14 +181,7 @@ std::vector<ValidationMetrics> evaluate_split(const WorkloadData& data, const at
     const at::Tensor x = chunk.input.to(device), y = chunk.target.to(device);
     at::Tensor out = forward(x);
     at::Tensor target = y;
-    if (lanes > 0) {  // [K, N, ...] -> [K * N, ...] against the targets repeated per lane
-      std::vector<std::int64_t> flat{k * rows};
-      flat.insert(flat.end(), out.sizes().begin() + 2, out.sizes().end());
-      out = out.reshape(flat);
-      std::vector<std::int64_t> times(static_cast<std::size_t>(y.dim()), 1);
-      times[0] = k;
-      target = y.repeat(times);
-    }
+    if (lanes > 0) std::tie(out, target) = lanes_as_batch(out, y);
     if (data.loss || lanes > 0) {
       loss += lane_sums(data.example_loss(out, target), rows);
     } else if (data.classes > 0) {  // (the summed reductions of one model, as before: the same bits)
