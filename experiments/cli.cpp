@@ -156,6 +156,14 @@ int report(const std::vector<std::string>& dirs, bx::TableFormat format, const s
   return 0;
 }
 
+// --jobs of sweep and cbs: how many `runs` (trials, branches) at once.
+void add_jobs(CLI::App* cmd, int& jobs, const std::string& runs) {
+  cmd->add_option("--jobs", jobs,
+                  runs + " in parallel, in one process (intra-op threads: cores / jobs; data-parallel: cores / "
+                         "ranks on this machine)")
+      ->capture_default_str();
+}
+
 // Device and data-parallel options shared by sweep and train.
 struct Parallel {
   bx::LaunchOptions launch;
@@ -225,10 +233,7 @@ struct SweepCommand {
     auto* cmd = app.add_subcommand("sweep", "run (or resume) every trial of a sweep config, then its tables");
     cmd->add_option("CONFIG", config, "sweep config (JSON)")->required();
     cmd->add_option("--out", out, "output folder; the sweep goes to OUT/<name>/")->capture_default_str();
-    cmd->add_option("--jobs", jobs,
-                    "trials in parallel, in one process (intra-op threads: cores / jobs; data-parallel: cores / "
-                    "ranks on this machine)")
-        ->capture_default_str();
+    add_jobs(cmd, jobs, "trials");
     cmd->add_flag("--batch-trials", batch_trials,
                   "train trials that differ only in rate and momentum as one stacked model (config: "
                   "runner.batch_trials; measured no faster on CPUs)");
@@ -357,10 +362,7 @@ struct CbsCommand {
                "each checkpoint, cbs.csv and the batch-size warmup it allows (schedule.json), then its plots");
     cmd->add_option("CONFIG", config, "cbs config (JSON)")->required();
     cmd->add_option("--out", out, "output folder; the run goes to OUT/<name>/")->capture_default_str();
-    cmd->add_option("--jobs", jobs,
-                    "branches in parallel, in one process (intra-op threads: cores / jobs; data-parallel: cores / "
-                    "ranks on this machine)")
-        ->capture_default_str();
+    add_jobs(cmd, jobs, "branches");
     cmd->add_flag("--compare", compare,
                   "then train the derived warmup against the fixed reference batch and a fixed large batch to the "
                   "config's target (compare.csv)");

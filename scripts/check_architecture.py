@@ -20,7 +20,7 @@ import os
 import re
 import sys
 
-from check_includes import repo_files
+from check_includes import report, repo_files
 
 SOURCE = (".h", ".cpp", ".cu", ".cuh")
 TARGET_FOLDERS = ["compat", "config", "kernels", "optimizers", "schedules", "normalization", "noise",
@@ -132,10 +132,7 @@ def main():
             if not os.path.exists(os.path.join(repo, path)):
                 problems.append(f"docs/architecture.md: `{token}`: no such path")
 
-    for p in problems:
-        print(p)
-    print(f"architecture: {len(problems)} problem(s)")
-    return 1 if problems else 0
+    return report(problems, "architecture:")
 
 
 if __name__ == "__main__":

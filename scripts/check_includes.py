@@ -31,6 +31,14 @@ def sources(repo):
     return [f for f in repo_files(repo) if f.endswith((".h", ".cpp", ".cu", ".cuh"))]
 
 
+def report(problems, summary):
+    """One line per finding, then the summary with their count; the exit code."""
+    for p in problems:
+        print(p)
+    print(f"{summary} {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
 def main():
     repo = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
     problems = []
@@ -51,10 +59,7 @@ def main():
                     problems.append(f"{f}:{line}: \"{name}\": no such file beside it")
                 elif not target.startswith(repo + os.sep):
                     problems.append(f"{f}:{line}: \"{name}\": outside the repository")
-    for p in problems:
-        print(p)
-    print(f"includes: {len(files)} files, {len(problems)} problem(s)")
-    return 1 if problems else 0
+    return report(problems, f"includes: {len(files)} files,")
 
 
 if __name__ == "__main__":
