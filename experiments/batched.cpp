@@ -296,7 +296,7 @@ class StackedLanes final : public LaneModel {
 
   std::vector<LaneGradient> gradients(const StepBatch& b, const std::vector<bool>& active,
                                       std::int64_t micro_batches) override {
-    const auto [x, y] = rows_of(data_, b.index, device_);
+    const auto [x, y] = on_device(b.rows, device_);
     std::vector<std::int64_t> which;
     for (std::size_t i = 0; i < active.size(); ++i) {
       if (active[i]) which.push_back(static_cast<std::int64_t>(i));

@@ -10,6 +10,7 @@
 
 #include "lane.h"
 #include "lane_model.h"
+#include "loader.h"
 #include "records.h"
 
 #include <c10/util/Exception.h>
@@ -191,6 +192,8 @@ void Trainer::load_run(torch::serialize::InputArchive& archive) {
   model_->lane(0).load(model);
   lanes_.front()->optimizer->load(optimizer);
   sampler_.load(sampler);
+  ahead_.reset();  // the batches asked for ahead were the old position's
+  if (loader_) loader_->clear();
   get(archive, "examples", examples_);
 }
 

@@ -329,9 +329,10 @@ struct TrainCommand {
     if (parallel.launcher()) return bx::launch_local(parallel.launch, argc, argv);
     const auto group = join(parallel, cfg.base.device);
     // The ranks on this machine share its cores (a sweep's workers do the same).
-    const int threads = bx::threads_per_job(1, group ? group->local_size() : 1);
-    at::set_num_threads(threads);
     const bx::WorkloadData data = bx::load_data(cfg);
+    const int threads =
+        bx::threads_per_job(1, group ? group->local_size() : 1, bx::loader_threads(cfg.runner.loader, data));
+    at::set_num_threads(threads);
     const std::string tdir = (fs::path(out) / (named.folder + ".train") / trial.name).string();
     bx::FolderHooks hooks;
     hooks.progress = [](const bx::TrialProgress& p) {

@@ -155,15 +155,24 @@ void model_fields(Io& io, Spec& m) {
       io.check("widths[" + std::to_string(i) + "]", m.widths[i] > 0, "must be > 0, got " + std::to_string(m.widths[i]));
     }
   }
-  if (m.type == ModelType::kMlp || m.type == ModelType::kResnet) {
-    io.choice("norm", m.norm, kNorms, m.type == ModelType::kResnet ? Norm::kBatch : Norm::kNone);
+  const bool resnet = m.type == ModelType::kResnet || m.type == ModelType::kResnet18;
+  if (m.type == ModelType::kMlp || resnet) {
+    io.choice("norm", m.norm, kNorms, resnet ? Norm::kBatch : Norm::kNone);
     io.field("ghost_batch_size", m.ghost_batch_size);
     io.check("ghost_batch_size", m.ghost_batch_size > 1, "must be > 1, got " + std::to_string(m.ghost_batch_size));
   }
   if (m.type == ModelType::kSimpleCnn) io.choice("variant", m.variant, kCnnVariants);
-  if (m.type == ModelType::kResnet) {
+  if (resnet) {
+    if constexpr (Io::kReading) {
+      if (m.type == ModelType::kResnet18 && !io.given("width", true)) m.width = 64;
+    }
     io.field("width", m.width);
     io.check("width", m.width > 0, "must be > 0, got " + std::to_string(m.width));
+  }
+  if (m.type == ModelType::kResnet) {
+    io.field("depth", m.depth);
+    io.check("depth", m.depth >= 8 && (m.depth - 2) % 6 == 0,
+             "must be 6n + 2 with n >= 1 (8, 20, 32, 44, 56, 110, ...), got " + std::to_string(m.depth));
   }
 }
 
@@ -397,6 +406,11 @@ void sweep_fields(Io& io, Spec& s) {
   io.object("runner", s.runner, [](auto& q, auto& r) {
     q.field("prune", r.prune);
     q.field("batch_trials", r.batch_trials);
+    q.field("loader_threads", r.loader.threads);
+    q.check("loader_threads", r.loader.threads >= -1,
+            "must be >= 0, or -1 (auto), got " + std::to_string(r.loader.threads));
+    q.field("prefetch", r.loader.prefetch);
+    q.check("prefetch", r.loader.prefetch >= 1, "must be >= 1, got " + std::to_string(r.loader.prefetch));
   });
 }
 
@@ -651,6 +665,7 @@ namespace {
 TrialConfig make_trial(const SweepConfig& sweep, std::int64_t batch, double lr, std::optional<double> momentum,
                        std::uint64_t seed, const char* kind, std::size_t k) {
   TrialConfig t = sweep.base;
+  t.loader = sweep.runner.loader;
   t.batch_size = batch;
   t.seed = seed;
   t.schedule.base_lr = lr;

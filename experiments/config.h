@@ -99,6 +99,16 @@ WorkloadPart model_part(const ModelSpec& spec);
 DataSpec data_spec(const WorkloadPart& part);
 ModelSpec model_spec(const WorkloadPart& part);
 
+/// How a trial's batches are fetched (loader.h), not what they hold: the
+/// batches are the same whatever these are.
+struct LoaderSpec {
+  /// Background threads fetching (decoding, augmenting) batches ahead of the
+  /// step; 0: fetched in the step itself; -1 (auto): 1 when the training
+  /// data says fetching is costly (Examples::costly), else 0.
+  std::int64_t threads = -1;
+  std::int64_t prefetch = 2;  ///< batches fetched ahead of the step (with threads > 0)
+};
+
 /// One training run: everything fixed.
 struct TrialConfig {
   std::string sweep;  ///< the sweep's name
@@ -116,6 +126,7 @@ struct TrialConfig {
   DeviceType device = DeviceType::kCpu;  ///< cuda: each rank its cuda:LOCAL_RANK
   std::int64_t checkpoint_every = 0;  ///< steps between checkpoints (a multiple of target.eval_every); 0 off
   bool tensorboard = true;  ///< write a TensorBoard event file in the trial's folder (not part of its identity)
+  LoaderSpec loader;  ///< the sweep's runner.loader_*: not written in the trial's config.json
 };
 
 /// The nuisance-parameter search run at every batch size.
@@ -134,6 +145,7 @@ struct RunnerSpec {
   /// Train trials that differ only in rate and momentum as one stacked model
   /// (batched.h). Off by default: on CPUs it measured no faster (docs/experiments.md).
   bool batch_trials = false;
+  LoaderSpec loader;  ///< "loader_threads", "prefetch"
 };
 
 struct SweepConfig {

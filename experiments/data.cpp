@@ -121,9 +121,16 @@ at::Tensor BatchSampler::next(std::int64_t batch) {
   if (!order_.defined() || position_ + batch > size_) {
     order_ = at::randperm(size_, generator_, at::kLong);
     position_ = 0;
+    ++epoch_;
   }
   const at::Tensor out = order_.slice(0, position_, position_ + batch);
   position_ += batch;
+  return out;
+}
+
+BatchSampler BatchSampler::clone() const {
+  BatchSampler out(*this);
+  out.generator_ = generator_.clone();
   return out;
 }
 
@@ -131,6 +138,7 @@ void BatchSampler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("generator", generator_.get_state());
   archive.write("order", order_.defined() ? order_ : at::empty({0}, at::kLong));
   archive.write("position", at::scalar_tensor(position_, at::kLong));
+  archive.write("epoch", at::scalar_tensor(epoch_, at::kLong));
 }
 
 void BatchSampler::load(torch::serialize::InputArchive& archive) {
@@ -143,6 +151,10 @@ void BatchSampler::load(torch::serialize::InputArchive& archive) {
   TORCH_CHECK(!order_.defined() || order_.numel() == size_, "BatchSampler: a saved order of ", order_.numel(),
               " indices for a dataset of ", size_);
   position_ = position.item<std::int64_t>();
+  // Checkpoints from before augmentation have no epoch: only augmented data
+  // reads it, and none existed then.
+  at::Tensor epoch;
+  epoch_ = archive.try_read("epoch", epoch) ? epoch.item<std::int64_t>() : (order_.defined() ? 0 : -1);
 }
 
 }  // namespace bigbatch::experiments

@@ -59,9 +59,13 @@ class BatchSampler {
   BatchSampler(std::int64_t size, std::uint64_t seed);
   /// Indices of the next batch (int64, size `batch`). batch <= size.
   at::Tensor next(std::int64_t batch);
+  /// The epoch of the last batch next() gave (0 for the first permutation).
+  std::int64_t epoch() const { return epoch_; }
+  /// An independent copy (its own generator), to look ahead with.
+  BatchSampler clone() const;
 
-  /// Where the sampler is, under the keys "generator", "order" and
-  /// "position", to checkpoint and restore a run exactly.
+  /// Where the sampler is, under the keys "generator", "order", "position"
+  /// and "epoch", to checkpoint and restore a run exactly.
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
 
@@ -70,6 +74,7 @@ class BatchSampler {
   at::Generator generator_;
   at::Tensor order_;
   std::int64_t position_ = 0;
+  std::int64_t epoch_ = -1;  // permutations drawn, less one
 };
 
 }  // namespace bigbatch::experiments

@@ -27,10 +27,12 @@ namespace bigbatch::experiments {
 inline constexpr std::int64_t kEvalChunk = 8192;
 
 /// One step's examples: their indices in the training set (the global batch:
-/// every rank draws the same), and the multiplicative noise's per-example
-/// weights (undefined without it).
+/// every rank draws the same), the examples themselves (this rank's share,
+/// augmented, on the CPU: the loader's), and the multiplicative noise's
+/// per-example weights (undefined without it; over the global batch).
 struct StepBatch {
   at::Tensor index, weights;
+  Batch rows;
   std::int64_t size = 0;
 };
 
@@ -104,10 +106,10 @@ inline std::pair<at::Tensor, at::Tensor> lanes_as_batch(const at::Tensor& out, c
   return {out.reshape(flat), target.repeat(times)};
 }
 
-/// Training examples `index`, on `device`.
-inline Batch rows_of(const WorkloadData& data, const at::Tensor& index, const at::Device& device) {
-  const Batch b = data.train->get(index);
-  return {b.input.to(device), b.target.to(device)};
+/// A step's examples on `device` (non-blocking from the loader's pinned
+/// memory on a GPU).
+inline Batch on_device(const Batch& rows, const at::Device& device) {
+  return {rows.input.to(device, /*non_blocking=*/true), rows.target.to(device, /*non_blocking=*/true)};
 }
 
 }  // namespace bigbatch::experiments

@@ -80,6 +80,9 @@ json summary_json(const TrialConfig& t, const TrialResult& r) {
             {"code_version", code_version()},
             {"libtorch_version", libtorch_version()}};
   if (!r.error.empty()) j["error"] = r.error;
+  json data = {{"loader_threads", r.loader_threads}, {"wait_fraction", finite_or_null(r.data_wait_fraction)}};
+  if (r.data_report.is_object()) data.update(r.data_report);
+  j["data"] = data;
   if (!r.rows.empty()) {
     const EvalRow& last = r.rows.back();
     j["final"] = {{"val_loss", finite_or_null(last.val_loss)},

@@ -219,8 +219,9 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
     }
   };
   // Each worker's intra-op pool: cores / jobs / local ranks (ranks on this
-  // machine share its cores too).
-  run_workers(jobs, threads_per_job(jobs, group != nullptr ? group->local_size() : 1),
+  // machine share its cores too), less its loader threads.
+  run_workers(jobs, threads_per_job(jobs, group != nullptr ? group->local_size() : 1,
+                                    loader_threads(runner.loader, data)),
               [&] { return source.next(); }, run_job);
 }
 

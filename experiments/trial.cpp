@@ -8,6 +8,7 @@
 #include "batched.h"
 #include "lane.h"
 #include "lane_model.h"
+#include "loader.h"
 #include "models.h"
 #include "optimizer_registry.h"
 #include "../noise/noise_scale.h"
@@ -55,18 +56,15 @@ class SingleModel final : public LaneModel {
 
   std::vector<LaneGradient> gradients(const StepBatch& b, const std::vector<bool>&,
                                       std::int64_t micro_batches) override {
-    // Every rank drew the same global batch; each takes its share.
-    at::Tensor index = b.index, weights = b.weights;
+    // Every rank drew the same global batch; b.rows is its share.
+    at::Tensor weights = b.weights;
     std::int64_t local = b.size;
     if (group_) {
-      const std::int64_t world = group_->size();
-      TORCH_CHECK(b.size % world == 0, "batch size ", b.size, " is not divisible by the world size ", world);
-      local = b.size / world;
+      local = b.size / group_->size();
       const std::int64_t begin = group_->rank() * local;
-      index = index.slice(0, begin, begin + local);
       if (weights.defined()) weights = weights.slice(0, begin, begin + local);
     }
-    const auto [x, y] = rows_of(data_, index, device_);
+    const auto [x, y] = on_device(b.rows, device_);
     if (weights.defined()) weights = weights.to(device_);
     // Zeroed in place, as LibTorch 1.13's Optimizer::zero_grad does (2.x's sets
     // them to none: the same sums).
@@ -229,6 +227,10 @@ std::uint64_t sampler_seed(const TrialConfig& t) { return t.seed * 7919 + 1; }
 
 Trainer::Lane::Lane(const TrialConfig& c) : config(c), gns(c.gns.beta) {}
 
+int loader_threads(const LoaderSpec& spec, const WorkloadData& data) {
+  return spec.threads >= 0 ? static_cast<int>(spec.threads) : (data.train && data.train->costly() ? 1 : 0);
+}
+
 std::mutex& model_init_mutex() {
   static std::mutex m;
   return m;
@@ -240,7 +242,8 @@ Trainer::Trainer(const TrialConfig& config, const WorkloadData& data, distribute
     : data_(data),
       group_(group),
       device_(trial_device(config.device, group)),
-      sampler_(data.train_size(), sampler_seed(config)) {
+      sampler_(data.train_size(), sampler_seed(config)),
+      data_seed_(sampler_seed(config)) {
   model_ = single_model(initial_model(config, data), data, device_, group);
   add_lanes({config});
 }
@@ -249,7 +252,8 @@ Trainer::Trainer(const std::vector<TrialConfig>& lanes, const WorkloadData& data
     : data_(data),
       group_(nullptr),
       device_(trial_device(lanes.at(0).device, nullptr)),
-      sampler_(data.train_size(), sampler_seed(lanes.at(0))) {
+      sampler_(data.train_size(), sampler_seed(lanes.at(0))),
+      data_seed_(sampler_seed(lanes.at(0))) {
   for (const auto& t : lanes) {
     TORCH_CHECK(batchable_together(lanes[0], t), "batched trials: ", t.name, " cannot join ", lanes[0].name,
                 "'s group", batch_refusal(t).empty() ? "" : ": " + batch_refusal(t));
@@ -321,7 +325,8 @@ std::vector<double> Trainer::train_step() {
     lane->adapter->apply(step_);
     lane->last_lr = lane->optimizer->param_groups().front().options().get_lr();
   }
-  b.index = sampler_.next(b.size);
+  const auto start = std::chrono::steady_clock::now();
+  b.rows = fetch(b);
   if (first.multiplicative) b.weights = first.multiplicative->weights(b.size, step_);
   const std::vector<LaneGradient> gradients = model_->gradients(b, active, first.config.gns.micro_batches);
   std::vector<double> losses(lanes_.size(), kNaN);
@@ -335,7 +340,40 @@ std::vector<double> Trainer::train_step() {
   }
   ++step_;
   examples_ += b.size;
+  step_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return losses;
+}
+
+at::Tensor Trainer::share(const at::Tensor& index) const {
+  if (group_ == nullptr) return index;
+  const std::int64_t world = group_->size(), size = index.size(0);
+  TORCH_CHECK(size % world == 0, "batch size ", size, " is not divisible by the world size ", world);
+  const std::int64_t local = size / world, begin = group_->rank() * local;
+  return index.slice(0, begin, begin + local);
+}
+
+Batch Trainer::fetch(StepBatch& b) {
+  if (!loader_) {
+    const LoaderSpec& spec = lanes_.front()->config.loader;
+    const int threads = loader_threads(spec, data_);
+    loader_ = std::make_unique<BatchLoader>(*data_.train, threads, device_.is_cuda());
+    prefetch_ = threads > 0 ? spec.prefetch : 0;
+  }
+  // ahead_, a copy of the sampler, asks for this step's batch and up to
+  // prefetch_ after it; the sampler itself draws only the batches taken
+  // (what a checkpoint records).
+  const schedules::Schedule& schedule = lanes_.front()->adapter->schedule();
+  if (!ahead_) {
+    ahead_ = sampler_.clone();
+    ahead_step_ = step_;
+  }
+  b.index = sampler_.next(b.size);
+  while (ahead_step_ <= step_ + prefetch_ && ahead_step_ < std::max(budget_, step_ + 1)) {
+    const at::Tensor next = ahead_->next(schedule.batch_size(ahead_step_));
+    loader_->request(share(next), Draw{data_seed_, ahead_->epoch()});
+    ++ahead_step_;
+  }
+  return loader_->take(share(b.index));
 }
 
 std::vector<ValidationMetrics> Trainer::evaluate() { return model_->evaluate(); }
@@ -355,6 +393,11 @@ void Trainer::leave(std::size_t i, TrialStatus status, double seconds, const Hoo
   r.rows = lane.rows;
   r.best_metric = lane.best_metric;
   r.wall_time = seconds;
+  if (loader_) {
+    r.loader_threads = loader_->threads();
+    if (step_seconds_ > 0) r.data_wait_fraction = (loader_->waited() - wait_base_) / step_seconds_;
+  }
+  if (data_.report) r.data_report = data_.report();
   if (hooks.finished) hooks.finished(i, r);
 }
 
@@ -398,6 +441,8 @@ void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& 
 std::vector<TrialResult> Trainer::run(const Hooks& hooks) {
   const auto start = std::chrono::steady_clock::now();
   const double before = elapsed_;
+  step_seconds_ = 0;  // the data-wait fraction is this run's
+  wait_base_ = loader_ ? loader_->waited() : 0;
   const std::function<double()> seconds = [&] {
     return before + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };

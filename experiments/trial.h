@@ -98,7 +98,18 @@ struct TrialResult {
   double wall_time = 0;
   std::vector<EvalRow> rows;
   std::string error;  ///< kFailed: the message the workload threw
+  /// The data pipeline (loader.h): its background threads, and the fraction
+  /// of the steps' time they spent waiting for their batch (with 0
+  /// threads: fetching it), over this run (since the last resume); NaN
+  /// before a step.
+  int loader_threads = 0;
+  double data_wait_fraction = kNaN;
+  nlohmann::json data_report;  ///< WorkloadData::report's, when it has one
 };
+
+/// The loader threads (loader.h) a trial of `data` runs with: spec.threads,
+/// or for -1 (auto) 1 when fetching its training batches is costly, else 0.
+int loader_threads(const LoaderSpec& spec, const WorkloadData& data);
 
 /// Model initialization draws from LibTorch's global generator: a trainer
 /// seeds and builds under this lock, so parallel trials stay reproducible.
@@ -111,6 +122,8 @@ struct TrialProgress {
 };
 
 class LaneModel;
+class BatchLoader;
+struct StepBatch;
 
 /// The training loop. The constructor builds the model (seeded by the
 /// trials' seed), and for each lane its optimizer, schedule adapter and noise.
@@ -224,6 +237,11 @@ class Trainer {
   // The weights, optimizer state, sampler and examples of a checkpoint.
   void load_run(torch::serialize::InputArchive& archive);
   void check_one_lane(const char* what) const;
+  // Draws this step's batch (b.index, of b.size) and returns its examples
+  // (the rank's share) through the loader, the next batches asked for ahead.
+  Batch fetch(StepBatch& b);
+  // A rank's share of the global batch `index` (all of it without a group).
+  at::Tensor share(const at::Tensor& index) const;
 
   const WorkloadData& data_;
   distributed::ProcessGroup* group_;
@@ -231,6 +249,13 @@ class Trainer {
   std::unique_ptr<LaneModel> model_;
   std::vector<std::unique_ptr<Lane>> lanes_;
   BatchSampler sampler_;
+  std::uint64_t data_seed_ = 0;  // the sampler's seed: Draw::seed
+  std::unique_ptr<BatchLoader> loader_;
+  std::int64_t prefetch_ = 0;
+  std::optional<BatchSampler> ahead_;  // the sampler's copy that asks for the next batches
+  std::int64_t ahead_step_ = 0;        // the step ahead_'s next batch is for
+  double step_seconds_ = 0;            // train_step's time in this run, and of it
+  double wait_base_ = 0;               // (the loader's waited() at this run's start)
   std::int64_t step_ = 0;
   std::int64_t examples_ = 0;
   std::int64_t budget_ = 0;

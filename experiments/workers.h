@@ -13,13 +13,14 @@
 namespace bigbatch::experiments {
 
 /// Intra-op threads for each of `jobs` workers in one of `local_ranks`
-/// processes on this machine: its cores shared by all of them, at least one.
-/// More would oversubscribe the cores, and OpenMP's spinning barriers then
-/// cost a scheduler slice per parallel region (a 2-rank Gloo run on 2 cores
-/// with 2 threads each ran about 6x slower than with 1).
-inline int threads_per_job(int jobs, int local_ranks) {
+/// processes on this machine: its cores shared by all of them, less the
+/// job's loader threads (loader.h) that decode and augment beside it, at
+/// least one. More would oversubscribe the cores, and OpenMP's spinning
+/// barriers then cost a scheduler slice per parallel region (a 2-rank Gloo
+/// run on 2 cores with 2 threads each ran about 6x slower than with 1).
+inline int threads_per_job(int jobs, int local_ranks, int loader_threads = 0) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, jobs) / std::max(1, local_ranks));
+  return std::max(1, cores / std::max(1, jobs) / std::max(1, local_ranks) - std::max(0, loader_threads));
 }
 
 /// Runs `jobs` workers (the calling thread is one), each with `threads`

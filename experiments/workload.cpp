@@ -4,6 +4,7 @@
 
 #include "config.h"
 #include "data.h"
+#include "images.h"
 #include "models.h"
 
 #include <c10/util/Exception.h>
@@ -16,6 +17,36 @@
 namespace bigbatch::experiments {
 
 Batch Examples::range(std::int64_t begin, std::int64_t end) const { return get(at::arange(begin, end, at::kLong)); }
+
+Batch Examples::augmented(const at::Tensor& index, const Draw&) const { return get(index); }
+
+namespace {
+
+// SplitMix64's output function (Steele, Lea and Flood 2014): a bijection of
+// 64-bit words whose outputs pass BigCrush for consecutive inputs.
+std::uint64_t mix64(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+ExampleRandom::ExampleRandom(const Draw& draw, std::int64_t example)
+    : state_(mix64(mix64(mix64(draw.seed) ^ static_cast<std::uint64_t>(draw.epoch)) ^
+                   static_cast<std::uint64_t>(example))) {}
+
+std::uint64_t ExampleRandom::next() {
+  state_ += 0x9e3779b97f4a7c15ULL;
+  return mix64(state_);
+}
+
+double ExampleRandom::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+std::int64_t ExampleRandom::below(std::int64_t n) {
+  TORCH_CHECK(n >= 1, "ExampleRandom::below: n must be >= 1, got ", n);
+  return static_cast<std::int64_t>(uniform() * static_cast<double>(n)) % n;
+}
 
 namespace {
 
@@ -91,6 +122,7 @@ Registry& registry() {
   static Registry* r = [] {
     auto* out = new Registry;  // never destroyed: registrations may be read at exit
     for (auto& d : builtin_datasets()) add(out->datasets, d.name, d, "dataset");
+    for (auto& d : image_datasets()) add(out->datasets, d.name, d, "dataset");
     for (auto& m : builtin_models()) add(out->models, m.type, m, "model");
     return out;
   }();

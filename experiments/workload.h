@@ -46,17 +46,54 @@ struct Batch {
   at::Tensor input, target;
 };
 
+/// Which draw of the training stream a batch is: the trial's data seed and
+/// the epoch (a batch never spans two). Random augmentation derives each
+/// example's randomness from (seed, epoch, example index) alone (see
+/// example_stream), so the same trial gets the same batches whatever the
+/// number of loader threads and the order they finish in, and a resumed run
+/// continues the same stream.
+struct Draw {
+  std::uint64_t seed = 0;
+  std::int64_t epoch = 0;
+};
+
+/// A small counter-based generator for one example's augmentation: the
+/// same (draw, example) gives the same numbers on any thread (SplitMix64
+/// over a key mixed from the three).
+class ExampleRandom {
+ public:
+  ExampleRandom(const Draw& draw, std::int64_t example);
+  std::uint64_t next();
+  /// Uniform in [0, 1).
+  double uniform();
+  /// Uniform integer in [0, n), n >= 1.
+  std::int64_t below(std::int64_t n);
+
+ private:
+  std::uint64_t state_;
+};
+
 /// One split's examples, fetched by index (a map-style dataset).
 class Examples {
  public:
   virtual ~Examples() = default;
   virtual std::int64_t size() const = 0;
   /// The examples at `index` (1-D int64, CPU, each in [0, size())), stacked
-  /// along dimension 0 in that order.
+  /// along dimension 0 in that order: as evaluation sees them (no random
+  /// augmentation).
   virtual Batch get(const at::Tensor& index) const = 0;
   /// Examples [begin, end), for evaluation: get() of that range unless a
   /// source has a cheaper way.
   virtual Batch range(std::int64_t begin, std::int64_t end) const;
+  /// A training batch: the examples at `index` with their random
+  /// augmentation for `draw` applied (ExampleRandom(draw, index[i]) per
+  /// example). Default: get(index), for data without augmentation. Called
+  /// from the runner's loader threads, several at once.
+  virtual Batch augmented(const at::Tensor& index, const Draw& draw) const;
+  /// Whether fetching a batch costs real work (decoding, augmentation): the
+  /// runner then gives the loader a thread of its own by default
+  /// (runner.loader_threads) and the intra-op pool one fewer.
+  virtual bool costly() const { return false; }
 };
 
 /// Examples held in memory as two tensors whose first dimension is the example.
@@ -120,6 +157,9 @@ struct WorkloadData {
   /// Optional: further validation metrics, each averaged over the split and
   /// recorded by name (metrics.csv column "val_<name>", TensorBoard).
   std::vector<std::pair<std::string, ExampleScore>> metrics;
+  /// Optional: what the data has to say in each trial's summary.json (under
+  /// "data"), read when the trial ends: e.g. the images skipped as corrupt.
+  std::function<nlohmann::json()> report;
 
   std::int64_t train_size() const { return train ? train->size() : 0; }
   /// Shape of one input example, e.g. {1, 28, 28}: from training example 0.
