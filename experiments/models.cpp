@@ -116,24 +116,59 @@ Sequential simple_cnn(const ModelSpec& s, const std::vector<std::int64_t>& shape
   return net;
 }
 
-// conv3x3 stem, three stages of one residual block each (w, 2w, 4w; strides
-// 1, 2, 2), global average pooling, fc: 8 weight layers.
+// Stages of residual blocks after the stem: stage k has blocks[k] blocks of
+// width * 2^k channels, its first strided 2 (but the first stage's), then
+// global average pooling and fc.
+Sequential residual_stages(Sequential net, const ModelSpec& s, const std::vector<std::int64_t>& blocks,
+                           std::int64_t outputs) {
+  std::int64_t in = s.width;
+  for (std::size_t k = 0; k < blocks.size(); ++k) {
+    const std::int64_t out = s.width << k;
+    for (std::int64_t b = 0; b < blocks[k]; ++b) {
+      net->push_back(ResidualBlock(s, in, out, b == 0 && k > 0 ? 2 : 1));
+      in = out;
+    }
+  }
+  net->push_back(torch::nn::AdaptiveAvgPool2d(1));
+  net->push_back(torch::nn::Flatten());
+  net->push_back(torch::nn::Linear(in, outputs));
+  return net;
+}
+
+// He et al. 2016's CIFAR ResNets (section 4.2): a conv3x3 stem, three stages
+// of n blocks (w, 2w, 4w channels on 32, 16, 8 pixels), 6n + 2 weight layers:
+// ResNet-8 (n = 1, Shallue et al.'s), -20 (3), -56 (9). The shortcut where
+// the shape changes is a strided 1x1 conv and norm (their option B) rather
+// than option A's zero padding.
 Sequential resnet(const ModelSpec& s, const std::vector<std::int64_t>& shape, std::int64_t outputs) {
   TORCH_CHECK(shape.size() == 3, "model.type: resnet needs image inputs (C, H, W)");
   TORCH_CHECK(s.width > 0, "model.width: must be > 0, got ", s.width);
+  TORCH_CHECK(s.depth >= 8 && (s.depth - 2) % 6 == 0, "model.depth: must be 6n + 2 with n >= 1, got ", s.depth);
   check_norm(s);
-  const std::int64_t w = s.width;
   Sequential net;
-  net->push_back(conv(shape[0], w, 3, 1, s.norm == Norm::kNone));
-  add_norm2d(net, s, w);
+  net->push_back(conv(shape[0], s.width, 3, 1, s.norm == Norm::kNone));
+  add_norm2d(net, s, s.width);
   net->push_back(torch::nn::ReLU());
-  net->push_back(ResidualBlock(s, w, w, 1));
-  net->push_back(ResidualBlock(s, w, 2 * w, 2));
-  net->push_back(ResidualBlock(s, 2 * w, 4 * w, 2));
-  net->push_back(torch::nn::AdaptiveAvgPool2d(1));
-  net->push_back(torch::nn::Flatten());
-  net->push_back(torch::nn::Linear(4 * w, outputs));
-  return net;
+  const std::int64_t n = (s.depth - 2) / 6;
+  return residual_stages(net, s, {n, n, n}, outputs);
+}
+
+// ResNet-18 (He et al. 2016's ImageNet layout: four stages of two blocks,
+// w to 8w channels). Inputs up to 64 pixels a side get a conv3x3 stride-1
+// stem and no max pooling, as AlgoPerf's CIFAR-10 workload has it; larger
+// ones the ImageNet stem, conv7x7 stride 2 and a 3x3 stride-2 max pool.
+Sequential resnet18(const ModelSpec& s, const std::vector<std::int64_t>& shape, std::int64_t outputs) {
+  TORCH_CHECK(shape.size() == 3, "model.type: resnet18 needs image inputs (C, H, W)");
+  TORCH_CHECK(s.width > 0, "model.width: must be > 0, got ", s.width);
+  check_norm(s);
+  const bool small = shape[1] <= 64 && shape[2] <= 64;
+  Sequential net;
+  net->push_back(small ? conv(shape[0], s.width, 3, 1, s.norm == Norm::kNone)
+                       : conv(shape[0], s.width, 7, 2, s.norm == Norm::kNone));
+  add_norm2d(net, s, s.width);
+  net->push_back(torch::nn::ReLU());
+  if (!small) net->push_back(torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(3).stride(2).padding(1)));
+  return residual_stages(net, s, {2, 2, 2, 2}, outputs);
 }
 
 }  // namespace
@@ -150,6 +185,7 @@ Sequential make_model(const ModelSpec& spec, const std::vector<std::int64_t>& ex
     case ModelType::kMlp: return mlp(spec, product(example_shape), outputs);
     case ModelType::kSimpleCnn: return simple_cnn(spec, example_shape, outputs);
     case ModelType::kResnet: return resnet(spec, example_shape, outputs);
+    case ModelType::kResnet18: return resnet18(spec, example_shape, outputs);
   }
   TORCH_INTERNAL_ASSERT(false, "model type ", static_cast<int>(spec.type), " has no builder");
 }

@@ -1,7 +1,7 @@
 // The built-in models, registered as any user's (workload.h): linear, MLP
 // (optionally with BatchNorm or GhostBatchNorm), the simple CNN of Shallue
-// et al. 2018 (base/narrow/wide), and a small ResNet (8 layers) with
-// BatchNorm or GhostBatchNorm.
+// et al. 2018 (base/narrow/wide), He et al.'s CIFAR ResNets of depth 6n + 2
+// (ResNet-8, -20, -56, ...) and ResNet-18, with BatchNorm or GhostBatchNorm.
 #pragma once
 
 #include "workload.h"
@@ -17,14 +17,14 @@ namespace bigbatch::experiments {
 
 struct WorkloadPart;  // config.h
 
-enum class ModelType { kLinear, kMlp, kSimpleCnn, kResnet };
+enum class ModelType { kLinear, kMlp, kSimpleCnn, kResnet, kResnet18 };
 enum class Norm { kNone, kBatch, kGhost };
 enum class CnnVariant { kBase, kNarrow, kWide };
 
 /// How configs spell them, in the order error messages list them.
 inline constexpr config::EnumName<ModelType> kModelTypes[] = {
     {ModelType::kLinear, "linear"}, {ModelType::kMlp, "mlp"}, {ModelType::kSimpleCnn, "simple_cnn"},
-    {ModelType::kResnet, "resnet"}};
+    {ModelType::kResnet, "resnet"}, {ModelType::kResnet18, "resnet18"}};
 inline constexpr config::EnumName<Norm> kNorms[] = {
     {Norm::kNone, "none"}, {Norm::kBatch, "batch"}, {Norm::kGhost, "ghost"}};
 inline constexpr config::EnumName<CnnVariant> kCnnVariants[] = {
@@ -37,7 +37,8 @@ struct ModelSpec {
   Norm norm = Norm::kNone;                     ///< mlp, resnet
   std::int64_t ghost_batch_size = 32;          ///< norm = ghost
   CnnVariant variant = CnnVariant::kBase;      ///< simple_cnn
-  std::int64_t width = 16;                     ///< resnet: channels of the first stage
+  std::int64_t width = 16;                     ///< resnet: channels of the first stage (resnet18: 64)
+  std::int64_t depth = 8;                      ///< resnet: 6n + 2 weight layers, n blocks a stage
 };
 
 /// The small ResNet's block: relu(x + F(x)), F = conv-norm-relu-conv-norm,

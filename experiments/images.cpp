@@ -1,0 +1,640 @@
+// The image workloads (images.h): CIFAR's binary records read whole into
+// uint8 tensors (150 MB for CIFAR-10's 50,000 training images), augmented
+// per batch on the loader's threads; image folders listed at load and
+// decoded (OpenCV's imgcodecs over libjpeg-turbo and libpng) for each batch.
+#include "images.h"
+
+#include "config.h"
+#include "../config/json_reader.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+namespace bigbatch::experiments {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ------------------------------------------------------------ geometry --
+
+namespace {
+
+// The padded-crop-flip of one [C, H, W] image into `dst` (see pad_crop_flip).
+void crop_into(const std::uint8_t* src, std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t pad,
+               std::int64_t dy, std::int64_t dx, bool flip, std::uint8_t* dst) {
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    for (std::int64_t y = 0; y < h; ++y) {
+      const std::int64_t sy = y + dy - pad;
+      std::uint8_t* row = dst + (ch * h + y) * w;
+      if (sy < 0 || sy >= h) {
+        std::fill(row, row + w, std::uint8_t{0});
+        continue;
+      }
+      const std::uint8_t* from = src + (ch * h + sy) * w;
+      for (std::int64_t x = 0; x < w; ++x) {
+        const std::int64_t sx = (flip ? w - 1 - x : x) + dx - pad;
+        row[x] = sx >= 0 && sx < w ? from[sx] : std::uint8_t{0};
+      }
+    }
+  }
+}
+
+// Python's round(): halves to even, as torchvision's window arithmetic.
+std::int64_t round_even(double x) { return static_cast<std::int64_t>(std::nearbyint(x)); }
+
+}  // namespace
+
+at::Tensor pad_crop_flip(const at::Tensor& image, std::int64_t pad, std::int64_t dy, std::int64_t dx, bool flip) {
+  TORCH_CHECK(image.dim() == 3 && image.scalar_type() == at::kByte, "pad_crop_flip: needs a uint8 image [C, H, W], got ",
+              image.scalar_type(), " ", image.sizes());
+  TORCH_CHECK(pad >= 0 && dy >= 0 && dy <= 2 * pad && dx >= 0 && dx <= 2 * pad, "pad_crop_flip: offsets (", dy, ", ",
+              dx, ") outside [0, ", 2 * pad, "]");
+  const at::Tensor src = image.contiguous();
+  at::Tensor out = at::empty_like(src);
+  crop_into(src.data_ptr<std::uint8_t>(), src.size(0), src.size(1), src.size(2), pad, dy, dx, flip,
+            out.data_ptr<std::uint8_t>());
+  return out;
+}
+
+CropBox random_resized_box(std::int64_t height, std::int64_t width, ExampleRandom& random, double scale_min,
+                           double scale_max, double ratio_min, double ratio_max) {
+  const double area = static_cast<double>(height) * static_cast<double>(width);
+  const double log_min = std::log(ratio_min), log_max = std::log(ratio_max);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * (scale_min + (scale_max - scale_min) * random.uniform());
+    const double aspect = std::exp(log_min + (log_max - log_min) * random.uniform());
+    const std::int64_t w = round_even(std::sqrt(target * aspect)), h = round_even(std::sqrt(target / aspect));
+    if (w > 0 && w <= width && h > 0 && h <= height) {
+      const std::int64_t top = random.below(height - h + 1);
+      const std::int64_t left = random.below(width - w + 1);
+      return {top, left, h, w};
+    }
+  }
+  const double in_ratio = static_cast<double>(width) / static_cast<double>(height);
+  std::int64_t w = width, h = height;
+  if (in_ratio < ratio_min) {
+    h = round_even(static_cast<double>(w) / ratio_min);
+  } else if (in_ratio > ratio_max) {
+    w = round_even(static_cast<double>(h) * ratio_max);
+  }
+  return {(height - h) / 2, (width - w) / 2, h, w};
+}
+
+at::Tensor normalize_images(const at::Tensor& images, const std::vector<double>& mean, const std::vector<double>& std) {
+  TORCH_CHECK(images.dim() == 4 && images.size(1) == static_cast<std::int64_t>(mean.size()) &&
+                  mean.size() == std.size(),
+              "normalize_images: images ", images.sizes(), " and ", mean.size(), " channel means");
+  const auto channels = static_cast<std::int64_t>(mean.size());
+  const at::Tensor m = at::tensor(mean, at::kDouble).to(at::kFloat).view({1, channels, 1, 1});
+  const at::Tensor s = at::tensor(std, at::kDouble).to(at::kFloat).view({1, channels, 1, 1});
+  return images.to(at::kFloat).div_(255).sub_(m).div_(s);
+}
+
+// --------------------------------------------------------------- CIFAR --
+
+namespace {
+
+// The commonly used per-channel statistics of the training images (pixels in [0, 1]).
+const std::vector<double> kCifar10Mean{0.4914, 0.4822, 0.4465}, kCifar10Std{0.2470, 0.2435, 0.2616};
+const std::vector<double> kCifar100Mean{0.5071, 0.4865, 0.4409}, kCifar100Std{0.2673, 0.2564, 0.2762};
+
+constexpr std::int64_t kCifarPixels = 3 * 32 * 32;
+
+[[noreturn]] void data_error(const std::string& message) { throw std::runtime_error(message); }
+
+std::string read_all(const std::string& path, const char* key) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) data_error(std::string(key) + ": " + path + ": cannot open (" + std::strerror(errno) + ")");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) data_error(std::string(key) + ": " + path + ": cannot read (" + std::strerror(errno) + ")");
+  return bytes;
+}
+
+// Images [N, 3, 32, 32] uint8 and labels [N] int64 of CIFAR binary files:
+// records of `label_bytes` label bytes then 3072 pixel bytes (the red,
+// green and blue planes, rows top to bottom), the label at `label_at`.
+struct Records {
+  at::Tensor images, labels;
+};
+
+Records read_records(const std::vector<std::string>& paths, std::int64_t label_bytes, std::int64_t label_at,
+                     std::int64_t classes, const std::vector<std::int64_t>& label_limits) {
+  const std::int64_t record = label_bytes + kCifarPixels;
+  std::vector<std::string> files;
+  std::int64_t total = 0;
+  for (const auto& p : paths) {
+    files.push_back(read_all(p, "dataset.path"));
+    const auto size = static_cast<std::int64_t>(files.back().size());
+    if (size == 0 || size % record != 0) {
+      data_error("dataset.path: " + p + ": " + std::to_string(size) + " bytes is not a whole number of " +
+                 std::to_string(record) + "-byte records (truncated, or not this CIFAR's binary version)");
+    }
+    total += size / record;
+  }
+  Records r{at::empty({total, 3, 32, 32}, at::kByte), at::empty({total}, at::kLong)};
+  std::uint8_t* image = r.images.data_ptr<std::uint8_t>();
+  std::int64_t* label = r.labels.data_ptr<std::int64_t>();
+  for (std::size_t f = 0; f < files.size(); ++f) {
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(files[f].data());
+    const auto n = static_cast<std::int64_t>(files[f].size()) / record;
+    for (std::int64_t i = 0; i < n; ++i, image += kCifarPixels) {
+      const std::uint8_t* rec = bytes + i * record;
+      for (std::int64_t b = 0; b < label_bytes; ++b) {
+        if (rec[b] >= label_limits[static_cast<std::size_t>(b)]) {
+          data_error("dataset.path: " + paths[f] + ": record " + std::to_string(i) + ": label " +
+                     std::to_string(rec[b]) + " is not in [0, " + std::to_string(label_limits[static_cast<std::size_t>(b)]) +
+                     ")");
+        }
+      }
+      *label++ = rec[label_at];
+      std::memcpy(image, rec + label_bytes, kCifarPixels);
+    }
+  }
+  TORCH_INTERNAL_ASSERT(classes > 0);
+  return r;
+}
+
+// In-memory uint8 images, normalized as fetched; with augmentation, the
+// padded crop and flip of each training example drawn from (draw, example).
+class ImageTensorExamples final : public Examples {
+ public:
+  ImageTensorExamples(at::Tensor images, at::Tensor labels, std::vector<double> mean, std::vector<double> std,
+                      std::int64_t pad, bool flip)
+      : images_(std::move(images)), labels_(std::move(labels)), mean_(std::move(mean)), std_(std::move(std)),
+        pad_(pad), flip_(flip) {}
+  std::int64_t size() const override { return images_.size(0); }
+  Batch get(const at::Tensor& index) const override {
+    return {normalize_images(images_.index_select(0, index), mean_, std_), labels_.index_select(0, index)};
+  }
+  Batch range(std::int64_t begin, std::int64_t end) const override {
+    return {normalize_images(images_.slice(0, begin, end), mean_, std_), labels_.slice(0, begin, end)};
+  }
+  Batch augmented(const at::Tensor& index, const Draw& draw) const override {
+    if (!costly()) return get(index);
+    const at::Tensor i = index.to(at::kLong).contiguous();
+    const std::int64_t n = i.numel(), c = images_.size(1), h = images_.size(2), w = images_.size(3);
+    at::Tensor out = at::empty({n, c, h, w}, at::kByte);
+    const std::int64_t* p = i.data_ptr<std::int64_t>();
+    const std::uint8_t* src = images_.data_ptr<std::uint8_t>();
+    std::uint8_t* dst = out.data_ptr<std::uint8_t>();
+    for (std::int64_t k = 0; k < n; ++k) {
+      TORCH_CHECK(p[k] >= 0 && p[k] < size(), "image examples: index ", p[k], " outside [0, ", size(), ")");
+      ExampleRandom random(draw, p[k]);
+      const std::int64_t dy = random.below(2 * pad_ + 1), dx = random.below(2 * pad_ + 1);
+      const bool flip = flip_ && random.below(2) == 1;
+      crop_into(src + p[k] * c * h * w, c, h, w, pad_, dy, dx, flip, dst + k * c * h * w);
+    }
+    return {normalize_images(out, mean_, std_), labels_.index_select(0, i)};
+  }
+  bool costly() const override { return pad_ > 0 || flip_; }
+
+ private:
+  at::Tensor images_, labels_;
+  std::vector<double> mean_, std_;
+  std::int64_t pad_;
+  bool flip_;
+};
+
+}  // namespace
+
+WorkloadData load_cifar(const CifarSpec& s) {
+  TORCH_CHECK(s.classes == 10 || s.classes == 100, "CIFAR: classes must be 10 or 100, got ", s.classes);
+  const fs::path dir(s.path);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    data_error("dataset.path: " + s.path + ": " +
+               (fs::exists(dir, ec) ? std::string("not a folder") : "cannot open (" + std::string(std::strerror(ENOENT)) + ")"));
+  }
+  Records train, test;
+  std::int64_t classes = s.classes;
+  if (s.classes == 10) {
+    std::vector<std::string> batches;
+    for (int k = 1; k <= 5; ++k) batches.push_back((dir / ("data_batch_" + std::to_string(k) + ".bin")).string());
+    train = read_records(batches, 1, 0, 10, {10});
+    test = read_records({(dir / "test_batch.bin").string()}, 1, 0, 10, {10});
+  } else {
+    const std::int64_t at = s.fine_labels ? 1 : 0;
+    classes = s.fine_labels ? 100 : 20;
+    train = read_records({(dir / "train.bin").string()}, 2, at, classes, {20, 100});
+    test = read_records({(dir / "test.bin").string()}, 2, at, classes, {20, 100});
+  }
+  const std::int64_t n = train.images.size(0);
+  if (s.validation < 0 || s.validation >= n) {
+    data_error("dataset.validation: " + std::to_string(s.validation) + " is not in [0, " + std::to_string(n) +
+               ") (the training records in " + s.path + ")");
+  }
+  // Held out: the first `validation` of a permutation drawn from split_seed;
+  // both parts keep the files' order.
+  const at::Tensor order = at::randperm(n, at::detail::createCPUGenerator(s.split_seed), at::kLong);
+  const at::Tensor held = std::get<0>(order.slice(0, 0, s.validation).sort());
+  const at::Tensor kept = std::get<0>(order.slice(0, s.validation, n).sort());
+  const auto& mean = s.classes == 10 ? kCifar10Mean : kCifar100Mean;
+  const auto& std = s.classes == 10 ? kCifar10Std : kCifar100Std;
+  const std::int64_t pad = s.augment ? 4 : 0;
+  WorkloadData d;
+  d.classes = classes;
+  d.train = std::make_shared<ImageTensorExamples>(train.images.index_select(0, kept), train.labels.index_select(0, kept),
+                                                  mean, std, pad, s.augment);
+  // (with no records held out, the test files validate: say so in the docs)
+  d.validation = s.validation > 0 ? std::make_shared<ImageTensorExamples>(train.images.index_select(0, held),
+                                                                         train.labels.index_select(0, held), mean, std,
+                                                                         0, false)
+                                  : std::make_shared<ImageTensorExamples>(test.images, test.labels, mean, std, 0, false);
+  d.test = std::make_shared<ImageTensorExamples>(test.images, test.labels, mean, std, 0, false);
+  return d;
+}
+
+// ------------------------------------------------------- image folders --
+
+namespace {
+
+bool image_file(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
+// The class folders of `root` (sorted) and their images (sorted within each).
+struct Listing {
+  std::vector<std::string> classes;
+  std::vector<std::string> files;
+  std::vector<std::int64_t> labels;
+};
+
+Listing list_folder(const std::string& root, const char* key) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) {
+    data_error(std::string(key) + ": " + root + ": " +
+               (fs::exists(root, ec) ? std::string("not a folder") : "cannot open (" + std::string(std::strerror(ENOENT)) + ")"));
+  }
+  Listing l;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    if (entry.is_directory()) l.classes.push_back(entry.path().filename().string());
+  }
+  std::sort(l.classes.begin(), l.classes.end());
+  if (l.classes.empty()) data_error(std::string(key) + ": " + root + ": no class folders (expected <path>/<class>/<image>)");
+  for (std::size_t c = 0; c < l.classes.size(); ++c) {
+    std::vector<std::string> files;
+    for (const auto& entry : fs::recursive_directory_iterator(fs::path(root) / l.classes[c])) {
+      if (entry.is_regular_file() && image_file(entry.path())) files.push_back(entry.path().string());
+    }
+    std::sort(files.begin(), files.end());
+    for (auto& f : files) {
+      l.files.push_back(std::move(f));
+      l.labels.push_back(static_cast<std::int64_t>(c));
+    }
+  }
+  if (l.files.empty()) data_error(std::string(key) + ": " + root + ": no .jpg, .jpeg or .png images in its class folders");
+  return l;
+}
+
+// An RGB image (8-bit, 3 channels) decoded from `path`; empty when the file
+// cannot be read or decoded. EXIF orientation is ignored, as PIL does.
+cv::Mat decode(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.empty()) return {};
+  const cv::Mat raw(1, static_cast<int>(bytes.size()), CV_8U, const_cast<char*>(bytes.data()));
+  cv::Mat bgr;
+  try {
+    bgr = cv::imdecode(raw, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
+  } catch (const cv::Exception&) {
+    return {};
+  }
+  if (bgr.empty()) return {};
+  cv::Mat rgb;
+  cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+  return rgb;
+}
+
+// The images skipped as corrupt, shared by a dataset's splits: each warned
+// about once, counted in every trial's summary.json.
+struct SkipLog {
+  std::mutex mutex;
+  std::set<std::string> skipped;
+  std::int64_t images = 0;
+  void skip(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (skipped.insert(path).second) {
+      std::cerr << "warning: dataset: skipping " << path << ": not a decodable JPEG or PNG image\n";
+    }
+  }
+  json report() {
+    std::lock_guard<std::mutex> lock(mutex);
+    json names = json::array();
+    for (const auto& s : skipped) {
+      if (names.size() < 20) names.push_back(s);
+    }
+    return {{"images", images}, {"skipped_images", skipped.size()}, {"skipped", names}};
+  }
+};
+
+// HWC RGB 8-bit `image` into dst as CHW.
+void to_chw(const cv::Mat& image, std::uint8_t* dst) {
+  const std::int64_t h = image.rows, w = image.cols;
+  for (std::int64_t y = 0; y < h; ++y) {
+    const auto* row = image.ptr<std::uint8_t>(static_cast<int>(y));
+    for (std::int64_t x = 0; x < w; ++x) {
+      for (std::int64_t c = 0; c < 3; ++c) dst[(c * h + y) * w + x] = row[x * 3 + c];
+    }
+  }
+}
+
+cv::Mat resized(const cv::Mat& image, int width, int height) {
+  cv::Mat out;
+  const bool shrinking = width < image.cols && height < image.rows;
+  cv::resize(image, out, cv::Size(width, height), 0, 0, shrinking ? cv::INTER_AREA : cv::INTER_LINEAR);
+  return out;
+}
+
+class FolderExamples final : public Examples {
+ public:
+  FolderExamples(std::vector<std::string> files, std::vector<std::int64_t> labels, const ImageFolderSpec& spec,
+                 bool augment, std::shared_ptr<SkipLog> log)
+      : files_(std::move(files)), labels_(std::move(labels)), spec_(spec), augment_(augment), log_(std::move(log)) {}
+  std::int64_t size() const override { return static_cast<std::int64_t>(files_.size()); }
+  Batch get(const at::Tensor& index) const override { return fetch(index, nullptr); }
+  Batch range(std::int64_t begin, std::int64_t end) const override {
+    // Evaluation runs in the trial's thread: its intra-op pool decodes.
+    const std::int64_t n = end - begin, side = spec_.size;
+    at::Tensor out = at::empty({n, 3, side, side}, at::kByte);
+    at::Tensor labels = at::empty({n}, at::kLong);
+    std::uint8_t* dst = out.data_ptr<std::uint8_t>();
+    std::int64_t* label = labels.data_ptr<std::int64_t>();
+    at::parallel_for(0, n, 1, [&](std::int64_t from, std::int64_t to) {
+      for (std::int64_t k = from; k < to; ++k) label[k] = make(begin + k, nullptr, dst + k * 3 * side * side);
+    });
+    return {normalize_images(out, mean(), stdev()), labels};
+  }
+  Batch augmented(const at::Tensor& index, const Draw& draw) const override {
+    return augment_ ? fetch(index, &draw) : get(index);
+  }
+  bool costly() const override { return true; }  // decoding, whether augmented or not
+
+ private:
+  std::vector<double> mean() const { return {spec_.mean.begin(), spec_.mean.end()}; }
+  std::vector<double> stdev() const { return {spec_.std.begin(), spec_.std.end()}; }
+
+  Batch fetch(const at::Tensor& index, const Draw* draw) const {
+    const at::Tensor i = index.to(at::kLong).contiguous();
+    const std::int64_t n = i.numel(), side = spec_.size;
+    at::Tensor out = at::empty({n, 3, side, side}, at::kByte);
+    at::Tensor labels = at::empty({n}, at::kLong);
+    const std::int64_t* p = i.data_ptr<std::int64_t>();
+    std::uint8_t* dst = out.data_ptr<std::uint8_t>();
+    std::int64_t* label = labels.data_ptr<std::int64_t>();
+    for (std::int64_t k = 0; k < n; ++k) {
+      TORCH_CHECK(p[k] >= 0 && p[k] < size(), "image_folder: index ", p[k], " outside [0, ", size(), ")");
+      std::optional<ExampleRandom> random;
+      if (draw != nullptr) random.emplace(*draw, p[k]);
+      label[k] = make(p[k], random ? &*random : nullptr, dst + k * 3 * side * side);
+    }
+    return {normalize_images(out, mean(), stdev()), labels};
+  }
+
+  // Example k into dst (3 x size x size): a random resized crop and flip
+  // with `random`, else the evaluation's resize and center crop. A file that
+  // does not decode is skipped: the next one that does stands in. Its label.
+  std::int64_t make(std::int64_t k, ExampleRandom* random, std::uint8_t* dst) const {
+    const std::int64_t n = size();
+    cv::Mat image;
+    std::int64_t used = k;
+    for (std::int64_t tries = 0; tries < n; ++tries, used = (used + 1) % n) {
+      image = decode(files_[static_cast<std::size_t>(used)]);
+      if (!image.empty()) break;
+      log_->skip(files_[static_cast<std::size_t>(used)]);
+    }
+    TORCH_CHECK(!image.empty(), "image_folder: none of the ", n, " images decodes");
+    const int side = static_cast<int>(spec_.size);
+    cv::Mat out;
+    if (random != nullptr) {
+      const CropBox box = random_resized_box(image.rows, image.cols, *random);
+      const cv::Rect roi(static_cast<int>(box.left), static_cast<int>(box.top), static_cast<int>(box.width),
+                         static_cast<int>(box.height));
+      out = resized(image(roi), side, side);
+      if (random->below(2) == 1) cv::flip(out, out, 1);
+    } else {
+      const double scale = static_cast<double>(spec_.resize) / std::min(image.rows, image.cols);
+      const int w = std::max(side, static_cast<int>(round_even(image.cols * scale)));
+      const int h = std::max(side, static_cast<int>(round_even(image.rows * scale)));
+      const cv::Mat r = resized(image, w, h);
+      const int top = static_cast<int>(round_even((h - side) / 2.0)), left = static_cast<int>(round_even((w - side) / 2.0));
+      out = r(cv::Rect(left, top, side, side)).clone();
+    }
+    to_chw(out, dst);
+    return labels_[static_cast<std::size_t>(used)];
+  }
+
+  std::vector<std::string> files_;
+  std::vector<std::int64_t> labels_;
+  ImageFolderSpec spec_;
+  bool augment_;
+  std::shared_ptr<SkipLog> log_;
+};
+
+// Keeps the images that decode (all of them decoded once, on every core)
+// with verify, else those whose first bytes are a JPEG's or a PNG's.
+void keep_readable(Listing& l, bool verify, SkipLog& log) {
+  const std::size_t n = l.files.size();
+  std::vector<char> good(n, 0);
+  std::atomic<std::size_t> next{0};
+  const auto check = [&] {
+    for (std::size_t i = next++; i < n; i = next++) {
+      if (verify) {
+        good[i] = !decode(l.files[i]).empty();
+      } else {
+        std::ifstream in(l.files[i], std::ios::binary);
+        unsigned char head[4] = {0, 0, 0, 0};
+        in.read(reinterpret_cast<char*>(head), 4);
+        good[i] = (head[0] == 0xFF && head[1] == 0xD8 && head[2] == 0xFF) ||
+                  (head[0] == 0x89 && head[1] == 'P' && head[2] == 'N' && head[3] == 'G');
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned t = 1; t < cores; ++t) threads.emplace_back(check);
+  check();
+  for (auto& t : threads) t.join();
+  Listing kept{l.classes, {}, {}};
+  for (std::size_t i = 0; i < n; ++i) {
+    if (good[i]) {
+      kept.files.push_back(l.files[i]);
+      kept.labels.push_back(l.labels[i]);
+    } else {
+      log.skip(l.files[i]);
+    }
+  }
+  std::lock_guard<std::mutex> lock(log.mutex);
+  log.images += static_cast<std::int64_t>(n);
+  l = std::move(kept);
+}
+
+}  // namespace
+
+WorkloadData load_image_folder(const ImageFolderSpec& s) {
+  TORCH_CHECK(s.size > 0 && s.resize >= s.size, "image_folder: size ", s.size, " and resize ", s.resize,
+              " must be > 0 with resize >= size");
+  cv::setNumThreads(0);  // the runner's threads are the parallelism: OpenCV's own pool would oversubscribe
+  auto log = std::make_shared<SkipLog>();
+  Listing train = list_folder(s.path, "dataset.path");
+  keep_readable(train, s.verify, *log);
+  if (train.files.empty()) data_error("dataset.path: " + s.path + ": none of its images decodes");
+  const auto split = [&](const std::string& path, const char* key) {
+    Listing l = list_folder(path, key);
+    if (l.classes != train.classes) {
+      data_error(std::string(key) + ": " + path + ": its class folders differ from dataset.path's (" +
+                 std::to_string(l.classes.size()) + " against " + std::to_string(train.classes.size()) + ")");
+    }
+    keep_readable(l, s.verify, *log);
+    return l;
+  };
+  WorkloadData d;
+  d.classes = static_cast<std::int64_t>(train.classes.size());
+  Listing validation;
+  if (!s.validation_path.empty()) {
+    validation = split(s.validation_path, "dataset.validation_path");
+  } else {
+    const auto n = static_cast<std::int64_t>(train.files.size());
+    const auto held = static_cast<std::int64_t>(std::llround(s.validation_fraction * static_cast<double>(n)));
+    if (held < 1 || held >= n) {
+      data_error("dataset.validation_fraction: " + std::to_string(s.validation_fraction) + " of " +
+                 std::to_string(n) + " images holds out " + std::to_string(held) + " (needs 1 to " +
+                 std::to_string(n - 1) + ")");
+    }
+    const at::Tensor order = at::randperm(n, at::detail::createCPUGenerator(s.split_seed), at::kLong);
+    std::vector<char> is_held(static_cast<std::size_t>(n), 0);
+    for (std::int64_t k = 0; k < held; ++k) is_held[static_cast<std::size_t>(order[k].item<std::int64_t>())] = 1;
+    Listing kept{train.classes, {}, {}};
+    validation.classes = train.classes;
+    for (std::size_t i = 0; i < train.files.size(); ++i) {
+      Listing& to = is_held[i] ? validation : kept;
+      to.files.push_back(train.files[i]);
+      to.labels.push_back(train.labels[i]);
+    }
+    train = std::move(kept);
+  }
+  d.train = std::make_shared<FolderExamples>(train.files, train.labels, s, s.augment, log);
+  d.validation = std::make_shared<FolderExamples>(validation.files, validation.labels, s, false, log);
+  if (!s.test_path.empty()) {
+    const Listing test = split(s.test_path, "dataset.test_path");
+    d.test = std::make_shared<FolderExamples>(test.files, test.labels, s, false, log);
+  }
+  d.report = [log] { return log->report(); };
+  return d;
+}
+
+// -------------------------------------------------------- registrations --
+
+namespace {
+
+CifarSpec cifar_spec(std::int64_t classes, const json& params) {
+  config::JsonReader r(params, "dataset");
+  CifarSpec s;
+  s.classes = classes;
+  s.path = r.string("path");
+  s.validation = r.integer("validation", s.validation);
+  if (s.validation < 0) config::config_error(r.path_of("validation"), "must be >= 0, got " + std::to_string(s.validation));
+  s.split_seed = static_cast<std::uint64_t>(r.integer("split_seed", 0));
+  s.augment = r.boolean("augment", s.augment);
+  if (classes == 100) {
+    const std::string labels = r.string("labels", "fine");
+    if (labels != "fine" && labels != "coarse") {
+      config::config_error(r.path_of("labels"), "unknown value \"" + labels + "\" (one of: fine, coarse)");
+    }
+    s.fine_labels = labels == "fine";
+  }
+  r.finish();
+  return s;
+}
+
+json cifar_json(const CifarSpec& s) {
+  json j = {{"path", s.path}, {"validation", s.validation}, {"split_seed", s.split_seed}, {"augment", s.augment}};
+  if (s.classes == 100) j["labels"] = s.fine_labels ? "fine" : "coarse";
+  return j;
+}
+
+ImageFolderSpec folder_spec(const json& params) {
+  config::JsonReader r(params, "dataset");
+  ImageFolderSpec s;
+  s.path = r.string("path");
+  s.validation_path = r.string("validation_path", "");
+  s.test_path = r.string("test_path", "");
+  s.validation_fraction = r.number("validation_fraction", s.validation_fraction);
+  if (!(s.validation_fraction > 0 && s.validation_fraction < 1)) {
+    config::config_error(r.path_of("validation_fraction"), "must be in (0, 1), got " + std::to_string(s.validation_fraction));
+  }
+  s.split_seed = static_cast<std::uint64_t>(r.integer("split_seed", 0));
+  s.size = r.integer("size", s.size);
+  if (s.size < 1) config::config_error(r.path_of("size"), "must be >= 1, got " + std::to_string(s.size));
+  s.resize = r.integer("resize", round_even(static_cast<double>(s.size) / 0.875));
+  if (s.resize < s.size) {
+    config::config_error(r.path_of("resize"), "must be >= size (" + std::to_string(s.size) + "), got " +
+                                                  std::to_string(s.resize));
+  }
+  s.augment = r.boolean("augment", s.augment);
+  s.verify = r.boolean("verify", s.verify);
+  const auto three = [&](const char* key, std::array<double, 3>& to, bool positive) {
+    const auto v = r.numbers(key, {to.begin(), to.end()});
+    if (v.size() != 3) config::config_error(r.path_of(key), "needs 3 values (R, G, B), got " + std::to_string(v.size()));
+    for (std::size_t c = 0; c < 3; ++c) {
+      if (positive && !(v[c] > 0)) config::config_error(r.path_of(key), "values must be > 0, got " + std::to_string(v[c]));
+      to[c] = v[c];
+    }
+  };
+  three("mean", s.mean, false);
+  three("std", s.std, true);
+  r.finish();
+  return s;
+}
+
+json folder_json(const ImageFolderSpec& s) {
+  return {{"path", s.path},
+          {"validation_path", s.validation_path},
+          {"test_path", s.test_path},
+          {"validation_fraction", s.validation_fraction},
+          {"split_seed", s.split_seed},
+          {"size", s.size},
+          {"resize", s.resize},
+          {"augment", s.augment},
+          {"verify", s.verify},
+          {"mean", s.mean},
+          {"std", s.std}};
+}
+
+}  // namespace
+
+std::vector<DatasetRegistration> image_datasets() {
+  std::vector<DatasetRegistration> out;
+  for (const std::int64_t classes : {10, 100}) {
+    out.push_back({"cifar" + std::to_string(classes),
+                   [classes](const json& p) { return cifar_json(cifar_spec(classes, p)); },
+                   [classes](const json& p) { return load_cifar(cifar_spec(classes, p)); }});
+  }
+  out.push_back({"image_folder", [](const json& p) { return folder_json(folder_spec(p)); },
+                 [](const json& p) { return load_image_folder(folder_spec(p)); }});
+  return out;
+}
+
+}  // namespace bigbatch::experiments
