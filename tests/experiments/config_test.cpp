@@ -95,11 +95,12 @@ TEST(SweepConfig, ErrorsNameTheKey) {
   EXPECT_EQ(error_of(j), "batch_sizes[0]: 32 is not divisible by gns.micro_batches 3");
   j = minimal();
   j["model"] = {{"type", "transformer"}};
-  EXPECT_EQ(error_of(j), "model.type: unknown \"transformer\" (registered: linear, mlp, resnet, simple_cnn, torchscript)");
+  EXPECT_EQ(error_of(j), "model.type: unknown \"transformer\" (registered: linear, mlp, resnet, resnet18, simple_cnn, "
+                         "torchscript)");
   j = minimal();
   j["dataset"] = {{"name", "imagenet"}};
-  EXPECT_EQ(error_of(j), "dataset.name: unknown \"imagenet\" (registered: fashion_mnist, gaussian_mixture, "
-                         "linear_regression)");
+  EXPECT_EQ(error_of(j), "dataset.name: unknown \"imagenet\" (registered: cifar10, cifar100, fashion_mnist, "
+                         "gaussian_mixture, image_folder, linear_regression)");
 }
 
 TEST(SweepConfig, NamesCannotLeaveTheOutputFolder) {

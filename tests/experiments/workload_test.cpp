@@ -271,7 +271,7 @@ TEST_F(Workloads, BadInputIsOneLineNamingTheThingAndTheValue) {
     ADD_FAILURE() << "an unknown dataset was accepted";
   } catch (const ConfigError& e) {
     const std::string m = e.what();
-    EXPECT_EQ(m.rfind("dataset.name: unknown \"nope\" (registered: fashion_mnist, ", 0), 0u) << m;
+    EXPECT_EQ(m.rfind("dataset.name: unknown \"nope\" (registered: cifar10, cifar100, fashion_mnist, ", 0), 0u) << m;
     EXPECT_NE(m.find("test_mixture_torchdata"), std::string::npos) << m;
   }
   EXPECT_THROW(register_model({"linear", nullptr, [](const json&, const ModelInput&) -> Model {
