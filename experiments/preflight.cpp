@@ -133,7 +133,9 @@ WorkloadData load_data(const SweepConfig& sweep) {
   } catch (const ConfigError&) {
     throw;
   } catch (const std::exception& e) {
-    throw ConfigError("dataset: " + error_line(e));
+    // One "dataset" prefix: a loader's message may name its key already ("dataset.path: ...").
+    const std::string line = error_line(e);
+    throw ConfigError(line.rfind("dataset", 0) == 0 ? line : "dataset: " + line);
   }
   check_data(sweep, data);
   check_batches(sweep, data.train->size());

@@ -517,7 +517,7 @@ bad_configs)
   derive schedule.json 'c["schedule"]["decay"] = {"type": "step", "milestones": [30, 20]}'
   expect_error 2 "schedule.decay.milestones: must be strictly increasing" "$bigbatch" sweep schedule.json
   derive workload.json 'c["model"] = {"type": "transformer"}'
-  expect_error 2 'workload.json: model.type: unknown "transformer" (registered: linear, mlp, resnet, simple_cnn, torchscript)' \
+  expect_error 2 'workload.json: model.type: unknown "transformer" (registered: linear, mlp, resnet, resnet18, simple_cnn, torchscript)' \
     "$bigbatch" sweep workload.json
   derive script.json 'c["model"] = {"type": "torchscript", "path": "nowhere/net.pt"}'
   expect_error 2 "script.json: model.path: nowhere/net.pt: cannot open (No such file or directory)" \
@@ -582,8 +582,55 @@ print("a full disk: the error names the file and the reason;", whole, "JSON file
 PY
   echo "$last"
   ;;
+cifar)
+  # ResNet-8 on CIFAR-format files made here (no data can be downloaded):
+  # sweep, cbs and train end to end with augmentation on a loader thread.
+  $py "$src/tests/experiments/make_cifar.py" c10 --train 1500 --test 200 --seed 1
+  cat > cifar.json <<'JSON'
+{"name": "cifar", "dataset": {"name": "cifar10", "path": "c10", "validation": 300},
+ "model": {"type": "resnet", "depth": 8, "width": 8},
+ "optimizer": {"name": "sgd", "momentum": 0.9, "nesterov": true},
+ "schedule": {"scaling": "none"},
+ "target": {"metric": "val_error", "threshold": 0.3, "eval_every": 10},
+ "budget": {"steps": 150}, "batch_sizes": [16, 64], "search": {"lr": [0.05]}}
+JSON
+  "$bigbatch" sweep cifar.json --out runs --jobs 2 > sweep.txt 2> sweep.err || fail "sweep failed: $(tail -3 sweep.err)"
+  cat sweep.txt
+  $py - runs/cifar <<'PY'
+import csv, json, os, sys
+d = sys.argv[1]
+rows = list(csv.DictReader(open(os.path.join(d, "steps_to_target.csv"))))
+assert [r["reached"] for r in rows] == ["1", "1"], rows
+for t in ("b16_p0_s0", "b64_p0_s0"):
+    s = json.load(open(os.path.join(d, t, "summary.json")))
+    assert s["data"]["loader_threads"] == 1, s["data"]
+    assert 0 <= s["data"]["wait_fraction"] < 1, s["data"]
+    assert json.load(open(os.path.join(d, "sweep.json")))["dataset"]["split_seed"] == 0
+PY
+  $py - cifar.json cbs.json <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["name"] = "cifar_cbs"
+c["seeds"] = [0]
+for k in ("batch_sizes", "search"):
+    del c[k]
+c["cbs"] = {"reference_batch": 16, "reference_lr": 0.05, "checkpoints": [320, 960],
+            "branch_batches": [16, 32, 64], "window": 320, "tolerance": {"relative": 0.05}}
+json.dump(c, open(sys.argv[2], "w"))
+PY
+  "$bigbatch" cbs cbs.json --out runs > cbs.txt 2> cbs.err || fail "cbs failed: $(tail -3 cbs.err)"
+  [ -s runs/cifar_cbs/cbs.csv ] || fail "no cbs.csv"
+  "$bigbatch" train cifar.json --out runs --batch-size 32 --lr 0.05 --steps 20 > train.txt 2> train.err ||
+    fail "train failed: $(tail -3 train.err)"
+  grep -q "after 20 steps" train.txt || fail "train said: $(cat train.txt)"
+  expect_error 2 "dataset.path: nowhere: cannot open (No such file or directory)" \
+    "$bigbatch" sweep <(sed 's/"c10"/"nowhere"/' cifar.json) --out missing
+  echo "PASS cifar"
+  ;;
 quickstart)
   # The shipped configs parse; one quickstart trial runs a few steps on Fashion-MNIST.
+  # The CIFAR configs read data/cifar-10-batches-bin: generated files stand in.
+  $py "$src/tests/experiments/make_cifar.py" data/cifar-10-batches-bin --train 5200 --test 100
   for c in "$src"/experiments/configs/*.json; do
     if grep -q '"cbs"' "$c"; then  # a cbs config (parsed in Cbs.ShippedConfigsParse): not a sweep
       expect_error 2 "cbs: this is a cbs config: run it with \`bigbatch cbs\`" "$bigbatch" train "$c" --out parse
