@@ -344,6 +344,10 @@ std::vector<double> Trainer::train_step() {
   return losses;
 }
 
+double Trainer::data_wait_fraction() const {
+  return loader_ && step_seconds_ > 0 ? (loader_->waited() - wait_base_) / step_seconds_ : kNaN;
+}
+
 at::Tensor Trainer::share(const at::Tensor& index) const {
   if (group_ == nullptr) return index;
   const std::int64_t world = group_->size(), size = index.size(0);
@@ -393,10 +397,8 @@ void Trainer::leave(std::size_t i, TrialStatus status, double seconds, const Hoo
   r.rows = lane.rows;
   r.best_metric = lane.best_metric;
   r.wall_time = seconds;
-  if (loader_) {
-    r.loader_threads = loader_->threads();
-    if (step_seconds_ > 0) r.data_wait_fraction = (loader_->waited() - wait_base_) / step_seconds_;
-  }
+  if (loader_) r.loader_threads = loader_->threads();
+  r.data_wait_fraction = data_wait_fraction();
   if (data_.report) r.data_report = data_.report();
   if (hooks.finished) hooks.finished(i, r);
 }

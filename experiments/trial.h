@@ -220,6 +220,10 @@ class Trainer {
   /// B_simple of lane `lane`'s steps so far (NaN before the first measurement).
   double b_simple(std::size_t lane = 0) const;
 
+  /// The fraction of the steps' time since run() began (or since the first
+  /// step) spent waiting for the data (TrialResult::data_wait_fraction).
+  double data_wait_fraction() const;
+
   std::int64_t step() const { return step_; }
   const at::Device& device() const { return device_; }
   std::int64_t budget_steps() const { return budget_; }
