@@ -71,6 +71,9 @@ struct CropBox {
 CropBox random_resized_box(std::int64_t height, std::int64_t width, ExampleRandom& random, double scale_min = 0.08,
                            double scale_max = 1.0, double ratio_min = 3.0 / 4.0, double ratio_max = 4.0 / 3.0);
 
+/// Python's round(): halves to even, as torchvision's window arithmetic.
+std::int64_t round_half_even(double x);
+
 /// uint8 images [N, C, H, W] as float, scaled to [0, 1] and standardized per
 /// channel: (x / 255 - mean[c]) / std[c].
 at::Tensor normalize_images(const at::Tensor& images, const std::vector<double>& mean, const std::vector<double>& std);

@@ -14,7 +14,8 @@
 #             and an ncu summary of LAMB's passes on the BERT-large list
 #   sweeps    the quickstart sweep on the CPU (all cores), on the GPU, and on
 #             the GPU with --batch-trials: wall times and the three
-#             steps-to-target tables side by side
+#             steps-to-target tables side by side; ResNet-20 on generated
+#             CIFAR-format files on the GPU with its data-wait fraction
 #   all       the four in order (default)
 #
 # Every stage builds first (nothing to do when the build is there), runs each
@@ -213,6 +214,20 @@ stage_sweeps() {
     step sweeps_report 60 "$build/experiments/bigbatch" report "${dirs[@]}" --labels "$(IFS=,; echo "${labels[*]}")"
     cat "$res/sweeps_report.txt" >> "$md"
   fi
+  # ResNet-8 on generated CIFAR-format files on the GPU: the loader's pinned
+  # batches and non-blocking copies, and how long the step waits for data.
+  step cifar_data 60 "$python" "$root/tests/experiments/make_cifar.py" "$res/cifar10" --train 12000 --test 1000
+  cat > "$res/cifar_cuda.json" << JSON
+{"name": "cifar_cuda", "dataset": {"name": "cifar10", "path": "$res/cifar10", "validation": 2000},
+ "model": {"type": "resnet", "depth": 20}, "optimizer": {"name": "sgd", "momentum": 0.9, "nesterov": true},
+ "schedule": {"scaling": "none"}, "target": {"metric": "val_error", "threshold": 0.2, "eval_every": 50},
+ "budget": {"steps": 400}, "batch_sizes": [128, 1024], "search": {"lr": [0.1]}, "device": "cuda"}
+JSON
+  step cifar_cuda 150 "$build/experiments/bigbatch" sweep "$res/cifar_cuda.json" --out "$res/sweep_cifar_cuda"
+  grep -hE "^sweep cifar_cuda" "$res/cifar_cuda.txt" >> "$md"
+  for s in "$res"/sweep_cifar_cuda/cifar_cuda/b*/summary.json; do
+    [ -e "$s" ] && "$python" -c 'import json, sys; s = json.load(open(sys.argv[1])); print("cifar ResNet-20 batch", s["batch_size"], s["status"], "steps", s["steps"], "wall", round(s["wall_time"], 1), "s, data", s["data"])' "$s" >> "$md"
+  done
 }
 
 # One log and one results file for the call (STAGE.log, STAGE.md; all.log
