@@ -623,6 +623,42 @@ PY
   "$bigbatch" train cifar.json --out runs --batch-size 32 --lr 0.05 --steps 20 > train.txt 2> train.err ||
     fail "train failed: $(tail -3 train.err)"
   grep -q "after 20 steps" train.txt || fail "train said: $(cat train.txt)"
+  # An image folder of PNGs (two classes, a colour each) with one corrupt file:
+  # trained through the CLI, the corrupt one skipped, warned about and counted.
+  $py - photos <<'PY'
+import os, random, struct, sys, zlib
+def png(path, pixel):
+    raw = b"".join(b"\0" + b"".join(bytes(pixel(x, y)) for x in range(16)) for y in range(16))
+    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 16, 16, 8, 2, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+rng = random.Random(0)
+for c, base in (("blue", (20, 40, 200)), ("red", (200, 30, 30))):
+    os.makedirs(os.path.join(sys.argv[1], c), exist_ok=True)
+    for i in range(24):
+        noise = [rng.randint(-40, 40) for _ in range(3)]
+        png(os.path.join(sys.argv[1], c, "%02d.png" % i),
+            lambda x, y: [max(0, min(255, v + n + rng.randint(-20, 20))) for v, n in zip(base, noise)])
+open(os.path.join(sys.argv[1], "red", "broken.png"), "wb").write(b"\x89PNG\r\n\x1a\nnot really")
+PY
+  cat > folder.json <<'JSON'
+{"name": "folder", "dataset": {"name": "image_folder", "path": "photos", "size": 16, "resize": 16,
+                               "validation_fraction": 0.25},
+ "model": {"type": "simple_cnn", "variant": "narrow"}, "optimizer": {"name": "sgd", "momentum": 0.9},
+ "schedule": {"scaling": "none"}, "target": {"metric": "val_error", "threshold": 0.1, "eval_every": 5},
+ "budget": {"steps": 60}, "batch_sizes": [8], "search": {"lr": [0.02]}}
+JSON
+  "$bigbatch" sweep folder.json --out runs > folder.txt 2> folder.err || fail "folder sweep failed: $(tail -3 folder.err)"
+  grep -q "warning: dataset: skipping photos/red/broken.png: not a decodable JPEG or PNG image" folder.err ||
+    fail "no warning for the corrupt image: $(cat folder.err)"
+  $py - runs/folder/b8_p0_s0/summary.json <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["status"] == "reached", s
+assert s["data"]["images"] == 49 and s["data"]["skipped_images"] == 1, s["data"]
+assert s["data"]["skipped"] == ["photos/red/broken.png"], s["data"]
+PY
   expect_error 2 "dataset.path: nowhere: cannot open (No such file or directory)" \
     "$bigbatch" sweep <(sed 's/"c10"/"nowhere"/' cifar.json) --out missing
   echo "PASS cifar"
