@@ -209,6 +209,7 @@ std::vector<CompareRun> compare_runs(const CbsConfig& c, const BatchWarmup& w) {
   for (const auto seed : c.sweep.seeds) {
     const auto make = [&](const char* kind, std::int64_t batch, bool warm) {
       TrialConfig t = c.sweep.base;
+      t.loader = c.sweep.runner.loader;
       t.batch_size = batch;
       t.seed = seed;
       t.schedule.base_lr = c.cbs.reference_lr;

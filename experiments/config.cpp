@@ -752,11 +752,29 @@ ModelSpec model_spec(const WorkloadPart& part) {
   return from_part<ModelSpec>(part, "type", "model", [](auto& io, auto& m) { model_fields(io, m); });
 }
 
+namespace {
+
+// Folders written before "resnet" had a depth hold no "depth": theirs was 8,
+// the default, so a depth of 8 is left out of the comparison.
+void drop_default_depth(json& j) {
+  if (j.is_object()) {
+    const auto type = j.find("type");
+    const auto depth = j.find("depth");
+    if (type != j.end() && *type == "resnet" && depth != j.end() && *depth == 8) j.erase("depth");
+  }
+  if (j.is_structured()) {
+    for (auto& item : j) drop_default_depth(item);
+  }
+}
+
+}  // namespace
+
 json identity(json resolved) {
   if (resolved.is_object()) {
     resolved.erase("tensorboard");
     resolved.erase("runner");
   }
+  drop_default_depth(resolved);
   return resolved;
 }
 

@@ -188,7 +188,7 @@ class FolderExamples final : public Examples {
       if (draw != nullptr) random.emplace(*draw, p[k]);
       label[k] = make(p[k], random ? &*random : nullptr, dst + k * 3 * side * side);
     }
-    return {normalize_images(out, mean(), stdev()), labels};
+    return {normalize_images_serial(out, mean(), stdev()), labels};  // (on a loader thread)
   }
 
   // Example k into dst (3 x size x size): a random resized crop and flip

@@ -105,6 +105,30 @@ at::Tensor normalize_images(const at::Tensor& images, const std::vector<double>&
   return images.to(at::kFloat).div_(255).sub_(m).div_(s);
 }
 
+at::Tensor normalize_images_serial(const at::Tensor& images, const std::vector<double>& mean,
+                                   const std::vector<double>& std) {
+  TORCH_CHECK(images.dim() == 4 && images.scalar_type() == at::kByte &&
+                  images.size(1) == static_cast<std::int64_t>(mean.size()) && mean.size() == std.size(),
+              "normalize_images_serial: uint8 images ", images.sizes(), " and ", mean.size(), " channel means");
+  const at::Tensor src = images.contiguous();
+  at::Tensor out = at::empty(src.sizes(), at::kFloat);
+  const std::int64_t n = src.size(0), channels = src.size(1), plane = src.size(2) * src.size(3);
+  const std::uint8_t* from = src.data_ptr<std::uint8_t>();
+  float* to = out.data_ptr<float>();
+  std::vector<float> table(256);
+  for (std::int64_t c = 0; c < channels; ++c) {
+    // The float operations normalize_images does, in its order: the same bits.
+    const auto m = static_cast<float>(mean[static_cast<std::size_t>(c)]);
+    const auto s = static_cast<float>(std[static_cast<std::size_t>(c)]);
+    for (int b = 0; b < 256; ++b) table[static_cast<std::size_t>(b)] = (static_cast<float>(b) / 255.0f - m) / s;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t at = (i * channels + c) * plane;
+      for (std::int64_t k = 0; k < plane; ++k) to[at + k] = table[from[at + k]];
+    }
+  }
+  return out;
+}
+
 // --------------------------------------------------------------- CIFAR --
 
 namespace {
@@ -199,7 +223,7 @@ class ImageTensorExamples final : public Examples {
       const bool flip = flip_ && random.below(2) == 1;
       crop_into(src + p[k] * c * h * w, c, h, w, pad_, dy, dx, flip, dst + k * c * h * w);
     }
-    return {normalize_images(out, mean_, std_), labels_.index_select(0, i)};
+    return {normalize_images_serial(out, mean_, std_), labels_.index_select(0, i)};
   }
   bool costly() const override { return pad_ > 0 || flip_; }
 

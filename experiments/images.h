@@ -77,5 +77,10 @@ std::int64_t round_half_even(double x);
 /// uint8 images [N, C, H, W] as float, scaled to [0, 1] and standardized per
 /// channel: (x / 255 - mean[c]) / std[c].
 at::Tensor normalize_images(const at::Tensor& images, const std::vector<double>& mean, const std::vector<double>& std);
+/// The same, bit for bit, computed in the calling thread alone: what the
+/// loader's threads use, so that none of them starts a team of the trial's
+/// intra-op threads of its own.
+at::Tensor normalize_images_serial(const at::Tensor& images, const std::vector<double>& mean,
+                                   const std::vector<double>& std);
 
 }  // namespace bigbatch::experiments

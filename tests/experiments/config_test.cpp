@@ -175,6 +175,18 @@ TEST(SweepConfig, EveryEnumIsSpelledAsInTheConfig) {
   EXPECT_EQ(to_string(OptimizerName::kNovoGrad), "novograd");
 }
 
+// A folder written before "resnet" had a depth (its depth was 8) is the
+// same sweep as one with "depth": 8; another depth is not.
+TEST(SweepConfig, ResnetDepthEightMatchesFoldersFromBeforeDepth) {
+  const json now = {{"name", "s"}, {"model", {{"type", "resnet"}, {"width", 16}, {"depth", 8}}}};
+  json before = now;
+  before["model"].erase("depth");
+  EXPECT_EQ(identity_difference(before, now), std::nullopt);
+  json deeper = now;
+  deeper["model"]["depth"] = 20;
+  EXPECT_EQ(identity_difference(before, deeper), std::optional<std::string>("/model/depth"));
+}
+
 TEST(SweepConfig, ShippedConfigsParse) {
   for (const char* name : {"quickstart", "shallue_fmnist_cnn", "goyal_warmup", "hoffer_gbn", "smith_batch_increase",
                            "optimizers_large_batch", "gd_vs_sgd", "shallue_cifar10_resnet8", "hoffer_cifar10_gbn"}) {

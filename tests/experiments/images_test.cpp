@@ -14,6 +14,7 @@
 #include "../../experiments/trial_folder.h"
 #include "../../experiments/files.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
@@ -248,6 +249,14 @@ TEST_F(ImagesTest, CifarAugmentationIsACropAndFlipDrawnPerExample) {
   EXPECT_GT(other_than_centre, 0);
   // Another epoch, other windows; evaluation (get) is not augmented.
   EXPECT_FALSE(at::equal(x.input, d.train->augmented(index, Draw{5, 3}).input));
+}
+
+TEST(ImageAugment, SerialNormalizationIsTheSameBits) {
+  // The loader threads' normalization against the evaluation's (ATen's ops).
+  auto gen = at::detail::createCPUGenerator(3);
+  const at::Tensor bytes = at::randint(256, {5, 3, 7, 9}, gen, at::kByte);
+  const std::vector<double> mean{0.4914, 0.4822, 0.4465}, std{0.2470, 0.2435, 0.2616};
+  EXPECT_TRUE(at::equal(normalize_images_serial(bytes, mean, std), normalize_images(bytes, mean, std)));
 }
 
 TEST(ImageAugment, RandomResizedBoxStaysInsideAndFallsBackToTheCentre) {
