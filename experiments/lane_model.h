@@ -27,9 +27,10 @@ namespace bigbatch::experiments {
 inline constexpr std::int64_t kEvalChunk = 8192;
 
 /// One step's examples: their indices in the training set (the global batch:
-/// every rank draws the same), the examples themselves (this rank's share,
-/// augmented, on the CPU: the loader's), and the multiplicative noise's
-/// per-example weights (undefined without it; over the global batch).
+/// every rank draws the same), and this rank's share of them (all of them
+/// without a process group): the examples (augmented, on the CPU: the
+/// loader's) and the multiplicative noise's per-example weights (undefined
+/// without it).
 struct StepBatch {
   at::Tensor index, weights;
   Batch rows;

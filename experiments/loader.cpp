@@ -67,11 +67,6 @@ void BatchLoader::request(at::Tensor index, const Draw& draw) {
   queued_.notify_one();
 }
 
-std::size_t BatchLoader::pending() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return slots_.size();
-}
-
 Batch BatchLoader::take(const at::Tensor& index) {
   const auto start = std::chrono::steady_clock::now();
   std::shared_ptr<Slot> slot;

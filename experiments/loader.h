@@ -33,7 +33,6 @@ class BatchLoader {
   /// Asks for examples.augmented(index, draw); the caller bounds how many
   /// are pending (the prefetch depth).
   void request(at::Tensor index, const Draw& draw);
-  std::size_t pending() const;
   /// The oldest request's batch, waiting for it if a worker is making it,
   /// making it here if none has begun (the seconds either way add to
   /// waited()); an error the fetch threw is rethrown

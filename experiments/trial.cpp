@@ -56,16 +56,10 @@ class SingleModel final : public LaneModel {
 
   std::vector<LaneGradient> gradients(const StepBatch& b, const std::vector<bool>&,
                                       std::int64_t micro_batches) override {
-    // Every rank drew the same global batch; b.rows is its share.
-    at::Tensor weights = b.weights;
-    std::int64_t local = b.size;
-    if (group_) {
-      local = b.size / group_->size();
-      const std::int64_t begin = group_->rank() * local;
-      if (weights.defined()) weights = weights.slice(0, begin, begin + local);
-    }
+    // Every rank drew the same global batch; b.rows and b.weights are its share.
+    const std::int64_t local = b.rows.input.size(0);
     const auto [x, y] = on_device(b.rows, device_);
-    if (weights.defined()) weights = weights.to(device_);
+    const at::Tensor weights = b.weights.defined() ? b.weights.to(device_) : at::Tensor();
     // Zeroed in place, as LibTorch 1.13's Optimizer::zero_grad does (2.x's sets
     // them to none: the same sums).
     for (const auto& p : params_) {
@@ -242,8 +236,7 @@ Trainer::Trainer(const TrialConfig& config, const WorkloadData& data, distribute
     : data_(data),
       group_(group),
       device_(trial_device(config.device, group)),
-      sampler_(data.train_size(), sampler_seed(config)),
-      data_seed_(sampler_seed(config)) {
+      sampler_(data.train_size(), sampler_seed(config)) {
   model_ = single_model(initial_model(config, data), data, device_, group);
   add_lanes({config});
 }
@@ -252,8 +245,7 @@ Trainer::Trainer(const std::vector<TrialConfig>& lanes, const WorkloadData& data
     : data_(data),
       group_(nullptr),
       device_(trial_device(lanes.at(0).device, nullptr)),
-      sampler_(data.train_size(), sampler_seed(lanes.at(0))),
-      data_seed_(sampler_seed(lanes.at(0))) {
+      sampler_(data.train_size(), sampler_seed(lanes.at(0))) {
   for (const auto& t : lanes) {
     TORCH_CHECK(batchable_together(lanes[0], t), "batched trials: ", t.name, " cannot join ", lanes[0].name,
                 "'s group", batch_refusal(t).empty() ? "" : ": " + batch_refusal(t));
@@ -327,7 +319,7 @@ std::vector<double> Trainer::train_step() {
   }
   const auto start = std::chrono::steady_clock::now();
   b.rows = fetch(b);
-  if (first.multiplicative) b.weights = first.multiplicative->weights(b.size, step_);
+  if (first.multiplicative) b.weights = share(first.multiplicative->weights(b.size, step_));
   const std::vector<LaneGradient> gradients = model_->gradients(b, active, first.config.gns.micro_batches);
   std::vector<double> losses(lanes_.size(), kNaN);
   for (std::size_t i = 0; i < lanes_.size(); ++i) {
@@ -348,12 +340,12 @@ double Trainer::data_wait_fraction() const {
   return loader_ && step_seconds_ > 0 ? (loader_->waited() - wait_base_) / step_seconds_ : kNaN;
 }
 
-at::Tensor Trainer::share(const at::Tensor& index) const {
-  if (group_ == nullptr) return index;
-  const std::int64_t world = group_->size(), size = index.size(0);
+at::Tensor Trainer::share(const at::Tensor& rows) const {
+  if (group_ == nullptr) return rows;
+  const std::int64_t world = group_->size(), size = rows.size(0);
   TORCH_CHECK(size % world == 0, "batch size ", size, " is not divisible by the world size ", world);
   const std::int64_t local = size / world, begin = group_->rank() * local;
-  return index.slice(0, begin, begin + local);
+  return rows.slice(0, begin, begin + local);
 }
 
 Batch Trainer::fetch(StepBatch& b) {
@@ -374,7 +366,7 @@ Batch Trainer::fetch(StepBatch& b) {
   b.index = sampler_.next(b.size);
   while (ahead_step_ <= step_ + prefetch_ && ahead_step_ < std::max(budget_, step_ + 1)) {
     const at::Tensor next = ahead_->next(schedule.batch_size(ahead_step_));
-    loader_->request(share(next), Draw{data_seed_, ahead_->epoch()});
+    loader_->request(share(next), Draw{sampler_seed(lanes_.front()->config), ahead_->epoch()});
     ++ahead_step_;
   }
   return loader_->take(share(b.index));

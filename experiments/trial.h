@@ -244,8 +244,9 @@ class Trainer {
   // Draws this step's batch (b.index, of b.size) and returns its examples
   // (the rank's share) through the loader, the next batches asked for ahead.
   Batch fetch(StepBatch& b);
-  // A rank's share of the global batch `index` (all of it without a group).
-  at::Tensor share(const at::Tensor& index) const;
+  // A rank's share of the rows of a global batch (its indices, its noise
+  // weights): all of them without a group.
+  at::Tensor share(const at::Tensor& rows) const;
 
   const WorkloadData& data_;
   distributed::ProcessGroup* group_;
@@ -253,7 +254,6 @@ class Trainer {
   std::unique_ptr<LaneModel> model_;
   std::vector<std::unique_ptr<Lane>> lanes_;
   BatchSampler sampler_;
-  std::uint64_t data_seed_ = 0;  // the sampler's seed: Draw::seed
   std::unique_ptr<BatchLoader> loader_;
   std::int64_t prefetch_ = 0;
   std::optional<BatchSampler> ahead_;  // the sampler's copy that asks for the next batches
