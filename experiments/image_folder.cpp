@@ -5,6 +5,8 @@
 // in one line.
 #include "images.h"
 
+#include "files.h"
+
 #include <c10/util/Exception.h>
 
 #include <stdexcept>
@@ -19,13 +21,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -60,11 +59,7 @@ struct Listing {
 };
 
 Listing list_folder(const std::string& root, const char* key) {
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) {
-    data_error(std::string(key) + ": " + root + ": " +
-               (fs::exists(root, ec) ? std::string("not a folder") : "cannot open (" + std::string(std::strerror(ENOENT)) + ")"));
-  }
+  require_folder(root, key);
   Listing l;
   for (const auto& entry : fs::directory_iterator(root)) {
     if (entry.is_directory()) l.classes.push_back(entry.path().filename().string());
@@ -89,9 +84,12 @@ Listing list_folder(const std::string& root, const char* key) {
 // An RGB image (8-bit, 3 channels) decoded from `path`; empty when the file
 // cannot be read or decoded. EXIF orientation is ignored, as PIL does.
 cv::Mat decode(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {};
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes;
+  try {
+    bytes = read_file(path);
+  } catch (const std::runtime_error&) {
+    return {};
+  }
   if (bytes.empty()) return {};
   const cv::Mat raw(1, static_cast<int>(bytes.size()), CV_8U, const_cast<char*>(bytes.data()));
   cv::Mat bgr;

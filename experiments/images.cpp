@@ -5,6 +5,7 @@
 #include "images.h"
 
 #include "config.h"
+#include "files.h"
 #include "../config/json_reader.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -16,9 +17,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -129,6 +128,14 @@ at::Tensor normalize_images_serial(const at::Tensor& images, const std::vector<d
   return out;
 }
 
+void require_folder(const std::string& path, const char* key) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return;
+  throw std::runtime_error(std::string(key) + ": " + path + ": " +
+                           (fs::exists(path, ec) ? std::string("not a folder")
+                                                 : "cannot open (" + std::string(std::strerror(ENOENT)) + ")"));
+}
+
 // --------------------------------------------------------------- CIFAR --
 
 namespace {
@@ -141,14 +148,6 @@ constexpr std::int64_t kCifarPixels = 3 * 32 * 32;
 
 [[noreturn]] void data_error(const std::string& message) { throw std::runtime_error(message); }
 
-std::string read_all(const std::string& path, const char* key) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) data_error(std::string(key) + ": " + path + ": cannot open (" + std::strerror(errno) + ")");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) data_error(std::string(key) + ": " + path + ": cannot read (" + std::strerror(errno) + ")");
-  return bytes;
-}
-
 // Images [N, 3, 32, 32] uint8 and labels [N] int64 of CIFAR binary files:
 // records of `label_bytes` label bytes then 3072 pixel bytes (the red,
 // green and blue planes, rows top to bottom), the label at `label_at`.
@@ -157,12 +156,16 @@ struct Records {
 };
 
 Records read_records(const std::vector<std::string>& paths, std::int64_t label_bytes, std::int64_t label_at,
-                     std::int64_t classes, const std::vector<std::int64_t>& label_limits) {
+                     const std::vector<std::int64_t>& label_limits) {
   const std::int64_t record = label_bytes + kCifarPixels;
   std::vector<std::string> files;
   std::int64_t total = 0;
   for (const auto& p : paths) {
-    files.push_back(read_all(p, "dataset.path"));
+    try {
+      files.push_back(read_file(p));  // ("<path>: cannot read: <reason>")
+    } catch (const std::runtime_error& e) {
+      data_error(std::string("dataset.path: ") + e.what());
+    }
     const auto size = static_cast<std::int64_t>(files.back().size());
     if (size == 0 || size % record != 0) {
       data_error("dataset.path: " + p + ": " + std::to_string(size) + " bytes is not a whole number of " +
@@ -189,7 +192,6 @@ Records read_records(const std::vector<std::string>& paths, std::int64_t label_b
       std::memcpy(image, rec + label_bytes, kCifarPixels);
     }
   }
-  TORCH_INTERNAL_ASSERT(classes > 0);
   return r;
 }
 
@@ -238,24 +240,20 @@ class ImageTensorExamples final : public Examples {
 
 WorkloadData load_cifar(const CifarSpec& s) {
   TORCH_CHECK(s.classes == 10 || s.classes == 100, "CIFAR: classes must be 10 or 100, got ", s.classes);
+  require_folder(s.path, "dataset.path");
   const fs::path dir(s.path);
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    data_error("dataset.path: " + s.path + ": " +
-               (fs::exists(dir, ec) ? std::string("not a folder") : "cannot open (" + std::string(std::strerror(ENOENT)) + ")"));
-  }
   Records train, test;
   std::int64_t classes = s.classes;
   if (s.classes == 10) {
     std::vector<std::string> batches;
     for (int k = 1; k <= 5; ++k) batches.push_back((dir / ("data_batch_" + std::to_string(k) + ".bin")).string());
-    train = read_records(batches, 1, 0, 10, {10});
-    test = read_records({(dir / "test_batch.bin").string()}, 1, 0, 10, {10});
+    train = read_records(batches, 1, 0, {10});
+    test = read_records({(dir / "test_batch.bin").string()}, 1, 0, {10});
   } else {
     const std::int64_t at = s.fine_labels ? 1 : 0;
     classes = s.fine_labels ? 100 : 20;
-    train = read_records({(dir / "train.bin").string()}, 2, at, classes, {20, 100});
-    test = read_records({(dir / "test.bin").string()}, 2, at, classes, {20, 100});
+    train = read_records({(dir / "train.bin").string()}, 2, at, {20, 100});
+    test = read_records({(dir / "test.bin").string()}, 2, at, {20, 100});
   }
   const std::int64_t n = train.images.size(0);
   if (s.validation < 0 || s.validation >= n) {

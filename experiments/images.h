@@ -48,6 +48,10 @@ struct ImageFolderSpec {
 WorkloadData load_cifar(const CifarSpec& spec);
 WorkloadData load_image_folder(const ImageFolderSpec& spec);
 
+/// Nothing when `path` is a folder; else std::runtime_error "<key>: <path>:
+/// not a folder" or "...: cannot open (No such file or directory)".
+void require_folder(const std::string& path, const char* key);
+
 /// The registrations "cifar10", "cifar100" and "image_folder".
 std::vector<DatasetRegistration> image_datasets();
 

@@ -4,12 +4,11 @@
 // quantization, corrupt files skipped with one warning each and counted,
 // augmentation drawn per (seed, epoch, example). Built where OpenCV is.
 #include "../../experiments/images.h"
+#include "scratch_dir.h"
 
 #include <gtest/gtest.h>
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
-
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -22,18 +21,7 @@ using namespace bigbatch::experiments;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-class ImageFolderTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("bigbatch_image_folder_test." + std::to_string(::getpid()) + "." +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
-};
+using ImageFolderTest = bigbatch::testing_support::ScratchDirTest;
 
 // A 3-channel BGR image whose RGB pixel (y, x) is (base + y, base + 2x, base + 3).
 cv::Mat ramp(int h, int w, int base) {

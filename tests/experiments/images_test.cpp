@@ -13,13 +13,12 @@
 #include "../../experiments/trial.h"
 #include "../../experiments/trial_folder.h"
 #include "../../experiments/files.h"
+#include "scratch_dir.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
-
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -33,18 +32,7 @@ using namespace bigbatch::experiments;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-class ImagesTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("bigbatch_images_test." + std::to_string(::getpid()) + "." +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
-};
+using ImagesTest = bigbatch::testing_support::ScratchDirTest;
 
 // The byte of record r's channel c at (y, x) in the files written below.
 std::uint8_t pixel(std::int64_t r, std::int64_t c, std::int64_t y, std::int64_t x) {
@@ -185,7 +173,7 @@ TEST_F(ImagesTest, CifarRefusesBadFilesNamingFileRecordAndValue) {
             "dataset.path: " + (dir_ / "data_batch_2.bin").string() + ": record 1: label 10 is not in [0, 10)");
   fs::remove(dir_ / "data_batch_2.bin");
   EXPECT_EQ(load_error(spec), "dataset.path: " + (dir_ / "data_batch_2.bin").string() +
-                                  ": cannot open (No such file or directory)");
+                                  ": cannot read: No such file or directory");
 }
 
 TEST(ImageAugment, PadCropFlipMovesPixelsAsHandComputed) {
