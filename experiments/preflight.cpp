@@ -101,16 +101,20 @@ void check_model(const SweepConfig& sweep, const WorkloadData& data) {
     m.module().eval();
     const at::Tensor out = m.forward(b.input);
     m.module().train();
-    const bool fits = data.classes > 0
-                          ? out.dim() == 2 && out.size(0) == b.input.size(0) && out.size(1) == data.classes
-                          : out.sizes() == b.target.sizes();
+    // Classification: outputs [targets' shape..., classes] (one target per
+    // example, or one per position of a sequence).
+    const bool fits = data.classes > 0 ? out.dim() == b.target.dim() + 1 && out.size(-1) == data.classes &&
+                                             out.sizes().slice(0, out.dim() - 1) == b.target.sizes()
+                                       : out.sizes() == b.target.sizes();
     if (!fits) {
       std::ostringstream why;
       why << model << ": output " << out.sizes() << " for inputs " << b.input.sizes()
           << " does not fit the targets of dataset \"" << sweep.base.data.name << "\" (" << b.target.sizes()
           << "; expected ";
       if (data.classes > 0) {
-        why << "[" << b.input.size(0) << ", " << data.classes << "] for " << data.classes << " classes)";
+        std::vector<std::int64_t> shape = b.target.sizes().vec();
+        shape.push_back(data.classes);
+        why << c10::IntArrayRef(shape) << " for " << data.classes << " classes)";
       } else {
         why << "the targets' shape: regression)";
       }

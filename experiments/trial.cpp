@@ -174,14 +174,14 @@ std::vector<ValidationMetrics> evaluate_split(const WorkloadData& data, const at
     at::Tensor out = forward(x);
     at::Tensor target = y;
     if (lanes > 0) std::tie(out, target) = lanes_as_batch(out, y);
-    if (data.loss || lanes > 0) {
+    if (data.loss || lanes > 0 || out.dim() > 2) {
       loss += lane_sums(data.example_loss(out, target), rows);
     } else if (data.classes > 0) {  // (the summed reductions of one model, as before: the same bits)
       loss += F::cross_entropy(out, y, F::CrossEntropyFuncOptions().reduction(torch::kSum)).to(at::kDouble);
     } else {
       loss += (out - y).pow(2).sum().to(at::kDouble);
     }
-    if (data.classes > 0) wrong += lane_sums(out.argmax(1).ne(target), rows);
+    if (data.classes > 0) wrong += lane_sums(data.example_error(out, target), rows);
     for (std::size_t m = 0; m < extras; ++m) extra[m] += lane_sums(data.metrics[m].second(out, target), rows);
   }
   const auto count = static_cast<double>(n);

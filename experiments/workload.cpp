@@ -4,8 +4,10 @@
 
 #include "config.h"
 #include "data.h"
+#include "gpt.h"
 #include "images.h"
 #include "models.h"
+#include "text.h"
 
 #include <c10/util/Exception.h>
 #include <torch/nn/functional/loss.h>
@@ -84,8 +86,19 @@ std::vector<std::int64_t> WorkloadData::example_shape() const {
 at::Tensor WorkloadData::example_loss(const at::Tensor& output, const at::Tensor& target) const {
   if (loss) return loss(output, target);
   namespace F = torch::nn::functional;
+  if (classes > 0 && output.dim() > 2) {  // a sequence: each position's loss, averaged over the example's positions
+    const at::Tensor each = F::cross_entropy(output.reshape({-1, output.size(-1)}), target.reshape({-1}),
+                                             F::CrossEntropyFuncOptions().reduction(torch::kNone));
+    return each.view({output.size(0), -1}).mean(1);
+  }
   if (classes > 0) return F::cross_entropy(output, target, F::CrossEntropyFuncOptions().reduction(torch::kNone));
   return (output - target).pow(2).reshape({output.size(0), -1}).sum(1);
+}
+
+at::Tensor WorkloadData::example_error(const at::Tensor& output, const at::Tensor& target) const {
+  TORCH_CHECK(classes > 0, "example_error: a regression task has no error rate");
+  const at::Tensor wrong = output.argmax(-1).ne(target).to(at::kFloat);
+  return wrong.dim() > 1 ? wrong.view({wrong.size(0), -1}).mean(1) : wrong;
 }
 
 Model::Model(std::shared_ptr<torch::nn::Module> module, std::function<at::Tensor(const at::Tensor&)> forward)
@@ -123,7 +136,11 @@ Registry& registry() {
     auto* out = new Registry;  // never destroyed: registrations may be read at exit
     for (auto& d : builtin_datasets()) add(out->datasets, d.name, d, "dataset");
     for (auto& d : image_datasets()) add(out->datasets, d.name, d, "dataset");
+    const DatasetRegistration text = text_dataset();
+    add(out->datasets, text.name, text, "dataset");
     for (auto& m : builtin_models()) add(out->models, m.type, m, "model");
+    const ModelRegistration gpt = gpt_model();
+    add(out->models, gpt.type, gpt, "model");
     return out;
   }();
   return *r;

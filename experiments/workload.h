@@ -148,7 +148,9 @@ struct WorkloadData {
   std::shared_ptr<const Examples> test;        ///< optional; held out (not used in training)
   /// > 0: classification over this many classes: outputs [N, classes],
   /// targets int64 [N], cross-entropy loss, and val_error (the fraction
-  /// misclassified) reported. 0: regression: outputs shaped as the targets,
+  /// misclassified) reported. Sequences too: outputs [N, T, classes] and
+  /// targets [N, T] (a language model's next tokens), an example's loss and
+  /// error being the means over its T positions. 0: regression: outputs shaped as the targets,
   /// loss the squared error summed over an example's values, no val_error.
   std::int64_t classes = 0;
   /// Optional: a loss of its own, per example (the training loss is its mean
@@ -166,6 +168,9 @@ struct WorkloadData {
   std::vector<std::int64_t> example_shape() const;
   /// The per-example loss: `loss` if set, else the task's (see classes).
   at::Tensor example_loss(const at::Tensor& output, const at::Tensor& target) const;
+  /// Classification: the fraction of each example's positions whose
+  /// largest output is not the target, [N] (0 or 1 for one position).
+  at::Tensor example_error(const at::Tensor& output, const at::Tensor& target) const;
 };
 
 /// A trial's model: a module (its parameters and buffers, train/eval, device,
