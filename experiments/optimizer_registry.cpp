@@ -10,7 +10,11 @@
 #include <c10/util/Exception.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/optim/sgd.h>
+
+#include <functional>
+#include <unordered_set>
 
 #include <tuple>
 
@@ -31,23 +35,58 @@ Options& common(Options& o, const OptimizerSpec& s) {
   return o;
 }
 
+// The parameters that get neither weight decay nor a trust ratio: biases
+// and normalization parameters (0 or 1 dimensions), and embedding tables
+// (the weights of torch::nn::Embedding modules). docs/optimizers.md
+// "Parameter groups" says why embeddings.
+std::function<bool(const at::Tensor&)> plain_rule(const torch::nn::Module& model) {
+  std::unordered_set<const void*> tables;
+  const auto note = [&](const torch::nn::Module& m) {
+    if (const auto* e = dynamic_cast<const torch::nn::EmbeddingImpl*>(&m)) tables.insert(e->weight.unsafeGetTensorImpl());
+  };
+  note(model);
+  for (const auto& m : model.modules(/*include_self=*/false)) note(*m);
+  return [tables = std::move(tables)](const at::Tensor& p) {
+    return p.dim() < 2 || tables.count(p.unsafeGetTensorImpl()) > 0;
+  };
+}
+
+// torch's optimizers over the same two groups as bigbatch's, the plain one
+// without weight decay, so that a comparison differs in the update alone.
+template <typename Options>
+std::vector<torch::optim::OptimizerParamGroup> torch_groups(torch::nn::Module& model, const Options& o) {
+  const auto plain = plain_rule(model);
+  std::vector<at::Tensor> decayed, others;
+  for (const auto& p : model.parameters()) {
+    if (p.requires_grad()) (plain(p) ? others : decayed).push_back(p);
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decayed.empty()) groups.emplace_back(decayed, std::make_unique<Options>(o));
+  if (!others.empty()) {
+    auto no_decay = std::make_unique<Options>(o);
+    no_decay->weight_decay(0);
+    groups.emplace_back(others, std::move(no_decay));
+  }
+  return groups;
+}
+
 OptimizerPtr sgd(const OptimizerSpec& s, double lr, torch::nn::Module& model) {
   auto o = torch::optim::SGDOptions(lr).momentum(s.momentum).nesterov(s.nesterov);
   if (s.weight_decay) o.weight_decay(*s.weight_decay);  // SGD has no eps
-  return std::make_unique<torch::optim::SGD>(model.parameters(), o);
+  return std::make_unique<torch::optim::SGD>(torch_groups(model, o), o);
 }
 
-// torch's Adam and AdamW over all parameters as one group.
 template <typename Optimizer, typename Options>
 OptimizerPtr adam_like(const OptimizerSpec& s, double lr, torch::nn::Module& model) {
   auto o = Options(lr).betas(betas_or(s, {0.9, 0.999}));
-  return std::make_unique<Optimizer>(model.parameters(), common(o, s));
+  common(o, s);
+  return std::make_unique<Optimizer>(torch_groups(model, o), o);
 }
 
 // bigbatch's layer-wise optimizers over the two usual groups.
 template <typename Optimizer, typename Options>
 OptimizerPtr layerwise(const Options& o, torch::nn::Module& model) {
-  return std::make_unique<Optimizer>(optim::layerwise_param_groups(model, o), o);
+  return std::make_unique<Optimizer>(optim::layerwise_param_groups(model, o, plain_rule(model)), o);
 }
 
 template <typename Optimizer, typename Options>

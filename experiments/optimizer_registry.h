@@ -27,8 +27,10 @@ struct OptimizerEntry {
 /// Every optimizer, in the order error messages list them.
 const std::vector<OptimizerEntry>& optimizer_registry();
 
-/// The optimizer a spec names (bigbatch's with the usual two groups: no decay
-/// and no adaptation for 1-D parameters).
+/// The optimizer a spec names, over two parameter groups: the plain
+/// parameters (0 or 1 dimensions, and the tables of torch::nn::Embedding
+/// modules) get no weight decay, and no trust ratio from the layer-wise
+/// optimizers; the rest get the spec's options.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec, double lr,
                                                         torch::nn::Module& model);
 
