@@ -228,6 +228,19 @@ JSON
   for s in "$res"/sweep_cifar_cuda/cifar_cuda/b*/summary.json; do
     [ -e "$s" ] && "$python" -c 'import json, sys; s = json.load(open(sys.argv[1])); print("cifar ResNet-20 batch", s["batch_size"], s["status"], "steps", s["steps"], "wall", round(s["wall_time"], 1), "s, data", s["data"])' "$s" >> "$md"
   done
+  # The language-model quickstart on the GPU: the GPT's fused causal
+  # attention (at::scaled_dot_product_attention) on CUDA, its steps-to-target
+  # table beside the CPU one of docs/workloads.md. The corpus comes from the
+  # unpacked bible-kjv debs (scripts/kjv.sh, with their program and data).
+  if [ ! -s "$root/data/kjv.txt" ] && [ -x "$deps/usr/bin/bible" ]; then
+    mkdir -p "$root/data"
+    COLUMNS=80 "$deps/usr/bin/bible" -p "$deps/usr/lib" -l80 'gen1:1-rev22:21' > "$root/data/kjv.txt"
+  fi
+  "$python" -c 'import json, sys; c = json.load(open(sys.argv[1])); c["dataset"]["path"] = sys.argv[2]; json.dump(c, open(sys.argv[3], "w"))' \
+    "$root/experiments/configs/lm_quickstart.json" "$root/data/kjv.txt" "$res/lm_quickstart.json"
+  step lm_cuda 240 "$build/experiments/bigbatch" sweep "$res/lm_quickstart.json" --out "$res/sweep_lm_cuda" --device cuda
+  grep -hE "^sweep lm_quickstart" "$res/lm_cuda.txt" >> "$md"
+  [ -e "$res/sweep_lm_cuda/lm_quickstart/steps_to_target.csv" ] && cat "$res/sweep_lm_cuda/lm_quickstart/steps_to_target.csv" >> "$md"
 }
 
 # One log and one results file for the call (STAGE.log, STAGE.md; all.log

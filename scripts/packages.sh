@@ -10,12 +10,16 @@ set -euo pipefail
 # libopencv-imgcodecs-dev, libopencv-imgproc-dev: the image-folder workload's
 # JPEG (through libjpeg-turbo) and PNG decoding and its resizing, the two
 # OpenCV parts alone (docs/workloads.md "Image workloads" says why).
+# sentencepiece: the programs (spm_train, spm_encode, ...) of the text
+# dataset's BPE tokenizer; bible-kjv (with bible-kjv-text): the King James
+# Bible the language-model quickstart trains on (scripts/kjv.sh).
 # python3-torch: PyTorch 1.13's torch.optim, the other side of the
 # torch.optim cross-check test; python3-pip fetches the --torch wheels.
 packages=(build-essential cmake ninja-build ccache git
           libtorch-dev libgloo-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
           libopenblas0-openmp python3-matplotlib python3-torch python3-pip libboost-context-dev
-          zlib1g-dev dataset-fashion-mnist libopencv-imgcodecs-dev libopencv-imgproc-dev)
+          zlib1g-dev dataset-fashion-mnist libopencv-imgcodecs-dev libopencv-imgproc-dev
+          sentencepiece bible-kjv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

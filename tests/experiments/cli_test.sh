@@ -517,7 +517,7 @@ bad_configs)
   derive schedule.json 'c["schedule"]["decay"] = {"type": "step", "milestones": [30, 20]}'
   expect_error 2 "schedule.decay.milestones: must be strictly increasing" "$bigbatch" sweep schedule.json
   derive workload.json 'c["model"] = {"type": "transformer"}'
-  expect_error 2 'workload.json: model.type: unknown "transformer" (registered: linear, mlp, resnet, resnet18, simple_cnn, torchscript)' \
+  expect_error 2 'workload.json: model.type: unknown "transformer" (registered: gpt, linear, mlp, resnet, resnet18, simple_cnn, torchscript)' \
     "$bigbatch" sweep workload.json
   derive script.json 'c["model"] = {"type": "torchscript", "path": "nowhere/net.pt"}'
   expect_error 2 "script.json: model.path: nowhere/net.pt: cannot open (No such file or directory)" \
@@ -663,10 +663,101 @@ PY
     "$bigbatch" sweep <(sed 's/"c10"/"nowhere"/' cifar.json) --out missing
   echo "PASS cifar"
   ;;
+lm)
+  # The language-model workload end to end on a tiny corpus made here: a
+  # one-trial sweep of a small GPT to a loose val_loss target, the data's
+  # report, 2 data-parallel ranks against one process, cbs, SentencePiece
+  # through the CLI, and bad token files (exit 2, one line).
+  $py - corpus.txt <<'PY'
+import random, sys
+rng = random.Random(0)
+names = ["adam", "eve", "noah", "moses", "aaron", "david", "ruth", "saul"]
+verbs = ["begat", "saw", "blessed", "called", "spake unto", "went with"]
+lines = []
+for i in range(2500):
+    lines.append("%d %s %s %s." % (i % 30 + 1, rng.choice(names), rng.choice(verbs), rng.choice(names)))
+open(sys.argv[1], "w").write("\n".join(lines) + "\n")
+PY
+  cat > lm.json <<'JSON'
+{"name": "lm", "dataset": {"name": "text", "path": "corpus.txt", "context": 16, "validation_windows": 64},
+ "model": {"type": "gpt", "layers": 1, "width": 32, "heads": 2},
+ "optimizer": {"name": "lamb", "weight_decay": 0.01}, "schedule": {"scaling": "none"},
+ "target": {"metric": "val_loss", "threshold": 1.6, "eval_every": 10},
+ "budget": {"steps": 300}, "batch_sizes": [32], "search": {"lr": [0.02]}}
+JSON
+  "$bigbatch" sweep lm.json --out runs > sweep.txt 2> sweep.err || fail "sweep failed: $(tail -3 sweep.err)"
+  cat sweep.txt
+  $py - runs/lm <<'PY'
+import csv, json, os, sys
+d = sys.argv[1]
+rows = list(csv.DictReader(open(os.path.join(d, "steps_to_target.csv"))))
+assert [r["reached"] for r in rows] == ["1"], rows
+s = json.load(open(os.path.join(d, "b32_p0_s0", "summary.json")))
+assert s["data"]["tokenizer"] == "char" and s["data"]["context"] == 16, s["data"]
+assert s["data"]["train_tokens"] + s["data"]["validation_tokens"] == len(open("corpus.txt").read()), s["data"]
+m = list(csv.DictReader(open(os.path.join(d, "b32_p0_s0", "metrics.csv"))))
+first = float(m[0]["val_loss"])
+assert 0 < float(m[0]["val_error"]) <= 1 and first > 1.6, m[0]
+print("reached after", s["steps_to_target"], "steps; first val_loss", first, "last", m[-1]["val_loss"])
+PY
+  # 2 ranks x 16 = one process at 32: the same metrics (the GPT's gradients all-reduced).
+  port=$((20000 + $$ % 20000))
+  "$bigbatch" train lm.json --batch-size 32 --steps 20 --out one > /dev/null 2>&1 || fail "one process failed"
+  "$bigbatch" train lm.json --batch-size 32 --steps 20 --out two --nproc 2 --master-port $port > two.txt 2>&1 ||
+    fail "2 ranks failed: $(tail -3 two.txt)"
+  $py - one/lm.train/b32_p0_s0/metrics.csv two/lm.train/b32_p0_s0/metrics.csv <<'PY'
+import csv, sys
+a, b = (list(csv.DictReader(open(p))) for p in sys.argv[1:3])
+assert len(a) == len(b) == 2, (len(a), len(b))
+for x, y in zip(a, b):
+    for k in ("train_loss", "val_loss", "val_error"):
+        assert abs(float(x[k]) - float(y[k])) <= 1e-5 * max(1.0, abs(float(x[k]))), (k, x[k], y[k])
+print("2 ranks match 1 process")
+PY
+  # The critical batch size on it: a reference run and its branches.
+  $py - lm.json lm_cbs.json <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["name"] = "lm_cbs"
+c["seeds"] = [0]
+for k in ("batch_sizes", "search"):
+    del c[k]
+c["cbs"] = {"reference_batch": 16, "reference_lr": 0.02, "checkpoints": [320, 1280],
+            "branch_batches": [16, 64], "window": 640, "tolerance": {"relative": 0.05}}
+json.dump(c, open(sys.argv[2], "w"))
+PY
+  "$bigbatch" cbs lm_cbs.json --out runs --no-plots > cbs.txt 2> cbs.err || fail "cbs failed: $(tail -3 cbs.err)"
+  [ "$(wc -l < runs/lm_cbs/cbs.csv)" -ge 3 ] || fail "cbs.csv: $(cat runs/lm_cbs/cbs.csv)"
+  # SentencePiece: trained once on the corpus, cached beside it, then trained on.
+  derive_lm() { $py -c "import json,sys; c=json.load(open('lm.json')); exec(sys.argv[2]); json.dump(c, open(sys.argv[1], 'w'))" "$@"; }
+  derive_lm spm.json 'c["dataset"].update(tokenizer="sentencepiece", vocab_size=300)'
+  "$bigbatch" train spm.json --steps 5 --out runs > spm.txt 2> spm.err || fail "sentencepiece failed: $(tail -3 spm.err)"
+  ls corpus.txt.bpe300-*.model > /dev/null || fail "no cached SentencePiece model beside the corpus"
+  $py -c "import json; s = json.load(open('runs/lm.train/b32_p0_s0/summary.json')); assert s['data']['tokenizer'].startswith('sentencepiece'), s['data']; assert 259 < s['data']['vocabulary'] <= 300, s['data']"
+  # Token files: a token past the vocabulary, a wrong magic number, a truncated file.
+  $py - <<'PY'
+import struct
+tokens = [i % 40 for i in range(400)]
+open("u16.bin", "wb").write(struct.pack("<%dH" % len(tokens), *tokens))
+header = struct.pack("<256i", *([20240520, 1, len(tokens)] + [0] * 253))
+open("ok.bin", "wb").write(header + struct.pack("<%dH" % len(tokens), *tokens))
+open("magic.bin", "wb").write(struct.pack("<256i", *([12345, 1, 4] + [0] * 253)) + b"\0" * 8)
+open("short.bin", "wb").write(header + struct.pack("<%dH" % 100, *tokens[:100]))
+PY
+  derive_lm u16.json 'c["dataset"] = {"name": "text", "path": "u16.bin", "format": "uint16", "vocab_size": 30, "context": 16}'
+  expect_error 2 "u16.bin: token 30 at position 30 is outside the vocabulary of 30" "$bigbatch" train u16.json --steps 1 --out bad
+  derive_lm magic.json 'c["dataset"] = {"name": "text", "path": "magic.bin", "format": "llmc", "context": 16}'
+  expect_error 2 "magic.bin: magic number 12345, not llm.c's 20240520" "$bigbatch" train magic.json --steps 1 --out bad
+  derive_lm short.json 'c["dataset"] = {"name": "text", "path": "short.bin", "format": "llmc", "context": 16}'
+  expect_error 2 "short.bin: the header counts 400 tokens" "$bigbatch" train short.json --steps 1 --out bad
+  derive_lm ok.json 'c["dataset"] = {"name": "text", "path": "ok.bin", "format": "llmc", "vocab_size": 40, "context": 16}'
+  "$bigbatch" train ok.json --steps 3 --batch-size 8 --out runs > ok.txt 2>&1 || fail "llm.c file failed: $(tail -3 ok.txt)"
+  ;;
 quickstart)
   # The shipped configs parse; one quickstart trial runs a few steps on Fashion-MNIST.
   # The CIFAR configs read data/cifar-10-batches-bin: generated files stand in.
   $py "$src/tests/experiments/make_cifar.py" data/cifar-10-batches-bin --train 5200 --test 100
+  "$src/scripts/kjv.sh" data/kjv.txt  # the language-model configs' corpus
   for c in "$src"/experiments/configs/*.json; do
     if grep -q '"cbs"' "$c"; then  # a cbs config (parsed in Cbs.ShippedConfigsParse): not a sweep
       expect_error 2 "cbs: this is a cbs config: run it with \`bigbatch cbs\`" "$bigbatch" train "$c" --out parse

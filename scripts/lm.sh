@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The language-model quickstart: set up, build, write the King James Bible
+# corpus to data/kjv.txt (scripts/kjv.sh), run the character-level GPT sweep
+# (batch size against steps to a val_loss target, a rate search per batch
+# size; about 8 minutes on 2 cores) and plot it.
+# Extra arguments go to `bigbatch sweep` (e.g. --out DIR, --jobs N).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/kjv.sh data/kjv.txt
+out=runs
+jobs=(--jobs "$(nproc)")
+args=("$@")
+for ((i = 0; i < ${#args[@]}; ++i)); do
+  case ${args[i]} in
+    --out) out=${args[i + 1]:-runs} ;;
+    --jobs) jobs=() ;;
+  esac
+done
+build/experiments/bigbatch sweep experiments/configs/lm_quickstart.json "${jobs[@]}" "$@"
+build/experiments/bigbatch plot "$out/lm_quickstart"
+echo "lm: the sweep is in $out/lm_quickstart/, its plots in $out/lm_quickstart/plots/"
