@@ -56,11 +56,26 @@ class ScratchFolder {
 void run_tool(const std::vector<std::string>& args, const std::string& in, const std::string& out,
               const ScratchFolder& scratch) {
   const std::string err = scratch.file("stderr");
+  // The files are opened here, so that a failure names the file, not the program.
+  const auto open_or_throw = [](const std::string& path, int flags) {
+    const int fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
+    if (fd < 0) throw std::runtime_error(path + ": cannot open: " + std::strerror(errno));
+    return fd;
+  };
+  struct Fds {
+    int fd[3] = {-1, -1, -1};
+    ~Fds() {
+      for (const int f : fd) {
+        if (f >= 0) ::close(f);
+      }
+    }
+  } fds;
+  fds.fd[0] = open_or_throw(in.empty() ? "/dev/null" : in, O_RDONLY);
+  fds.fd[1] = open_or_throw(out, O_WRONLY | O_CREAT | O_TRUNC);
+  fds.fd[2] = open_or_throw(err, O_WRONLY | O_CREAT | O_TRUNC);
   posix_spawn_file_actions_t files;
   posix_spawn_file_actions_init(&files);
-  posix_spawn_file_actions_addopen(&files, 0, in.empty() ? "/dev/null" : in.c_str(), O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&files, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&files, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  for (int i = 0; i < 3; ++i) posix_spawn_file_actions_adddup2(&files, fds.fd[i], i);
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -72,8 +87,10 @@ void run_tool(const std::vector<std::string>& args, const std::string& in, const
                              (spawned == ENOENT ? " (Debian package sentencepiece; scripts/packages.sh installs it)" : ""));
   }
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  pid_t waited = -1;
+  while ((waited = ::waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
   }
+  if (waited < 0) throw std::runtime_error(args[0] + ": cannot wait for it: " + std::strerror(errno));
   if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
     std::string said = read_file(err);
     while (!said.empty() && said.back() == '\n') said.pop_back();
@@ -132,7 +149,13 @@ void SentencePieceText::train(const std::string& corpus, std::int64_t vocab_size
   (void)read_file(corpus);
   const ScratchFolder scratch;
   const std::string prefix = scratch.file("m");
-  run_tool({"spm_train", "--input=" + corpus, "--model_prefix=" + prefix, "--vocab_size=" + std::to_string(vocab_size),
+  // spm_train's --input is a comma-separated list: the corpus goes by a
+  // link of a plain name, whatever its own path holds.
+  const std::string input = scratch.file("corpus");
+  std::error_code linked;
+  fs::create_symlink(fs::absolute(corpus), input, linked);
+  if (linked) throw std::runtime_error(input + ": cannot link to " + corpus + ": " + linked.message());
+  run_tool({"spm_train", "--input=" + input, "--model_prefix=" + prefix, "--vocab_size=" + std::to_string(vocab_size),
             "--model_type=bpe", "--character_coverage=1.0",
             "--byte_fallback=true",                   // a character the corpus lacks still encodes (as bytes)
             "--normalization_rule_name=identity",     // text in, the same text out

@@ -169,7 +169,7 @@ WorkloadData load_text(const TextSpec& spec) {
   const auto n_val = static_cast<std::int64_t>(corpus.validation.size());
   const std::string val_name = spec.validation_path.empty() ? spec.path + " (its validation part)" : spec.validation_path;
   // Training: window i at i * T, moved by up to T - 1 tokens, so that every
-  // token is a window's start in some epoch.
+  // token but the last 2T or fewer is a window's start in some epoch.
   const std::int64_t train_windows = n_train / T - 1;
   if (train_windows < 1) {
     throw std::runtime_error(spec.path + ": " + std::to_string(n_train) + " training tokens, fewer than the " +

@@ -174,7 +174,7 @@ std::vector<ValidationMetrics> evaluate_split(const WorkloadData& data, const at
     at::Tensor out = forward(x);
     at::Tensor target = y;
     if (lanes > 0) std::tie(out, target) = lanes_as_batch(out, y);
-    if (data.loss || lanes > 0 || out.dim() > 2) {
+    if (data.loss || lanes > 0 || (data.classes > 0 && out.dim() > 2)) {
       loss += lane_sums(data.example_loss(out, target), rows);
     } else if (data.classes > 0) {  // (the summed reductions of one model, as before: the same bits)
       loss += F::cross_entropy(out, y, F::CrossEntropyFuncOptions().reduction(torch::kSum)).to(at::kDouble);

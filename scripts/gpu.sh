@@ -234,7 +234,8 @@ JSON
   # unpacked bible-kjv debs (scripts/kjv.sh, with their program and data).
   if [ ! -s "$root/data/kjv.txt" ] && [ -x "$deps/usr/bin/bible" ]; then
     mkdir -p "$root/data"
-    COLUMNS=80 "$deps/usr/bin/bible" -p "$deps/usr/lib" -l80 'gen1:1-rev22:21' > "$root/data/kjv.txt"
+    COLUMNS=80 "$deps/usr/bin/bible" -p "$deps/usr/lib" -l80 'gen1:1-rev22:21' > "$root/data/kjv.txt.tmp" &&
+      mv "$root/data/kjv.txt.tmp" "$root/data/kjv.txt"
   fi
   "$python" -c 'import json, sys; c = json.load(open(sys.argv[1])); c["dataset"]["path"] = sys.argv[2]; json.dump(c, open(sys.argv[3], "w"))' \
     "$root/experiments/configs/lm_quickstart.json" "$root/data/kjv.txt" "$res/lm_quickstart.json"

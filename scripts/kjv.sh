@@ -10,6 +10,7 @@ out=${1:-data/kjv.txt}
 [ -s "$out" ] && exit 0
 command -v bible >/dev/null || { echo "kjv: no 'bible' program (Debian package bible-kjv; scripts/packages.sh installs it)" >&2; exit 2; }
 mkdir -p "$(dirname "$out")"
+trap 'rm -f "$out.tmp.$$"' EXIT
 COLUMNS=80 bible -l80 'gen1:1-rev22:21' > "$out.tmp.$$"
 mv "$out.tmp.$$" "$out"
 echo "kjv: wrote $out ($(wc -c < "$out") bytes)"
