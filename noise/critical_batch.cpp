@@ -13,6 +13,22 @@
 
 namespace bigbatch::noise {
 
+namespace {
+
+// The order statistic at quantile q of v (reordered).
+double quantile(std::vector<double>& v, double q) {
+  const auto at = static_cast<std::size_t>(std::floor(q * static_cast<double>(v.size() - 1) + 0.5));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
+  return v[at];
+}
+
+void check_bootstrap(const char* what, int resamples, double level) {
+  TORCH_CHECK(resamples >= 10, what, ": resamples must be >= 10, got ", resamples);
+  TORCH_CHECK(level > 0 && level < 1, what, ": level must be in (0, 1), got ", level);
+}
+
+}  // namespace
+
 CriticalBatchFit fit_critical_batch(const std::vector<std::pair<double, double>>& batch_steps) {
   std::set<double> distinct;
   for (const auto& [b, s] : batch_steps) {
@@ -61,8 +77,7 @@ CriticalBatchRange bootstrap_critical_batch(const std::vector<std::pair<double, 
   for (const auto& point : batch_steps) distinct.insert(point.first);
   TORCH_CHECK(distinct.size() >= 3, "bootstrap_critical_batch: needs at least 3 distinct batch sizes, got ",
               distinct.size());
-  TORCH_CHECK(resamples >= 10, "bootstrap_critical_batch: resamples must be >= 10, got ", resamples);
-  TORCH_CHECK(level > 0 && level < 1, "bootstrap_critical_batch: level must be in (0, 1), got ", level);
+  check_bootstrap("bootstrap_critical_batch", resamples, level);
   const CriticalBatchFit fit = fit_critical_batch(batch_steps);
   const std::size_t n = batch_steps.size();
   std::vector<double> fitted, residuals;
@@ -83,14 +98,87 @@ CriticalBatchRange bootstrap_critical_batch(const std::vector<std::pair<double, 
     b_crit.push_back(f.b_crit);
     s_min.push_back(f.s_min);
   }
-  // The order statistics at (1 - level) / 2 and (1 + level) / 2.
-  const auto quantile = [&](std::vector<double>& v, double q) {
-    const auto at = static_cast<std::size_t>(std::floor(q * static_cast<double>(v.size() - 1) + 0.5));
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
-    return v[at];
-  };
   const double lo = (1 - level) / 2, hi = (1 + level) / 2;
   return {quantile(b_crit, lo), quantile(b_crit, hi), quantile(s_min, lo), quantile(s_min, hi), level, resamples};
+}
+
+double median_steps(std::vector<double> steps) {
+  TORCH_CHECK(!steps.empty(), "median_steps: needs at least one seed");
+  for (const double s : steps) TORCH_CHECK(!std::isnan(s), "median_steps: a seed's steps are NaN");
+  std::sort(steps.begin(), steps.end());
+  const std::size_t n = steps.size();
+  return n % 2 == 1 ? steps[n / 2] : (steps[n / 2 - 1] + steps[n / 2]) / 2;
+}
+
+namespace {
+
+// One resample of `steps` (with replacement) from `generator`, its median.
+double resampled_median(const std::vector<double>& steps, std::mt19937_64& generator, std::vector<double>& scratch) {
+  scratch.resize(steps.size());
+  for (double& x : scratch) x = steps[generator() % steps.size()];
+  return median_steps(scratch);
+}
+
+Interval central(std::vector<double>& v, double level) {
+  return {quantile(v, (1 - level) / 2), quantile(v, (1 + level) / 2)};
+}
+
+}  // namespace
+
+Interval bootstrap_median(const std::vector<double>& steps, int resamples, double level, std::uint64_t seed) {
+  TORCH_CHECK(!steps.empty(), "bootstrap_median: needs at least one seed");
+  check_bootstrap("bootstrap_median", resamples, level);
+  std::mt19937_64 generator(seed);
+  std::vector<double> medians, scratch;
+  for (int k = 0; k < resamples; ++k) medians.push_back(resampled_median(steps, generator, scratch));
+  return central(medians, level);
+}
+
+Interval bootstrap_median_ratio(const std::vector<double>& a, const std::vector<double>& b, int resamples,
+                                double level, std::uint64_t seed) {
+  TORCH_CHECK(!a.empty() && !b.empty(), "bootstrap_median_ratio: needs at least one seed on each side");
+  check_bootstrap("bootstrap_median_ratio", resamples, level);
+  std::mt19937_64 generator(seed);
+  std::vector<double> ratios, scratch;
+  for (int k = 0; k < resamples; ++k) {
+    const double ma = resampled_median(a, generator, scratch);
+    const double mb = resampled_median(b, generator, scratch);
+    ratios.push_back(std::isinf(mb) ? std::numeric_limits<double>::infinity() : mb / ma);
+  }
+  return central(ratios, level);
+}
+
+CriticalBatchRange bootstrap_critical_batch_seeds(
+    const std::vector<std::pair<double, std::vector<double>>>& batch_seed_steps, int resamples, double level,
+    std::uint64_t seed) {
+  check_bootstrap("bootstrap_critical_batch_seeds", resamples, level);
+  std::set<double> reached;
+  for (const auto& [b, steps] : batch_seed_steps) {
+    TORCH_CHECK(!steps.empty(), "bootstrap_critical_batch_seeds: batch ", b, " has no seeds");
+    if (std::isfinite(median_steps(steps))) reached.insert(b);
+  }
+  TORCH_CHECK(reached.size() >= 3, "bootstrap_critical_batch_seeds: needs at least 3 distinct batch sizes that "
+              "reached, got ", reached.size());
+  std::mt19937_64 generator(seed);
+  std::vector<double> b_crit, s_min, scratch;
+  std::vector<std::pair<double, double>> drawn;
+  for (int k = 0; k < resamples; ++k) {
+    drawn.clear();
+    std::set<double> distinct;
+    for (const auto& [b, steps] : batch_seed_steps) {
+      const double m = resampled_median(steps, generator, scratch);
+      if (!std::isfinite(m)) continue;
+      drawn.emplace_back(b, m);
+      distinct.insert(b);
+    }
+    if (distinct.size() < 3) continue;
+    const CriticalBatchFit f = fit_critical_batch(drawn);
+    b_crit.push_back(f.b_crit);
+    s_min.push_back(f.s_min);
+  }
+  TORCH_CHECK(!b_crit.empty(), "bootstrap_critical_batch_seeds: no resample kept 3 batch sizes that reached");
+  const Interval b = central(b_crit, level), s = central(s_min, level);
+  return {b.low, b.high, s.low, s.high, level, static_cast<int>(b_crit.size())};
 }
 
 }  // namespace bigbatch::noise

@@ -37,4 +37,36 @@ struct CriticalBatchRange {
 CriticalBatchRange bootstrap_critical_batch(const std::vector<std::pair<double, double>>& batch_steps,
                                             int resamples = 2000, double level = 0.9, std::uint64_t seed = 0);
 
+/// Steps to target over seeds (docs/formulas.md "Seeds"): +infinity stands for
+/// a seed that did not reach. The median, the mean of the two middle values
+/// for an even count, is finite exactly when more than half of the seeds
+/// reached. Needs at least one value (none may be NaN).
+double median_steps(std::vector<double> steps);
+
+/// A central interval; `high` may be +infinity (resamples that did not reach).
+struct Interval {
+  double low, high;
+};
+
+/// The percentile bootstrap of median_steps over seeds: the seeds drawn with
+/// replacement `resamples` times (generator seeded by `seed`), the order
+/// statistics of the medians at (1 -+ level) / 2.
+Interval bootstrap_median(const std::vector<double>& steps, int resamples = 2000, double level = 0.9,
+                          std::uint64_t seed = 0);
+
+/// The same for the ratio median(b) / median(a) of two independent sets of
+/// seeds, each drawn with replacement; +infinity where b's draw did not reach,
+/// 0 where only a's did not (both not reached: +infinity).
+Interval bootstrap_median_ratio(const std::vector<double>& a, const std::vector<double>& b, int resamples = 2000,
+                                double level = 0.9, std::uint64_t seed = 0);
+
+/// The fit's range when batch sizes have several seeds: each resample draws
+/// each batch size's seeds with replacement, takes their medians and refits
+/// S(B) to those that are finite; a resample with fewer than 3 distinct batch
+/// sizes left is dropped (`resamples` of the result counts the fits kept).
+/// Needs at least 3 distinct batch sizes whose medians are finite.
+CriticalBatchRange bootstrap_critical_batch_seeds(
+    const std::vector<std::pair<double, std::vector<double>>>& batch_seed_steps, int resamples = 2000,
+    double level = 0.9, std::uint64_t seed = 0);
+
 }  // namespace bigbatch::noise

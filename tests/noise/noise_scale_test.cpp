@@ -163,6 +163,106 @@ TEST(CriticalBatchRange, SameSeedSameRangeAndNeedsThreeBatchSizes) {
   EXPECT_THROW(bootstrap_critical_batch(points, 500, 1.5), c10::Error);
 }
 
+// Seeds (docs/formulas.md "Seeds"): +inf is a seed that did not reach.
+TEST(Seeds, TheMedianReachesWhenMoreThanHalfOfTheSeedsDo) {
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(median_steps({300, 100, 200}), 200);
+  EXPECT_EQ(median_steps({300, inf, 100}), 300);  // 2 of 3 reached
+  EXPECT_EQ(median_steps({inf, 100, inf}), inf);  // 1 of 3: not reached
+  EXPECT_EQ(median_steps({100, 150}), 125);       // even: the middle two's mean
+  EXPECT_EQ(median_steps({100, inf}), inf);       // 1 of 2 is not more than half
+  EXPECT_EQ(median_steps({100, 150, 120, inf}), 135);  // 3 of 4
+  EXPECT_EQ(median_steps({70}), 70);
+  EXPECT_THROW(median_steps({}), c10::Error);
+  EXPECT_THROW(median_steps({1, std::nan("")}), c10::Error);
+}
+
+// The percentile bootstrap of a median of n seeds takes only the seeds'
+// values; the resampled median is <= the k-th smallest x(k) exactly when at
+// least (n + 1) / 2 of the n draws are among the k smallest, a binomial tail.
+// The 90% interval's ends are the first x(k) whose tail passes 5% and 95%
+// (the binomial computed here, independently of the code).
+TEST(Seeds, TheMediansIntervalIsTheBinomialsOrderStatistics) {
+  const auto at_most = [](int n, int k) {  // P(median of a resample <= x(k))
+    const double p = static_cast<double>(k) / n;
+    double tail = 0;
+    for (int j = (n + 1) / 2; j <= n; ++j) {
+      tail += std::tgamma(n + 1) / (std::tgamma(j + 1) * std::tgamma(n - j + 1)) * std::pow(p, j) *
+              std::pow(1 - p, n - j);
+    }
+    return tail;
+  };
+  for (const int n : {3, 7}) {
+    std::vector<double> steps;
+    for (int k = n; k >= 1; --k) steps.push_back(100.0 * k);  // x(k) = 100 k, given in reverse
+    int low = 1, high = 1;
+    while (at_most(n, low) < 0.05) ++low;
+    while (at_most(n, high) < 0.95) ++high;
+    // (3 seeds: P(median = min) = 7/27, so the interval is the range; 7: x(2) to x(6).)
+    const Interval in = bootstrap_median(steps, 4000, 0.9, 3);
+    EXPECT_EQ(in.low, 100.0 * low) << n;
+    EXPECT_EQ(in.high, 100.0 * high) << n;
+  }
+  EXPECT_EQ(bootstrap_median({80}).low, 80);  // one seed: no spread to draw
+  EXPECT_EQ(bootstrap_median({80}).high, 80);
+  // Not reached in 2 of 3 draws' medians often enough: the high end is +inf.
+  EXPECT_EQ(bootstrap_median({100, 200, std::numeric_limits<double>::infinity()}).high,
+            std::numeric_limits<double>::infinity());
+  EXPECT_THROW(bootstrap_median({}), c10::Error);
+  EXPECT_THROW(bootstrap_median({1, 2}, 5), c10::Error);
+}
+
+TEST(Seeds, TheRatiosIntervalExcludesOneOnlyWhenTheSeedsSayItDiffers) {
+  // Without spread the ratio is exact.
+  Interval in = bootstrap_median_ratio({100, 100, 100}, {150, 150, 150});
+  EXPECT_DOUBLE_EQ(in.low, 1.5);
+  EXPECT_DOUBLE_EQ(in.high, 1.5);
+  // The same spread on both sides: 1 is inside.
+  in = bootstrap_median_ratio({100, 200, 300}, {100, 200, 300});
+  EXPECT_LT(in.low, 1);
+  EXPECT_GT(in.high, 1);
+  // Disjoint seeds: every resampled ratio lies in [210/130, 250/100].
+  in = bootstrap_median_ratio({100, 110, 130}, {210, 230, 250});
+  EXPECT_GE(in.low, 210.0 / 130);
+  EXPECT_LE(in.high, 2.5);
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(bootstrap_median_ratio({100, 100, 100}, {inf, inf, inf}).low, inf);
+  EXPECT_EQ(bootstrap_median_ratio({inf, inf, inf}, {100, 100, 100}).high, 0);
+}
+
+// Over seeds: points on S = 1000 (1 + 250 / B) with 10% multiplicative
+// noise per seed, 5 seeds per batch size; the 90% ranges hold the true
+// values in most sweeps (a percentile bootstrap of medians of 5 runs a
+// little narrow; 70% is far below what it gives).
+TEST(Seeds, TheFitsRangeOverSeedsCoversTheTruth) {
+  const auto gen = at::detail::createCPUGenerator(5);
+  int covered_b = 0;
+  const int sweeps = 150;
+  for (int k = 0; k < sweeps; ++k) {
+    std::vector<std::pair<double, std::vector<double>>> points;
+    for (double b = 16; b <= 4096; b *= 2) {
+      std::vector<double> seeds;
+      for (int s = 0; s < 5; ++s) {
+        seeds.push_back(1000 * (1 + 250 / b) * std::exp(0.1 * at::randn({1}, gen, at::kDouble).item<double>()));
+      }
+      points.emplace_back(b, seeds);
+    }
+    const CriticalBatchRange r = bootstrap_critical_batch_seeds(points, 300, 0.9, static_cast<std::uint64_t>(k));
+    EXPECT_LE(r.b_crit_low, r.b_crit_high);
+    EXPECT_EQ(r.resamples, 300);
+    covered_b += r.b_crit_low <= 250 && 250 <= r.b_crit_high;
+  }
+  EXPECT_GE(covered_b, 0.7 * sweeps);
+  EXPECT_LE(covered_b, 0.99 * sweeps);
+  // Seeds that agree: every resample is the same curve.
+  const CriticalBatchRange same =
+      bootstrap_critical_batch_seeds({{16, {500, 500}}, {64, {200, 200}}, {256, {125, 125}}}, 50);
+  EXPECT_NEAR(same.b_crit_low, 64, 1e-6);  // S = 100 + 6400 / B
+  EXPECT_NEAR(same.b_crit_high, 64, 1e-6);
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_THROW(bootstrap_critical_batch_seeds({{16, {500, inf}}, {64, {200, 200}}, {256, {125, 125}}}), c10::Error);
+}
+
 TEST(CriticalBatchFit, BadInput) {
   EXPECT_THROW(fit_critical_batch({{64, 100}}), c10::Error);
   EXPECT_THROW(fit_critical_batch({{64, 100}, {64, 90}}), c10::Error);
