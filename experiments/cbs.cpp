@@ -29,14 +29,15 @@ using nlohmann::json;
 namespace {
 
 // Runs fn(i) for i in [0, count), `jobs` at a time (run_cbs allows only one
-// under a process group), each thread with cores / jobs / local ranks, less
-// its loader threads, intra-op threads.
+// under a process group; as many as fit the cores, workers.h), each thread
+// with `threads` intra-op threads.
 template <typename Fn>
-void for_each_job(std::size_t count, int jobs, int loader_threads, distributed::ProcessGroup* group, Fn&& fn) {
-  jobs = std::max(1, std::min<int>(jobs, static_cast<int>(std::max<std::size_t>(1, count))));
+void for_each_job(std::size_t count, int jobs, int threads, distributed::ProcessGroup* group, Fn&& fn) {
+  jobs = std::max(1, std::min<int>(jobs_that_fit(jobs, threads, group != nullptr ? group->local_size() : 1),
+                                   static_cast<int>(std::max<std::size_t>(1, count))));
   std::atomic<std::size_t> next{0};
   run_workers(
-      jobs, threads_per_job(jobs, group != nullptr ? group->local_size() : 1, loader_threads),
+      jobs, threads,
       [&]() -> std::optional<std::size_t> {
         const std::size_t i = next++;
         return i < count ? std::optional<std::size_t>(i) : std::nullopt;
@@ -243,7 +244,7 @@ void run_compare(const CbsConfig& c, const BatchWarmup& w, const WorkloadData& d
     }
   }
   ProgressBoard board(static_cast<std::int64_t>(left.size()));
-  for_each_job(left.size(), jobs, loader_threads(c.sweep.runner.loader, data), group, [&](std::size_t k) {
+  for_each_job(left.size(), jobs, static_cast<int>(c.sweep.runner.threads_per_trial), group, [&](std::size_t k) {
     const CompareRun& run = runs[left[k]];
     FolderHooks hooks;
     hooks.progress = [&](const TrialProgress& p) { board.update(run.trial.name, p); };
@@ -273,8 +274,8 @@ CbsSummary run_cbs(const CbsConfig& c, const CbsOptions& options, distributed::P
   if (writer) write_file_atomic((l.dir / "cbs.json").string(), resolved.dump(2) + "\n");
 
   // The references, one per seed (in parallel with --jobs), then the branches.
-  const int loader = loader_threads(c.sweep.runner.loader, data);
-  for_each_job(c.sweep.seeds.size(), options.jobs, loader, group,
+  const int threads = static_cast<int>(c.sweep.runner.threads_per_trial);
+  for_each_job(c.sweep.seeds.size(), options.jobs, threads, group,
                [&](std::size_t i) { run_reference(c, data, l, c.sweep.seeds[i], group); });
   std::vector<Branch> all, left;
   for (const auto e : c.cbs.checkpoints) {
@@ -298,7 +299,7 @@ CbsSummary run_cbs(const CbsConfig& c, const CbsOptions& options, distributed::P
               << " branches already finished\n";
   }
   ProgressBoard board(static_cast<std::int64_t>(left.size()));
-  for_each_job(left.size(), options.jobs, loader, group,
+  for_each_job(left.size(), options.jobs, threads, group,
                [&](std::size_t i) { run_branch(c, data, l, left[i], group, board); });
 
   BatchWarmup warmup;

@@ -159,8 +159,8 @@ int report(const std::vector<std::string>& dirs, bx::TableFormat format, const s
 // --jobs of sweep and cbs: how many `runs` (trials, branches) at once.
 void add_jobs(CLI::App* cmd, int& jobs, const std::string& runs) {
   cmd->add_option("--jobs", jobs,
-                  runs + " in parallel, in one process (intra-op threads: cores / jobs; data-parallel: cores / "
-                         "ranks on this machine)")
+                  runs + " in parallel, in one process, each with the config's runner.threads_per_trial intra-op "
+                         "threads (default 1); capped at what fits the cores. It never changes the results")
       ->capture_default_str();
 }
 
@@ -328,10 +328,10 @@ struct TrainCommand {
                                              : bigbatch::distributed::world_from_env().world_size);
     if (parallel.launcher()) return bx::launch_local(parallel.launch, argc, argv);
     const auto group = join(parallel, cfg.base.device);
-    // The ranks on this machine share its cores (a sweep's workers do the same).
+    // The sweep's thread count per trial (and rank), so that the trial
+    // computes what it computes in the sweep.
     const bx::WorkloadData data = bx::load_data(cfg);
-    const int threads =
-        bx::threads_per_job(1, group ? group->local_size() : 1, bx::loader_threads(cfg.runner.loader, data));
+    const int threads = static_cast<int>(cfg.runner.threads_per_trial);
     at::set_num_threads(threads);
     const std::string tdir = (fs::path(out) / (named.folder + ".train") / trial.name).string();
     bx::FolderHooks hooks;

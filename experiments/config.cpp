@@ -411,6 +411,9 @@ void sweep_fields(Io& io, Spec& s) {
             "must be >= 0, or -1 (auto), got " + std::to_string(r.loader.threads));
     q.field("prefetch", r.loader.prefetch);
     q.check("prefetch", r.loader.prefetch >= 1, "must be >= 1, got " + std::to_string(r.loader.prefetch));
+    q.field("threads_per_trial", r.threads_per_trial);
+    q.check("threads_per_trial", r.threads_per_trial >= 1 && r.threads_per_trial <= 1024,
+            "must be in [1, 1024], got " + std::to_string(r.threads_per_trial));
   });
 }
 
@@ -772,14 +775,23 @@ void drop_default_depth(json& j) {
 json identity(json resolved) {
   if (resolved.is_object()) {
     resolved.erase("tensorboard");
-    resolved.erase("runner");
+    // Of the runner's keys only the thread count changes results.
+    const auto runner = resolved.find("runner");
+    if (runner != resolved.end()) {
+      const auto threads = runner->find("threads_per_trial");
+      *runner = threads != runner->end() ? json{{"threads_per_trial", *threads}} : json::object();
+    }
   }
   drop_default_depth(resolved);
   return resolved;
 }
 
 std::optional<std::string> identity_difference(const json& existing, const json& resolved) {
-  const json a = identity(existing), b = identity(resolved);
+  const json a = identity(existing);
+  json b = identity(resolved);
+  // Folders from before runner.threads_per_trial do not say theirs.
+  if (a.is_object() && b.is_object() && !a.contains("runner")) b.erase("runner");
+  if (a.is_object() && b.is_object() && a.contains("runner") && a["runner"].empty()) b["runner"] = json::object();
   if (a == b) return std::nullopt;
   const json patch = json::diff(a, b);
   return patch.empty() ? std::string() : patch[0].value("path", std::string());

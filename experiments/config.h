@@ -146,6 +146,11 @@ struct RunnerSpec {
   /// (batched.h). Off by default: on CPUs it measured no faster (docs/experiments.md).
   bool batch_trials = false;
   LoaderSpec loader;  ///< "loader_threads", "prefetch"
+  /// Intra-op threads of each trial (each rank of a data-parallel one). The
+  /// thread count orders floating-point sums, so results depend on it; it is
+  /// part of a sweep's identity, and --jobs runs that many trials side by side
+  /// without changing it (docs/experiments.md "Threads and reproducibility").
+  std::int64_t threads_per_trial = 1;
 };
 
 struct SweepConfig {
@@ -194,8 +199,9 @@ nlohmann::json to_json(const TrialConfig& trial);
 
 /// A resolved config (sweep.json, config.json) without the keys that change
 /// how a run is recorded or scheduled but not what it computes ("tensorboard",
-/// "runner"): what a
-/// resumed sweep compares, so that turning a log on or off redoes nothing.
+/// "runner" but for its threads_per_trial): what a resumed sweep compares, so
+/// that turning a log on or off redoes nothing. A folder written before
+/// threads_per_trial existed compares without it.
 nlohmann::json identity(nlohmann::json resolved);
 /// Where two resolved configs first differ in identity(): the JSON pointer
 /// of the first change; nullopt when they are the same.

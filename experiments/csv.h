@@ -2,7 +2,8 @@
 // steps_to_target.csv, cbs.csv, compare.csv): a header line of column names,
 // then one line per row, cells separated by commas and never quoted (no cell
 // holds a comma: numbers, names checked by check_name, status words). A
-// number that is not finite is an empty cell.
+// number that is not finite is an empty cell, but for steps_to_target.csv's
+// "inf": steps of seeds that did not reach.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +35,7 @@ class CsvTable {
   std::optional<double> number(std::size_t row, const std::string& column) const;
   std::optional<std::int64_t> integer(std::size_t row, const std::string& column) const;
   const std::vector<std::string>& header() const { return header_; }
+  const std::string& path() const { return path_; }
 
  private:
   std::size_t index_of(const std::string& column) const;

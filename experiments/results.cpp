@@ -3,6 +3,7 @@
 
 #include "csv.h"
 #include "files.h"
+#include "trial_queue.h"
 #include "../noise/critical_batch.h"
 
 #include <c10/util/Exception.h>
@@ -125,50 +126,127 @@ std::string search_edge(const std::vector<TrialConfig>& trials, const std::strin
   return lr == *rates.begin() ? "low" : lr == *rates.rbegin() ? "high" : "";
 }
 
+std::string steps_text(double steps) {
+  if (std::isinf(steps)) return "inf";
+  std::ostringstream out;
+  if (steps == std::round(steps)) {
+    out << static_cast<std::int64_t>(steps);
+  } else {
+    out << std::fixed << std::setprecision(1) << steps;
+  }
+  return out.str();
+}
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr int kResamples = 2000;
+
+// A seed's steps and examples to target: +infinity unless it reached.
+struct SeedResult {
+  json summary;
+  double steps = kInf, examples = kInf;
+};
+
+SeedResult seed_result(const fs::path& dir, const TrialConfig& t) {
+  SeedResult r{read_json((dir / t.name / "summary.json").string())};
+  if (r.summary["status"] == to_string(TrialStatus::kReached)) {
+    r.steps = static_cast<double>(r.summary["steps_to_target"].get<std::int64_t>());
+    r.examples = static_cast<double>(r.summary["examples_to_target"].get<std::int64_t>());
+  }
+  return r;
+}
+
+std::string cell(const std::optional<double>& x) { return x ? steps_text(*x) : std::string(); }
+
+}  // namespace
+
 std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::string& sweep_dir) {
   const fs::path dir(sweep_dir);
-  struct Best {
-    std::optional<json> reached;  // the fastest trial that reached
-    std::optional<json> closest;  // else the one with the best metric
-    std::int64_t failed = 0;      // trials whose workload threw
+  const auto metric_of = [](const json& s) {
+    return s["best_metric"].is_number() ? s["best_metric"].get<double>() : kInf;
   };
-  const auto metric_of = [](const std::optional<json>& s) {
-    return s && (*s)["best_metric"].is_number() ? (*s)["best_metric"].get<double>()
-                                                : std::numeric_limits<double>::infinity();
-  };
-  std::map<std::int64_t, Best> best;
+  std::vector<SeedResult> results;
   std::int64_t reached = 0;
   for (const auto& t : trials) {
-    json s = read_json((dir / t.name / "summary.json").string());
-    Best& b = best[t.batch_size];
-    if (s["status"] == to_string(TrialStatus::kFailed)) ++b.failed;
-    if (s["status"] == to_string(TrialStatus::kReached)) {
-      ++reached;
-      if (!b.reached || s["steps_to_target"].get<std::int64_t>() < (*b.reached)["steps_to_target"].get<std::int64_t>()) {
-        b.reached = s;
-      }
-    } else if (!b.closest || metric_of(s) < metric_of(b.closest)) {
-      b.closest = s;
-    }
+    results.push_back(seed_result(dir, t));
+    if (std::isfinite(results.back().steps)) ++reached;
   }
+  // Per batch size (ascending): its rates, in order.
+  std::map<std::int64_t, std::vector<std::vector<std::size_t>>> batches;
+  for (auto& rate : rates_of(trials)) batches[trials[rate.front()].batch_size].push_back(std::move(rate));
+
   std::ostringstream csv;
-  csv << "batch_size,steps,examples,best_lr,trial,reached,edge,failed\n";
+  csv << "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,"
+         "steps_low,steps_high,seed_steps\n";
   std::vector<std::pair<double, double>> points;
+  std::vector<std::pair<double, std::vector<double>>> seed_points;
+  std::size_t most_seeds = 0;
   json fit_batches = json::array(), fit_steps = json::array();
-  for (const auto& [batch, b] : best) {
-    const json& s = b.reached ? *b.reached : *b.closest;
-    const std::string trial = s["trial"].get<std::string>();
-    if (b.reached) {
-      const auto steps = s["steps_to_target"].get<std::int64_t>();
-      csv << batch << ',' << steps << ',' << s["examples_to_target"].get<std::int64_t>() << ',';
-      points.emplace_back(static_cast<double>(batch), static_cast<double>(steps));
-      fit_batches.push_back(batch);
-      fit_steps.push_back(steps);
-    } else {
-      csv << batch << ",,,";
+  for (const auto& [batch, rates] : batches) {
+    TargetRow row;
+    row.batch_size = batch;
+    // The least median; else (none reached) the trial with the best metric.
+    std::optional<std::size_t> best;
+    double best_median = kInf;
+    std::optional<std::size_t> closest;
+    for (std::size_t r = 0; r < rates.size(); ++r) {
+      std::vector<double> steps;
+      for (const auto i : rates[r]) {
+        steps.push_back(results[i].steps);
+        if (results[i].summary["status"] == to_string(TrialStatus::kFailed)) ++row.failed;
+        if (!closest || metric_of(results[i].summary) < metric_of(results[*closest].summary)) closest = i;
+      }
+      const double m = noise::median_steps(steps);
+      if (m < best_median) {
+        best_median = m;
+        best = r;
+      }
     }
-    csv << csv_number(s["peak_lr"].get<double>()) << ',' << trial << ',' << (b.reached ? 1 : 0) << ','
-        << search_edge(trials, trial) << ',' << b.failed << "\n";
+    const std::vector<std::size_t>& rate = best ? rates[*best] : *std::find_if(rates.begin(), rates.end(), [&](const auto& q) {
+      return std::find(q.begin(), q.end(), *closest) != q.end();
+    });
+    std::vector<double> steps, examples;
+    for (const auto i : rate) {
+      steps.push_back(results[i].steps);
+      examples.push_back(results[i].examples);
+    }
+    row.seeds = static_cast<std::int64_t>(rate.size());
+    row.seeds_reached = std::count_if(steps.begin(), steps.end(), [](double x) { return std::isfinite(x); });
+    row.seed_steps = steps;
+    std::size_t chosen = *closest;
+    if (best) {
+      // The median seed (the lower of the two middle ones), ties in seed order.
+      std::vector<std::size_t> order(rate.size());
+      for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+      std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return steps[a] < steps[b]; });
+      chosen = rate[order[(order.size() - 1) / 2]];
+      row.reached = true;
+      row.steps = best_median;
+      row.examples = noise::median_steps(examples);
+      row.steps_min = *std::min_element(steps.begin(), steps.end());
+      row.steps_max = *std::max_element(steps.begin(), steps.end());
+      if (steps.size() > 1) {
+        const noise::Interval in =
+            noise::bootstrap_median(steps, kResamples, kIntervalLevel, static_cast<std::uint64_t>(batch));
+        row.steps_low = in.low;
+        row.steps_high = in.high;
+      }
+      points.emplace_back(static_cast<double>(batch), best_median);
+      seed_points.emplace_back(static_cast<double>(batch), steps);
+      most_seeds = std::max(most_seeds, steps.size());
+      fit_batches.push_back(batch);
+      fit_steps.push_back(best_median);
+    }
+    const json& s = results[chosen].summary;
+    row.trial = s["trial"].get<std::string>();
+    std::string seed_cells;
+    for (const double x : steps) seed_cells += (seed_cells.empty() ? "" : " ") + steps_text(x);
+    csv << batch << ',' << cell(row.steps) << ',' << cell(row.examples) << ',' << csv_number(s["peak_lr"].get<double>())
+        << ',' << row.trial << ',' << (row.reached ? 1 : 0) << ',' << search_edge(trials, row.trial) << ','
+        << row.failed << ',' << row.seeds << ',' << row.seeds_reached << ',' << cell(row.steps_min) << ','
+        << cell(row.steps_max) << ',' << cell(row.steps_low) << ',' << cell(row.steps_high) << ',' << seed_cells
+        << "\n";
   }
   write_file_atomic((dir / "steps_to_target.csv").string(), csv.str());
   json fit = {{"batch_sizes", fit_batches}, {"steps", fit_steps}};
@@ -178,13 +256,19 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
                    " reached the target, the fit needs 3 (2 parameters and a residual)";
   } else {
     const noise::CriticalBatchFit f = noise::fit_critical_batch(points);
-    const noise::CriticalBatchRange range = noise::bootstrap_critical_batch(points);
     fit["s_min"] = f.s_min;
     fit["e_min"] = f.e_min;
     fit["b_crit"] = finite_or_null(f.b_crit);
     fit["rms_relative_error"] = f.rms_relative_error;
+    // Several seeds: their spread is the uncertainty (drawn per batch size);
+    // one seed: the residuals about the curve stand in for it.
+    const bool by_seeds = most_seeds > 1;
+    const noise::CriticalBatchRange range =
+        by_seeds ? noise::bootstrap_critical_batch_seeds(seed_points, kResamples, kIntervalLevel)
+                 : noise::bootstrap_critical_batch(points, kResamples, kIntervalLevel);
     fit["range"] = {{"level", range.level},
                     {"resamples", range.resamples},
+                    {"method", by_seeds ? "seeds" : "residuals"},
                     {"b_crit", {finite_or_null(range.b_crit_low), finite_or_null(range.b_crit_high)}},
                     {"s_min", {range.s_min_low, range.s_min_high}}};
   }
@@ -195,17 +279,45 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
 std::vector<TargetRow> target_rows(const CsvTable& csv) {
   const bool has_edge = std::find(csv.header().begin(), csv.header().end(), "edge") != csv.header().end();
   const bool has_failed = std::find(csv.header().begin(), csv.header().end(), "failed") != csv.header().end();
+  const bool has_seeds = std::find(csv.header().begin(), csv.header().end(), "seed_steps") != csv.header().end();
   std::vector<TargetRow> rows;
   for (std::size_t i = 0; i < csv.rows(); ++i) {
     TargetRow r;
     r.batch_size = csv.integer(i, "batch_size").value_or(0);
-    r.steps = csv.integer(i, "steps");
-    r.examples = csv.integer(i, "examples");
+    r.steps = csv.number(i, "steps");
+    r.examples = csv.number(i, "examples");
     r.best_lr = csv.number(i, "best_lr").value_or(std::numeric_limits<double>::quiet_NaN());
     r.trial = csv.at(i, "trial");
     r.reached = csv.at(i, "reached") == "1";
     if (has_edge) r.edge = csv.at(i, "edge");  // files from before the edge column have none
     if (has_failed) r.failed = csv.integer(i, "failed").value_or(0);
+    if (has_seeds) {  // nor from before the seeds' columns
+      r.seeds = csv.integer(i, "seeds").value_or(1);
+      r.seeds_reached = csv.integer(i, "seeds_reached").value_or(0);
+      r.steps_min = csv.number(i, "steps_min");
+      r.steps_max = csv.number(i, "steps_max");
+      r.steps_low = csv.number(i, "steps_low");
+      r.steps_high = csv.number(i, "steps_high");
+      std::istringstream cells(csv.at(i, "seed_steps"));
+      std::string c;
+      while (cells >> c) {
+        std::size_t used = 0;
+        double x = kNaN;
+        try {
+          x = std::stod(c, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != c.size() || std::isnan(x)) {
+          throw std::runtime_error(csv.path() + ": row " + std::to_string(i + 1) + ": seed_steps holds \"" + c +
+                                   "\", not a number of steps");
+        }
+        r.seed_steps.push_back(x);
+      }
+    } else {
+      r.seeds_reached = r.reached ? 1 : 0;
+      if (r.steps) r.seed_steps = {*r.steps};
+    }
     rows.push_back(std::move(r));
   }
   return rows;
@@ -215,49 +327,6 @@ std::vector<TargetRow> read_steps_to_target(const std::string& sweep_dir) {
   const fs::path path = fs::path(sweep_dir) / "steps_to_target.csv";
   if (!fs::exists(path)) throw ConfigError(sweep_dir + ": no steps_to_target.csv (not a finished sweep folder)");
   return target_rows(CsvTable::read(path.string()));
-}
-
-std::string report(const std::string& sweep_dir) {
-  const fs::path dir(sweep_dir);
-  const auto dash = [](const std::optional<std::int64_t>& x) { return x ? std::to_string(*x) : std::string("-"); };
-  std::ostringstream out;
-  out << std::left << std::setw(12) << "batch" << std::setw(10) << "steps" << std::setw(12) << "examples"
-      << std::setw(12) << "best lr" << std::setw(10) << "reached" << std::setw(7) << "edge" << "trial\n";
-  std::vector<std::string> edges, failed;
-  for (const TargetRow& r : read_steps_to_target(sweep_dir)) {
-    if (r.failed > 0) failed.push_back(std::to_string(r.batch_size) + " (" + std::to_string(r.failed) + ")");
-    std::ostringstream lr;
-    lr << std::setprecision(4) << r.best_lr;
-    out << std::setw(12) << r.batch_size << std::setw(10) << dash(r.steps) << std::setw(12) << dash(r.examples)
-        << std::setw(12) << (std::isfinite(r.best_lr) ? lr.str() : "-") << std::setw(10)
-        << (r.reached ? "yes" : "no") << std::setw(7) << (r.edge.empty() ? "-" : r.edge) << r.trial << "\n";
-    if (!r.edge.empty()) edges.push_back(std::to_string(r.batch_size) + " (" + r.edge + ")");
-  }
-  if (!edges.empty()) out << search_edge_warning(edges) << "\n";
-  if (!failed.empty()) {
-    std::string list;
-    for (const auto& f : failed) list += (list.empty() ? "" : ", ") + f;
-    out << "warning: trials failed (their workload threw) at batch sizes " << list
-        << ": each one's summary.json says why; a rerun tries them again\n";
-  }
-  if (fs::exists(dir / "fit.json")) {
-    const json fit = read_json((dir / "fit.json").string());
-    if (fit.contains("error")) {
-      out << "fit S(B) = S_min (1 + B_crit / B): " << fit["error"].get<std::string>() << "\n";
-    } else {
-      const auto bound = [](const json& x) { return x.is_null() ? std::string("inf") : x.dump(); };
-      out << "fit S(B) = S_min (1 + B_crit / B): S_min " << fit["s_min"].get<double>() << ", B_crit "
-          << (fit["b_crit"].is_null() ? std::string("inf (no plateau)") : fit["b_crit"].dump()) << ", E_min "
-          << fit["e_min"].get<double>() << " (rms relative error " << fit["rms_relative_error"].get<double>() << ")\n";
-      if (fit.contains("range")) {
-        const json& r = fit["range"];
-        out << "  " << std::lround(100 * r["level"].get<double>()) << "% bootstrap range: B_crit "
-            << bound(r["b_crit"][0]) << " to " << bound(r["b_crit"][1]) << ", S_min " << r["s_min"][0].dump()
-            << " to " << r["s_min"][1].dump() << "\n";
-      }
-    }
-  }
-  return out.str();
 }
 
 std::string search_edge_warning(const std::vector<std::string>& rows) {
@@ -358,28 +427,133 @@ std::string compare_report(const std::vector<LabelledSweep>& sweeps, TableFormat
       t[r.batch_size] = std::move(r);
     }
   }
-  // The cells of each row: batch, steps per sweep, then ratios to the first.
+  const bool csv = format == TableFormat::kCsv;
+  // The cells of each row: batch, steps per sweep, then ratios to the first
+  // (in CSV each with its interval's ends and whether it excludes 1).
   std::vector<std::string> header{"batch size"};
   for (const auto& s : sweeps) header.push_back(s.label);
-  for (std::size_t k = 1; k < sweeps.size(); ++k) header.push_back(sweeps[k].label + " / " + sweeps[0].label);
-  const std::string none = format == TableFormat::kCsv ? "" : "-";
+  for (std::size_t k = 1; k < sweeps.size(); ++k) {
+    const std::string name = sweeps[k].label + " / " + sweeps[0].label;
+    header.push_back(name);
+    if (csv) {
+      for (const char* part : {" low", " high", " differs"}) header.push_back(name + part);
+    }
+  }
+  const std::string none = csv ? "" : "-";
+  const auto fixed2 = [](double x) {
+    if (std::isinf(x)) return std::string("inf");
+    std::ostringstream o;
+    o << std::fixed << std::setprecision(2) << x;
+    return o.str();
+  };
+  bool intervals = false, without = false;
   std::vector<std::vector<std::string>> rows;
   for (const auto batch : batches) {
-    std::vector<std::optional<std::int64_t>> steps;
+    std::vector<const TargetRow*> row_of;
     for (const auto& t : tables) {
       const auto it = t.find(batch);
-      steps.push_back(it == t.end() ? std::nullopt : it->second.steps);
+      row_of.push_back(it == t.end() || !it->second.steps ? nullptr : &it->second);
     }
     std::vector<std::string> row{std::to_string(batch)};
-    for (const auto& s : steps) row.push_back(s ? std::to_string(*s) : none);
-    for (std::size_t k = 1; k < steps.size(); ++k) {
-      std::ostringstream ratio;
-      if (steps[0] && steps[k]) ratio << std::fixed << std::setprecision(2) << static_cast<double>(*steps[k]) / static_cast<double>(*steps[0]);
-      row.push_back(steps[0] && steps[k] ? ratio.str() : none);
+    for (const auto* r : row_of) row.push_back(r ? steps_text(*r->steps) : none);
+    for (std::size_t k = 1; k < row_of.size(); ++k) {
+      const TargetRow* a = row_of[0];
+      const TargetRow* b = row_of[k];
+      if (!a || !b) {
+        row.insert(row.end(), csv ? 4 : 1, none);
+        continue;
+      }
+      const double ratio = *b->steps / *a->steps;
+      std::optional<noise::Interval> in;
+      if (a->seed_steps.size() > 1 && b->seed_steps.size() > 1) {
+        in = noise::bootstrap_median_ratio(a->seed_steps, b->seed_steps, kResamples, kIntervalLevel,
+                                           static_cast<std::uint64_t>(batch));
+      }
+      const bool differs = in && (in->low > 1 || in->high < 1);
+      intervals = intervals || in.has_value();
+      without = without || !in;
+      if (csv) {
+        row.push_back(fixed2(ratio));
+        row.push_back(in ? fixed2(in->low) : "");
+        row.push_back(in ? fixed2(in->high) : "");
+        row.push_back(in ? (differs ? "1" : "0") : "");
+      } else {
+        row.push_back(fixed2(ratio) + (in ? " [" + fixed2(in->low) + "-" + fixed2(in->high) + "]" : "") +
+                      (differs ? " *" : ""));
+      }
     }
     rows.push_back(std::move(row));
   }
-  return format_table(header, rows, format);
+  std::string out = format_table(header, rows, format);
+  if (sweeps.size() > 1 && (format == TableFormat::kText || format == TableFormat::kMarkdown)) {
+    const std::string level = std::to_string(std::lround(100 * kIntervalLevel)) + "%";
+    if (intervals) {
+      out += (format == TableFormat::kMarkdown ? "\n" : "") + std::string("ratio [") + level +
+             " bootstrap interval over both sweeps' seeds]; * the interval excludes 1: the seeds support a "
+             "difference\n";
+    }
+    if (without) {
+      out += (format == TableFormat::kMarkdown ? "\n" : "") +
+             std::string("a ratio without an interval has one seed on a side: it carries no spread, and a "
+                         "difference of 20% may be noise\n");
+    }
+  }
+  return out;
+}
+
+std::string report(const std::string& sweep_dir) {
+  const fs::path dir(sweep_dir);
+  const auto opt = [](const std::optional<double>& x) { return x ? steps_text(*x) : std::string("-"); };
+  const std::vector<TargetRow> table = read_steps_to_target(sweep_dir);
+  const std::string level = std::to_string(std::lround(100 * kIntervalLevel)) + "%";
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> edges, failed;
+  bool one_seed = true;
+  for (const TargetRow& r : table) {
+    if (r.failed > 0) failed.push_back(std::to_string(r.batch_size) + " (" + std::to_string(r.failed) + ")");
+    if (!r.edge.empty()) edges.push_back(std::to_string(r.batch_size) + " (" + r.edge + ")");
+    one_seed = one_seed && r.seeds <= 1;
+    std::ostringstream lr;
+    lr << std::setprecision(4) << r.best_lr;
+    rows.push_back({std::to_string(r.batch_size), opt(r.steps),
+                    r.steps_low ? opt(r.steps_low) + "-" + opt(r.steps_high) : "-",
+                    r.reached && r.steps_min ? opt(r.steps_min) + "-" + opt(r.steps_max) : "-",
+                    std::to_string(r.seeds_reached) + "/" + std::to_string(r.seeds), opt(r.examples),
+                    std::isfinite(r.best_lr) ? lr.str() : "-", r.edge.empty() ? "-" : r.edge, r.trial});
+  }
+  std::ostringstream out;
+  out << format_table({"batch", "steps", level + " interval", "min-max", "reached", "examples", "best lr", "edge", "trial"},
+                      rows, TableFormat::kText);
+  out << (one_seed ? "one seed per rate: the rows carry no spread (\"seeds\": [0, 1, 2] gives each a median, a "
+                     "range and an interval)\n"
+                   : "steps: the best rate's median over its seeds; interval: bootstrap over those seeds; "
+                     "reached: seeds that reached of those run\n");
+  if (!edges.empty()) out << search_edge_warning(edges) << "\n";
+  if (!failed.empty()) {
+    std::string list;
+    for (const auto& f : failed) list += (list.empty() ? "" : ", ") + f;
+    out << "warning: trials failed (their workload threw) at batch sizes " << list
+        << ": each one's summary.json says why; a rerun tries them again\n";
+  }
+  if (fs::exists(dir / "fit.json")) {
+    const json fit = read_json((dir / "fit.json").string());
+    if (fit.contains("error")) {
+      out << "fit S(B) = S_min (1 + B_crit / B): " << fit["error"].get<std::string>() << "\n";
+    } else {
+      const auto bound = [](const json& x) { return x.is_null() ? std::string("inf") : x.dump(); };
+      out << "fit S(B) = S_min (1 + B_crit / B): S_min " << fit["s_min"].get<double>() << ", B_crit "
+          << (fit["b_crit"].is_null() ? std::string("inf (no plateau)") : fit["b_crit"].dump()) << ", E_min "
+          << fit["e_min"].get<double>() << " (rms relative error " << fit["rms_relative_error"].get<double>() << ")\n";
+      if (fit.contains("range")) {
+        const json& r = fit["range"];
+        out << "  " << std::lround(100 * r["level"].get<double>()) << "% bootstrap range"
+            << (r.value("method", std::string("residuals")) == "seeds" ? " (over seeds)" : " (over residuals: one seed)")
+            << ": B_crit " << bound(r["b_crit"][0]) << " to " << bound(r["b_crit"][1]) << ", S_min "
+            << r["s_min"][0].dump() << " to " << r["s_min"][1].dump() << "\n";
+      }
+    }
+  }
+  return out.str();
 }
 
 }  // namespace bigbatch::experiments

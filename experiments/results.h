@@ -1,10 +1,13 @@
 // The results a sweep leaves in its folder, and the table it prints:
 //   <trial>/metrics.csv      one row per evaluation (EvalRow's fields, in order)
 //   <trial>/summary.json     the trial's outcome, written last
-//   steps_to_target.csv      per batch size, the fastest trial that reached, and
-//                            whether its rate is on the edge of the search
+//   steps_to_target.csv      per batch size, the best rate by its median steps
+//                            over seeds, with the seeds' spread and a bootstrap
+//                            interval, and whether the rate is on the edge of
+//                            the search (docs/experiments.md "Seeds")
 //   fit.json                 S(B) = S_min (1 + B_crit / B) fitted to that table
 //                            (from 3 batch sizes that reached), with a range
+//                            bootstrapped over seeds (or residuals: one seed)
 #pragma once
 
 #include "config.h"
@@ -44,17 +47,34 @@ std::string search_edge(const std::vector<TrialConfig>& trials, const std::strin
 
 /// Writes steps_to_target.csv and fit.json of the sweep folder `dir` from the
 /// summary.json of each of `trials`. Returns how many trials reached the target.
+/// A batch size's row: its trials are grouped into rates (rates_of,
+/// trial_queue.h); a rate's steps are the median over its seeds, a seed that
+/// did not reach (or was pruned) counting as +infinity, so a rate reaches when
+/// more than half of its seeds do; the row is the rate with the least median,
+/// ties to the earlier rate. Its spread: the seeds' min and max and a 90%
+/// percentile-bootstrap interval of the median over seeds.
 std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::string& dir);
+
+/// The level of the intervals in the tables, the fit and the comparison.
+inline constexpr double kIntervalLevel = 0.9;
 
 /// One row of steps_to_target.csv.
 struct TargetRow {
   std::int64_t batch_size = 0;
-  std::optional<std::int64_t> steps, examples;  ///< empty when no trial reached
+  /// The row's rate's medians over seeds; empty when no rate reached.
+  std::optional<double> steps, examples;
   double best_lr = 0;
-  std::string trial;  ///< the fastest trial that reached, else the closest
+  std::string trial;  ///< the row's median seed (the lower of two), else the closest trial
   bool reached = false;
   std::string edge;  ///< search_edge() of the trial
   std::int64_t failed = 0;  ///< trials of this batch size whose workload threw (0 in tables from before the column)
+  std::int64_t seeds = 1, seeds_reached = 0;  ///< of the row's rate
+  /// Each seed's steps (+infinity: not reached), in the config's seed order;
+  /// empty in tables from before the column.
+  std::vector<double> seed_steps;
+  /// The seeds' min and max, and the bootstrap interval of the median (empty
+  /// with one seed); the max and the interval's high end may be +infinity.
+  std::optional<double> steps_min, steps_max, steps_low, steps_high;
 };
 
 /// A finished sweep folder's steps_to_target.csv. Throws ConfigError when the
@@ -63,6 +83,10 @@ struct TargetRow {
 std::vector<TargetRow> read_steps_to_target(const std::string& sweep_dir);
 /// The rows of a steps_to_target.csv already read (the same errors).
 std::vector<TargetRow> target_rows(const CsvTable& csv);
+
+/// A number of steps for a table: an integer, or one decimal (the median of
+/// an even count of seeds); "inf" for +infinity.
+std::string steps_text(double steps);
 
 /// The steps-to-target table of a sweep folder, formatted for a terminal.
 /// Throws ConfigError when the folder holds no finished sweep.
@@ -89,7 +113,10 @@ inline constexpr config::EnumName<TableFormat> kTableFormats[] = {
 
 /// The steps-to-target tables of several sweeps side by side: a row per batch
 /// size, a steps column per sweep ("-" or empty where it did not reach), then
-/// each later sweep's steps as a ratio to the first's. Checks comparability.
+/// each later sweep's steps as a ratio to the first's, with its bootstrap
+/// interval over both sweeps' seeds (noise/critical_batch.h) where both have
+/// several, marked "*" when the interval excludes 1 (in CSV: low, high and
+/// differs columns). Checks comparability.
 std::string compare_report(const std::vector<LabelledSweep>& sweeps, TableFormat format);
 
 }  // namespace bigbatch::experiments

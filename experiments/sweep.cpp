@@ -70,19 +70,19 @@ struct RoundTotals {
   std::atomic<std::int64_t> pruned{0};  // stopped as hopeless
 };
 
-// A worker's next piece of work: one trial, with the bound it runs against
+// A worker's next piece of work: one trial, with the step it is pruned from
 // under a process group, or a batched group of trials.
 struct Job {
   std::size_t index;
-  std::optional<TrialQueue::Bound> bound;
+  std::optional<std::int64_t> prune_from;
   std::vector<std::size_t> group;  // a batched group (more than one trial), index among them
 };
 
 // Where a round's workers take their jobs, in the queue's order. Three
 // sources: one process, trial by trial; one process, batched groups of the
 // trials that can share one; a process group, where rank 0 picks the trial
-// and its bound and broadcasts both (trials then run one at a time, so the
-// bound cannot move during one, and every rank prunes at the same step).
+// and the step it is pruned from and broadcasts both (trials then run one at
+// a time, so that step cannot move during one, and every rank prunes at it).
 class JobSource {
  public:
   JobSource(TrialQueue& queue, const std::vector<TrialConfig>& trials, bool batch, distributed::ProcessGroup* group)
@@ -105,16 +105,13 @@ class JobSource {
     return Job{indices.front(), std::nullopt, indices.size() > 1 ? indices : std::vector<std::size_t>()};
   }
 
-  // {index, bound steps, bound index}, -1 for none, from rank 0.
+  // {index, prune_from}, -1 for none, from rank 0.
   std::optional<Job> rank0s() {
-    std::vector<at::Tensor> message{at::full({3}, -1, at::kLong)};
+    std::vector<at::Tensor> message{at::full({2}, -1, at::kLong)};
     if (group_->rank() == 0) {
       if (const auto i = queue_.next()) {
         message[0][0] = static_cast<std::int64_t>(*i);
-        if (const auto b = queue_.bound(*i)) {
-          message[0][1] = b->steps;
-          message[0][2] = static_cast<std::int64_t>(b->index);
-        }
+        if (const auto from = queue_.prune_from(*i)) message[0][1] = *from;
       }
     }
     group_->broadcast(message, 0);
@@ -122,7 +119,7 @@ class JobSource {
     const std::int64_t* v = m.data_ptr<std::int64_t>();
     if (v[0] < 0) return std::nullopt;
     Job job{static_cast<std::size_t>(v[0]), std::nullopt, {}};
-    if (v[1] >= 0) job.bound = TrialQueue::Bound{v[1], static_cast<std::size_t>(v[2])};
+    if (v[1] >= 0) job.prune_from = v[1];
     return job;
   }
 
@@ -131,6 +128,16 @@ class JobSource {
   bool batch_;
   distributed::ProcessGroup* group_;
 };
+
+// Trial i's end, for the queue's bounds.
+void finish(TrialQueue& queue, std::size_t i, const TrialResult& r) {
+  if (r.status == TrialStatus::kReached && r.steps_to_target) {
+    queue.finished(i, TrialQueue::Outcome::kReached, *r.steps_to_target);
+  } else {
+    queue.finished(i, r.status == TrialStatus::kPruned ? TrialQueue::Outcome::kPruned : TrialQueue::Outcome::kNotReached,
+                   r.steps);
+  }
+}
 
 // The trials left to run in `dir` go into the queue; the finished ones bound
 // their batch sizes from the start. Rank 0 decides (other nodes may not see
@@ -147,8 +154,7 @@ std::int64_t queue_unfinished(const std::vector<TrialConfig>& trials, const fs::
         continue;
       }
       ++totals.skipped;
-      const TrialResult r = result_from_summary(*done);
-      queue.finished(i, r.status == TrialStatus::kReached ? r.steps_to_target : std::nullopt);
+      finish(queue, i, result_from_summary(*done));
     }
   }
   if (group != nullptr) {
@@ -173,10 +179,18 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
   }
   JobSource source(queue, trials, runner.batch_trials, group);
   ProgressBoard board(left);
-  const int jobs = std::min<int>(options.jobs, static_cast<int>(std::max<std::int64_t>(1, left)));
+  // As many jobs as fit the cores at the config's threads each (workers.h).
+  const int local_ranks = group != nullptr ? group->local_size() : 1;
+  const int threads = static_cast<int>(runner.threads_per_trial);
+  const int fit = jobs_that_fit(options.jobs, threads, local_ranks);
+  if (writer && report_resume && fit < options.jobs) {
+    std::cerr << "note: --jobs " << options.jobs << " at " << threads
+              << " thread(s) per trial would oversubscribe this machine's cores: running " << fit << " at a time\n";
+  }
+  const int jobs = std::min<int>(fit, static_cast<int>(std::max<std::int64_t>(1, left)));
   // A trial's end: its bound for its siblings, the counts, the board.
   const auto record = [&](std::size_t i, const TrialResult& r) {
-    queue.finished(i, r.status == TrialStatus::kReached ? r.steps_to_target : std::nullopt);
+    finish(queue, i, r);
     if (r.status == TrialStatus::kPruned) ++totals.pruned;
     if (writer) board.finished(trials[i].name, r, trials[i].target.metric);
   };
@@ -186,7 +200,7 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
     hooks.progress = [&](const TrialProgress& p) { board.update(trials[lanes.front()].name, p); };
     hooks.prune = [&](std::size_t lane, std::int64_t next_eval) {
       return group == nullptr ? queue.pruned(lanes[lane], next_eval)
-                              : runner.prune && TrialQueue::beaten(job.bound, lanes[lane], next_eval);
+                              : TrialQueue::beaten(job.prune_from, next_eval);
     };
     std::vector<bool> ended(lanes.size(), false);
     hooks.finished = [&](std::size_t lane, const TrialResult& r) {
@@ -218,11 +232,8 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
       }
     }
   };
-  // Each worker's intra-op pool: cores / jobs / local ranks (ranks on this
-  // machine share its cores too), less its loader threads.
-  run_workers(jobs, threads_per_job(jobs, group != nullptr ? group->local_size() : 1,
-                                    loader_threads(runner.loader, data)),
-              [&] { return source.next(); }, run_job);
+  // Each worker's intra-op pool: the config's, whatever --jobs is.
+  run_workers(jobs, threads, [&] { return source.next(); }, run_job);
 }
 
 }  // namespace

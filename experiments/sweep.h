@@ -14,7 +14,7 @@ namespace bigbatch::experiments {
 
 struct SweepOptions {
   std::string out = "runs";  ///< the sweep goes to <out>/<name>/
-  int jobs = 1;              ///< trials in parallel; intra-op threads = cores / jobs
+  int jobs = 1;              ///< trials in parallel (at most what fits the cores, workers.h)
   /// Rounds of --extend-search: after the trials, each round adds a rate one
   /// grid step beyond the edge for every batch size whose best rate is on
   /// it (results.h search_edge), runs those trials and redoes the tables;

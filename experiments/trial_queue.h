@@ -1,13 +1,19 @@
 // The order in which a sweep runs its trials, and exact pruning: which
 // running trial can no longer change the steps-to-target table.
 //
-// A batch size's result is the minimum, over its trials, of the first
-// evaluation step at which the target is reached; write_tables breaks a tie by
-// the trials' order in expand(). So once trial i* of batch size B has reached
-// at step s*, any other trial i of B whose next evaluation e has
-// (e, i) > (s*, i*) (lexicographically) cannot become B's row: it is pruned.
-// The order only decides how soon the bound is known (docs/experiments.md
-// "Pruning"); the table does not depend on it.
+// The table's rule (results.h, docs/experiments.md "Seeds"): trials that
+// differ only in their seed form a rate; a rate's steps are the median over
+// its seeds (not reached counts as +infinity); a batch size's row is the rate
+// with the least (median, position), its position being that of its first
+// trial in expand()'s order. Every trial's steps lie in [lower, upper]: a
+// reach is known, a trial that has passed step e without reaching has
+// [e, inf], one not started [0, inf]. The median is monotone in each value,
+// so a rate's median lies between the medians of its lower and its upper
+// bounds. Trial i of rate r is pruned once
+//   (median of r's lower bounds, r) > min over B's rates q of (median of q's upper bounds, q)
+// (lexicographically): r can no longer become the row, and the row's rate,
+// which never meets this test, runs every seed to its end. The order only
+// decides how soon the bounds are known; the table does not depend on it.
 #pragma once
 
 #include "config.h"
@@ -21,13 +27,15 @@
 
 namespace bigbatch::experiments {
 
+/// The rates of `trials`: each a list of the indices of trials that differ
+/// only in their seed (same batch size, base rate and momentum), in index
+/// order; the rates in the order of their first trials.
+std::vector<std::vector<std::size_t>> rates_of(const std::vector<TrialConfig>& trials);
+
 class TrialQueue {
  public:
-  /// The reach that bounds a batch size: step and the trial's index.
-  struct Bound {
-    std::int64_t steps = 0;
-    std::size_t index = 0;
-  };
+  /// How a trial ended, for the bounds above.
+  enum class Outcome { kReached, kNotReached, kPruned };
 
   /// `trials` in write_tables's order (expand(), then any extension points);
   /// the queue keeps a reference. With prune false, pruned() is always false.
@@ -35,9 +43,10 @@ class TrialQueue {
 
   /// Trial `index` is to be run (handed out by next()).
   void add(std::size_t index);
-  /// Trial `index` ended (now, or in an earlier run): reached at
-  /// `steps_to_target`, or not (nullopt: not reached, diverged or pruned).
-  void finished(std::size_t index, std::optional<std::int64_t> steps_to_target);
+  /// Trial `index` ended (now, or in an earlier run): reached at `steps`
+  /// (kReached); did not (kNotReached: budget, divergence, failure); or was
+  /// pruned, its reach lying beyond step `steps` (kPruned).
+  void finished(std::size_t index, Outcome outcome, std::int64_t steps);
 
   /// The next trial to run, or nullopt when every added trial is handed out.
   /// Batch sizes in the config's order, a batch size with nothing running
@@ -54,25 +63,39 @@ class TrialQueue {
   std::vector<std::size_t> next_group(const std::function<bool(std::size_t, std::size_t)>& together,
                                       std::size_t max);
 
-  /// Whether trial `index`, whose next evaluation is at step `next_eval`, can
-  /// no longer become its batch size's row. Thread-safe; cheap.
-  bool pruned(std::size_t index, std::int64_t next_eval) const;
+  /// Whether trial `index`, which has not reached before its next evaluation
+  /// at step `next_eval` (now its lower bound), can no longer make its rate
+  /// the row (the rule above). Thread-safe; cheap.
+  bool pruned(std::size_t index, std::int64_t next_eval);
 
-  /// The bound of trial `index`'s batch size, if one of its trials reached.
-  std::optional<Bound> bound(std::size_t index) const;
-
-  /// Whether (next_eval, index) cannot beat `bound` (the rule above).
-  static bool beaten(const std::optional<Bound>& bound, std::size_t index, std::int64_t next_eval);
+  /// The least next evaluation at which trial `index` is pruned while every
+  /// other trial stays as it is now; nullopt when none is. Under a process
+  /// group trials run one at a time, so rank 0 can send this with the trial.
+  std::optional<std::int64_t> prune_from(std::size_t index) const;
+  /// Whether `next_eval` has reached prune_from's answer.
+  static bool beaten(const std::optional<std::int64_t>& prune_from, std::int64_t next_eval) {
+    return prune_from && next_eval >= *prune_from;
+  }
 
  private:
+  struct Reach {
+    std::int64_t steps = 0;
+    std::size_t index = 0;
+  };
   std::optional<double> predicted_lr(std::size_t group) const;
   std::optional<std::size_t> next_locked();
+  // The rule above for trial `index` with its lower bound taken as `lower`.
+  bool hopeless(std::size_t index, double lower) const;
 
   const std::vector<TrialConfig>& trials_;
   const bool prune_;
   std::vector<std::int64_t> batches_;     // distinct batch sizes, config order
   std::vector<std::size_t> group_;        // trial -> index in batches_
-  std::vector<std::optional<Bound>> bounds_;  // per batch size
+  std::vector<std::vector<std::size_t>> rates_;  // rates_of(trials)
+  std::vector<std::size_t> rate_;         // trial -> index in rates_
+  std::vector<std::vector<std::size_t>> batch_rates_;  // per batch size, its rates
+  std::vector<double> lower_, upper_;     // per trial: its steps' bounds
+  std::vector<std::optional<Reach>> fastest_;  // per batch size: its fastest reach (for the order)
   std::vector<int> running_;              // per batch size: handed out, not finished
   std::vector<bool> pending_, out_;       // per trial
   mutable std::mutex mutex_;

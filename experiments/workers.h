@@ -12,15 +12,17 @@
 
 namespace bigbatch::experiments {
 
-/// Intra-op threads for each of `jobs` workers in one of `local_ranks`
-/// processes on this machine: its cores shared by all of them, less the
-/// job's loader threads (loader.h) that decode and augment beside it, at
-/// least one. More would oversubscribe the cores, and OpenMP's spinning
-/// barriers then cost a scheduler slice per parallel region (a 2-rank Gloo
-/// run on 2 cores with 2 threads each ran about 6x slower than with 1).
-inline int threads_per_job(int jobs, int local_ranks, int loader_threads = 0) {
+/// How many of `jobs` workers, each with `threads` intra-op threads, fit
+/// the cores of this machine when `local_ranks` processes share them: at most
+/// `jobs`, at least one. More would oversubscribe the cores, and OpenMP's
+/// spinning barriers then cost a scheduler slice per parallel region (a
+/// 2-rank Gloo run on 2 cores with 2 threads each ran about 6x slower than
+/// with 1). The thread count itself is the config's (runner.threads_per_trial),
+/// never derived from --jobs or the cores: it decides the order of
+/// floating-point sums, and with it the results (docs/experiments.md).
+inline int jobs_that_fit(int jobs, int threads, int local_ranks) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, jobs) / std::max(1, local_ranks) - std::max(0, loader_threads));
+  return std::max(1, std::min(jobs, cores / std::max(1, threads * std::max(1, local_ranks))));
 }
 
 /// Runs `jobs` workers (the calling thread is one), each with `threads`

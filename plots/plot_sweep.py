@@ -4,7 +4,10 @@
 One sweep, into SWEEP_DIR/plots/:
   1. validation metric and training loss of the best trial of each batch
      size, against step and against examples seen (four panels)
-  2. steps to target against batch size (log2 axes), perfect scaling, fit S(B)
+  2. steps to target against batch size (log2 axes), perfect scaling, fit S(B);
+     with several seeds, each point (the best rate's median) carries its
+     bootstrap interval over seeds as an error bar (an arrow where its high
+     end is "not reached")
   3. best learning rate against batch size, with linear and sqrt slopes; a
      rate on the edge of its search circled
   4. learning rate and batch size schedules against step (drawn as steps)
@@ -44,6 +47,27 @@ def read_csv(path):
 
 def number(text):
     return float(text) if text not in ("", None) else None
+
+
+def interval(row):
+    """A row's (low, high) bootstrap interval of its steps; None without one
+    (one seed, or a table from before the column); high may be math.inf."""
+    low, high = number(row.get("steps_low")), number(row.get("steps_high"))
+    return (low, high) if low is not None and high is not None else None
+
+
+def error_bars(ax, rows, color, scale=lambda row: 1.0):
+    """Draws each reached row's interval around its steps (times scale(row))."""
+    for r in rows:
+        span = interval(r)
+        if span is None:
+            continue
+        b, mid, k = int(r["batch_size"]), float(r["steps"]), scale(r)
+        low, high = span
+        ax.plot([b, b], [low * k, (high if math.isfinite(high) else mid * 1.5) * k], "-", color=color,
+                linewidth=1, alpha=0.7)
+        if not math.isfinite(high):
+            ax.plot([b], [mid * 1.5 * k], "^", color=color, markersize=5)
 
 
 def save(fig, out, name, points):
@@ -99,12 +123,18 @@ def main(sweep_dir):
     save(fig, out, "validation", points)
 
     # 2. steps to target against batch size
-    reached = [(int(r["batch_size"]), int(r["steps"])) for r in table if r["reached"] == "1"]
+    done = [r for r in table if r["reached"] == "1"]
+    reached = [(int(r["batch_size"]), float(r["steps"])) for r in done]
     fig, ax = plt.subplots(figsize=(6, 4.5))
-    points = {"batch_sizes": [b for b, _ in reached], "steps": [s for _, s in reached], "fit": fit}
+    points = {"batch_sizes": [b for b, _ in reached], "steps": [s for _, s in reached], "fit": fit,
+              "intervals": [None if interval(r) is None else
+                            [interval(r)[0], interval(r)[1] if math.isfinite(interval(r)[1]) else None]
+                            for r in done]}
     if reached:
         bs, ss = zip(*reached)
-        ax.plot(bs, ss, "o-", label="measured")
+        seeds = max(int(r.get("seeds") or 1) for r in done)
+        ax.plot(bs, ss, "o-", label="measured" if seeds == 1 else f"median of {seeds} seeds")
+        error_bars(ax, done, "C0")
         b0, s0 = reached[0]
         ax.plot(bs, [s0 * b0 / b for b in bs], "k:", label="perfect scaling")
         if "s_min" in fit:
@@ -201,8 +231,7 @@ def compare(out, labelled):
     style = {label: (colors[i % len(colors)], markers[i % len(markers)]) for i, (label, _) in enumerate(sweeps)}
 
     def reached(s, key):
-        kind = float if key == "best_lr" else int
-        return [(int(r["batch_size"]), kind(r[key])) for r in s["table"] if r["reached"] == "1"]
+        return [(int(r["batch_size"]), float(r[key])) for r in s["table"] if r["reached"] == "1"]
 
     # Steps and examples to target, best rate: one line per sweep.
     for name, key, ylabel in (("compare_steps_to_target", "steps", f"steps to {metric} <= {threshold}"),
@@ -219,6 +248,11 @@ def compare(out, labelled):
                 continue
             bs, vs = zip(*pairs)
             ax.plot(bs, vs, marker=marker, color=color, label=label)
+            done = [r for r in s["table"] if r["reached"] == "1"]
+            if key == "steps":
+                error_bars(ax, done, color)
+            elif key == "examples":  # the steps' interval, in examples (their ratio per row)
+                error_bars(ax, done, color, lambda r: float(r["examples"]) / float(r["steps"]))
             first = first or pairs[0]
             fit = s["fit"]
             # The fit is in steps: examples are not steps x B once a schedule

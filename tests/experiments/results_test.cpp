@@ -1,6 +1,7 @@
 // The result files a sweep leaves: metrics.csv's columns, and the per-batch
-// choice in steps_to_target.csv (the fastest trial that reached, else the one
-// closest to the target), written from hand-made summaries.
+// choice in steps_to_target.csv (the rate with the least median over its
+// seeds, else the trial closest to the target), written from hand-made
+// summaries.
 #include "../../experiments/files.h"
 #include "../../experiments/results.h"
 
@@ -51,11 +52,12 @@ class Tables : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   void add(const std::string& name, std::int64_t batch, TrialStatus status, std::int64_t steps, double lr,
-           double best) {
+           double best, std::uint64_t seed = 0) {
     TrialConfig t;
     t.name = name;
     t.batch_size = batch;
     t.schedule.base_lr = lr;
+    t.seed = seed;
     TrialResult r;
     r.status = status;
     if (status == TrialStatus::kReached) {
@@ -76,9 +78,9 @@ class Tables : public ::testing::Test {
 TEST_F(Tables, FastestReachedElseClosest) {
   EXPECT_EQ(write_tables(trials_, dir_.string()), 2);
   EXPECT_EQ(read_file((dir_ / "steps_to_target.csv").string()),
-            "batch_size,steps,examples,best_lr,trial,reached,edge,failed\n"
-            "32,300,9600,0.2,b32_p1,1,high,0\n"
-            "64,,,0.1,b64_p0,0,low,0\n");
+            "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,steps_low,steps_high,seed_steps\n"
+            "32,300,9600,0.2,b32_p1,1,high,0,1,1,300,300,,,300\n"
+            "64,,,0.1,b64_p0,0,low,0,1,0,,,,,inf\n");
   // One point cannot fit S(B) = S_min (1 + B_crit / B): the fit says so.
   EXPECT_NE(read_json((dir_ / "fit.json").string()).value("error", "").find("too few batch sizes: 1 reached"),
             std::string::npos);
@@ -93,13 +95,13 @@ TEST_F(Tables, RowsWhoseRateIsOnTheEdgeOfTheSearchAreMarked) {
   add("b32_p2", 32, TrialStatus::kReached, 350, 0.4, 0.09);  // a higher rate, slower: 0.2 is bracketed
   add("b64_p2", 64, TrialStatus::kNotReached, 0, 0.05, 0.3);  // a lower rate: 0.1 is bracketed too
   add("b128_p0", 128, TrialStatus::kReached, 90, 0.3, 0.1);   // one rate only: no edge to speak of
-  add("b128_p1", 128, TrialStatus::kPruned, 0, 0.3, 0.2);     // the same rate, another seed
+  add("b128_p1", 128, TrialStatus::kReached, 100, 0.3, 0.2, 1);  // the same rate, another seed
   write_tables(trials_, dir_.string());
   EXPECT_EQ(read_file((dir_ / "steps_to_target.csv").string()),
-            "batch_size,steps,examples,best_lr,trial,reached,edge,failed\n"
-            "32,300,9600,0.2,b32_p1,1,,0\n"
-            "64,,,0.1,b64_p0,0,,0\n"
-            "128,90,11520,0.3,b128_p0,1,,0\n");
+            "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,steps_low,steps_high,seed_steps\n"
+            "32,300,9600,0.2,b32_p1,1,,0,1,1,300,300,,,300\n"
+            "64,,,0.1,b64_p0,0,,0,1,0,,,,,inf\n"
+            "128,95,12160,0.3,b128_p0,1,,0,2,2,90,100,90,100,90 100\n");
   EXPECT_EQ(search_edge(trials_, "b32_p2"), "high");
   EXPECT_EQ(search_edge(trials_, "b64_p2"), "low");
   EXPECT_EQ(search_edge(trials_, "b128_p0"), "");
@@ -132,7 +134,79 @@ TEST_F(Tables, ReportWarnsOfEdgesAndFitsFromThreeBatchSizesWithARange) {
   EXPECT_NEAR(fit["range"]["b_crit"][0].get<double>(), 64, 1e-6);
   EXPECT_NEAR(fit["range"]["b_crit"][1].get<double>(), 64, 1e-6);
   table = report(dir_.string());
-  EXPECT_NE(table.find("90% bootstrap range: B_crit"), std::string::npos) << table;
+  EXPECT_NE(table.find("90% bootstrap range (over residuals: one seed): B_crit"), std::string::npos) << table;
+  EXPECT_NE(table.find("one seed per rate: the rows carry no spread"), std::string::npos) << table;
+}
+
+// Three seeds per rate (docs/experiments.md "Seeds"), the rule re-derived by
+// hand: a rate's steps are its seeds' median, not reached counting as +inf.
+TEST_F(Tables, SeedsTheBestMedianIsTheRowWithItsSpread) {
+  trials_.clear();
+  const auto rate = [&](const std::string& p, double lr, std::vector<std::int64_t> steps) {
+    for (std::uint64_t s = 0; s < steps.size(); ++s) {
+      const std::string name = "b16_" + p + "_s" + std::to_string(s);
+      if (steps[s] > 0) {
+        add(name, 16, TrialStatus::kReached, steps[s], lr, 0.1, s);
+      } else {  // 0: stopped by the budget; -1: pruned
+        add(name, 16, steps[s] == 0 ? TrialStatus::kNotReached : TrialStatus::kPruned, 0, lr, 0.3, s);
+      }
+    }
+  };
+  rate("p0", 0.1, {100, 300, 0});    // 2 of 3 reached: median 300
+  rate("p1", 0.2, {90, 0, -1});      // 1 of 3: not reached, despite the fastest seed of all
+  rate("p2", 0.4, {400, 280, 290});  // median 290: the row
+  rate("p3", 0.8, {290, 290, 500});  // median 290 too: a tie goes to the earlier rate
+  EXPECT_EQ(write_tables(trials_, dir_.string()), 9);
+  // The median seed is s2 (290); with 3 seeds the 90% interval is the range
+  // (a resample's median is the minimum with probability 7/27 > 5%).
+  EXPECT_EQ(read_file((dir_ / "steps_to_target.csv").string()),
+            "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,steps_low,steps_high,seed_steps\n"
+            "16,290,4640,0.4,b16_p2_s2,1,,0,3,3,280,400,280,400,400 280 290\n");
+  const std::vector<TargetRow> rows = read_steps_to_target(dir_.string());
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].steps, 290);
+  EXPECT_EQ(rows[0].seed_steps, (std::vector<double>{400, 280, 290}));
+  EXPECT_EQ(rows[0].steps_high, 400);
+  // Two seeds not reached of three: the rate does not reach, and if no rate
+  // does, the row is the closest trial and says how many of its seeds reached.
+  trials_.clear();
+  rate("p0", 0.1, {100, 0, 0});
+  rate("p1", 0.2, {0, 0, 0});
+  EXPECT_EQ(write_tables(trials_, dir_.string()), 1);
+  EXPECT_EQ(read_file((dir_ / "steps_to_target.csv").string()),
+            "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,steps_low,steps_high,seed_steps\n"
+            "16,,,0.1,b16_p0_s0,0,low,0,3,1,,,,,100 inf inf\n");
+  const std::string table = report(dir_.string());
+  EXPECT_NE(table.find("1/3"), std::string::npos) << table;
+}
+
+// The fit's range with seeds is bootstrapped over them: seeds that agree on
+// S = 100 + 6400 / B leave no range; seeds that spread widen it.
+TEST_F(Tables, SeedsTheFitsRangeIsDrawnOverSeeds) {
+  trials_.clear();
+  for (const std::int64_t b : {16, 64, 256, 6400}) {
+    for (std::uint64_t s = 0; s < 3; ++s) {
+      const auto steps = static_cast<std::int64_t>(100 + 6400 / b);
+      add("b" + std::to_string(b) + "_p0_s" + std::to_string(s), b, TrialStatus::kReached, steps, 0.1, 0.1, s);
+    }
+  }
+  write_tables(trials_, dir_.string());
+  nlohmann::json fit = read_json((dir_ / "fit.json").string());
+  EXPECT_EQ(fit["range"]["method"], "seeds");
+  EXPECT_NEAR(fit["range"]["b_crit"][0].get<double>(), 64, 1e-6);
+  EXPECT_NEAR(fit["range"]["b_crit"][1].get<double>(), 64, 1e-6);
+  // One seed of batch 64 at 350 instead of 200: the median stays, the range opens.
+  add("b64_p0_s1", 64, TrialStatus::kReached, 350, 0.1, 0.1, 1);
+  trials_.erase(trials_.begin() + 4);  // the old b64_p0_s1 (its folder is rewritten)
+  write_tables(trials_, dir_.string());
+  fit = read_json((dir_ / "fit.json").string());
+  EXPECT_NEAR(fit["b_crit"].get<double>(), 64, 1e-6);
+  // (a resample's median at 64 is 350 with probability 7/27: both curves are in the range)
+  const double low = fit["range"]["b_crit"][0].get<double>(), high = fit["range"]["b_crit"][1].get<double>();
+  EXPECT_LE(low, 64 + 1e-6);
+  EXPECT_GE(high, 64 - 1e-6);
+  EXPECT_GT(high - low, 1);
+  EXPECT_NE(report(dir_.string()).find("(over seeds)"), std::string::npos);
 }
 
 }  // namespace

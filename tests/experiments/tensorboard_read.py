@@ -10,6 +10,7 @@ Usage: tensorboard_read.py SWEEP_DIR [--trust-ratios] [--trials-only]
 Prints "read back ok" and exits 0 when everything holds.
 """
 import csv
+import json
 import math
 import os
 import shutil
@@ -44,6 +45,12 @@ def check_trial(run_dir, want_trust):
     with open(os.path.join(run_dir, "metrics.csv")) as f:
         rows = list(csv.DictReader(f))
     if not rows:
+        # A seed whose rate was beaten before it started is pruned at step 0
+        # (trial_queue.h): it has nothing to log.
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        if summary["status"] == "pruned" and summary["steps"] == 0:
+            return 0, None
         fail(run_dir + ": metrics.csv has no rows")
     scalars = scalars_of(run_dir)
     steps = [int(r["step"]) for r in rows]
@@ -106,10 +113,13 @@ def main():
     if not trials:
         fail(sweep_dir + ": no trial folders")
     evaluations = 0
+    logged = []
     for name in trials:
         rows, _ = check_trial(os.path.join(sweep_dir, name), want_trust)
         evaluations += rows
-    check_cut_tail(os.path.join(sweep_dir, trials[0], EVENT_FILE))
+        if rows:
+            logged.append(name)
+    check_cut_tail(os.path.join(sweep_dir, logged[0], EVENT_FILE))
     if "--trials-only" in sys.argv[2:]:
         print(f"{len(trials)} trials, {evaluations} evaluations read back by tensorboard")
         print("read back ok")
