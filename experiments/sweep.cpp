@@ -133,6 +133,10 @@ class JobSource {
 void finish(TrialQueue& queue, std::size_t i, const TrialResult& r) {
   if (r.status == TrialStatus::kReached && r.steps_to_target) {
     queue.finished(i, TrialQueue::Outcome::kReached, *r.steps_to_target);
+  } else if (r.status == TrialStatus::kFailed) {
+    // Not final: a rerun tries it again, so its steps are unknown, not +inf
+    // (as a bound, like a trial pruned before its first step).
+    queue.finished(i, TrialQueue::Outcome::kPruned, 0);
   } else {
     queue.finished(i, r.status == TrialStatus::kPruned ? TrialQueue::Outcome::kPruned : TrialQueue::Outcome::kNotReached,
                    r.steps);
