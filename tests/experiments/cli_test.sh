@@ -19,9 +19,10 @@ expect_error() {
   echo "ok: exit $rc: $(cat err.txt)"
 }
 
-# A config derived from the e2e one: mutate 'python expression on c'.
+# derive OUT 'python statements on c' [BASE]: a config derived from BASE
+# (default: the e2e one).
 derive() {
-  $py - "$config" "$1" "$2" <<'PY'
+  $py - "${3:-$config}" "$1" "$2" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
 exec(sys.argv[3])
@@ -368,13 +369,13 @@ assert sum(r['reached'] == '1' for r in rows) >= 2, rows
 print('jobs: same table', [(r['batch_size'], r['steps'], r['steps_low'], r['steps_high']) for r in rows])"
   # More threads than fit: --jobs is lowered, with a note; the thread count is
   # part of the sweep's identity, so a folder is not resumed at another.
-  derive fm2.json 'c.update(json.load(open("fm.json"))); c["runner"] = {"threads_per_trial": 2}'
+  derive fm2.json 'c["runner"] = {"threads_per_trial": 2}' fm.json
   "$bigbatch" sweep fm2.json --out t2 --jobs 2 > t2.txt 2> t2.err || fail "sweep failed: $(tail -3 t2.err)"
   [ "$(nproc)" -gt 2 ] || grep -q "would oversubscribe this machine's cores: running 1 at a time" t2.err \
     || fail "no note of the lowered --jobs: $(cat t2.err)"
   expect_error 2 "first difference at /runner" "$bigbatch" sweep fm2.json --out j1
   # Two sweeps compared: each ratio with its interval over both sweeps' seeds.
-  derive slow.json 'c.update(json.load(open("fm.json"))); c["search"] = {"lr": [0.003, 0.005]}'
+  derive slow.json 'c["search"] = {"lr": [0.003, 0.005]}' fm.json
   "$bigbatch" sweep slow.json --out slow --jobs 2 > /dev/null 2>&1 || fail "the slow sweep failed"
   "$bigbatch" report j1/e2e slow/e2e --labels fast,slow | tee cmp.txt
   grep -q "bootstrap interval over both sweeps' seeds" cmp.txt || fail "no interval legend: $(cat cmp.txt)"
@@ -693,17 +694,9 @@ for t in ("b16_p0_s0", "b64_p0_s0"):
     assert 0 <= s["data"]["wait_fraction"] < 1, s["data"]
     assert json.load(open(os.path.join(d, "sweep.json")))["dataset"]["split_seed"] == 0
 PY
-  $py - cifar.json cbs.json <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1]))
-c["name"] = "cifar_cbs"
-c["seeds"] = [0]
-for k in ("batch_sizes", "search"):
-    del c[k]
+  derive cbs.json 'c["name"] = "cifar_cbs"; c["seeds"] = [0]; del c["batch_sizes"], c["search"]
 c["cbs"] = {"reference_batch": 16, "reference_lr": 0.05, "checkpoints": [320, 960],
-            "branch_batches": [16, 32, 64], "window": 320, "tolerance": {"relative": 0.05}}
-json.dump(c, open(sys.argv[2], "w"))
-PY
+            "branch_batches": [16, 32, 64], "window": 320, "tolerance": {"relative": 0.05}}' cifar.json
   "$bigbatch" cbs cbs.json --out runs > cbs.txt 2> cbs.err || fail "cbs failed: $(tail -3 cbs.err)"
   [ -s runs/cifar_cbs/cbs.csv ] || fail "no cbs.csv"
   "$bigbatch" train cifar.json --out runs --batch-size 32 --lr 0.05 --steps 20 > train.txt 2> train.err ||
@@ -801,22 +794,13 @@ for x, y in zip(a, b):
 print("2 ranks match 1 process")
 PY
   # The critical batch size on it: a reference run and its branches.
-  $py - lm.json lm_cbs.json <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1]))
-c["name"] = "lm_cbs"
-c["seeds"] = [0]
-for k in ("batch_sizes", "search"):
-    del c[k]
+  derive lm_cbs.json 'c["name"] = "lm_cbs"; c["seeds"] = [0]; del c["batch_sizes"], c["search"]
 c["cbs"] = {"reference_batch": 16, "reference_lr": 0.02, "checkpoints": [320, 1280],
-            "branch_batches": [16, 64], "window": 640, "tolerance": {"relative": 0.05}}
-json.dump(c, open(sys.argv[2], "w"))
-PY
+            "branch_batches": [16, 64], "window": 640, "tolerance": {"relative": 0.05}}' lm.json
   "$bigbatch" cbs lm_cbs.json --out runs --no-plots > cbs.txt 2> cbs.err || fail "cbs failed: $(tail -3 cbs.err)"
   [ "$(wc -l < runs/lm_cbs/cbs.csv)" -ge 3 ] || fail "cbs.csv: $(cat runs/lm_cbs/cbs.csv)"
   # SentencePiece: trained once on the corpus, cached beside it, then trained on.
-  derive_lm() { $py -c "import json,sys; c=json.load(open('lm.json')); exec(sys.argv[2]); json.dump(c, open(sys.argv[1], 'w'))" "$@"; }
-  derive_lm spm.json 'c["dataset"].update(tokenizer="sentencepiece", vocab_size=300)'
+  derive spm.json 'c["dataset"].update(tokenizer="sentencepiece", vocab_size=300)' lm.json
   "$bigbatch" train spm.json --steps 5 --out runs > spm.txt 2> spm.err || fail "sentencepiece failed: $(tail -3 spm.err)"
   ls corpus.txt.bpe300-*.model > /dev/null || fail "no cached SentencePiece model beside the corpus"
   $py -c "import json; s = json.load(open('runs/lm.train/b32_p0_s0/summary.json')); assert s['data']['tokenizer'].startswith('sentencepiece'), s['data']; assert 259 < s['data']['vocabulary'] <= 300, s['data']"
@@ -830,13 +814,13 @@ open("ok.bin", "wb").write(header + struct.pack("<%dH" % len(tokens), *tokens))
 open("magic.bin", "wb").write(struct.pack("<256i", *([12345, 1, 4] + [0] * 253)) + b"\0" * 8)
 open("short.bin", "wb").write(header + struct.pack("<%dH" % 100, *tokens[:100]))
 PY
-  derive_lm u16.json 'c["dataset"] = {"name": "text", "path": "u16.bin", "format": "uint16", "vocab_size": 30, "context": 16}'
+  derive u16.json 'c["dataset"] = {"name": "text", "path": "u16.bin", "format": "uint16", "vocab_size": 30, "context": 16}' lm.json
   expect_error 2 "u16.bin: token 30 at position 30 is outside the vocabulary of 30" "$bigbatch" train u16.json --steps 1 --out bad
-  derive_lm magic.json 'c["dataset"] = {"name": "text", "path": "magic.bin", "format": "llmc", "context": 16}'
+  derive magic.json 'c["dataset"] = {"name": "text", "path": "magic.bin", "format": "llmc", "context": 16}' lm.json
   expect_error 2 "magic.bin: magic number 12345, not llm.c's 20240520" "$bigbatch" train magic.json --steps 1 --out bad
-  derive_lm short.json 'c["dataset"] = {"name": "text", "path": "short.bin", "format": "llmc", "context": 16}'
+  derive short.json 'c["dataset"] = {"name": "text", "path": "short.bin", "format": "llmc", "context": 16}' lm.json
   expect_error 2 "short.bin: the header counts 400 tokens" "$bigbatch" train short.json --steps 1 --out bad
-  derive_lm ok.json 'c["dataset"] = {"name": "text", "path": "ok.bin", "format": "llmc", "vocab_size": 40, "context": 16}'
+  derive ok.json 'c["dataset"] = {"name": "text", "path": "ok.bin", "format": "llmc", "vocab_size": 40, "context": 16}' lm.json
   "$bigbatch" train ok.json --steps 3 --batch-size 8 --out runs > ok.txt 2>&1 || fail "llm.c file failed: $(tail -3 ok.txt)"
   ;;
 quickstart)

@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -17,13 +16,10 @@
 namespace bigbatch::experiments {
 namespace {
 
+using testing_support::error_of;
+
 class TextTest : public testing_support::ScratchDirTest {
  protected:
-  std::string write(const std::string& name, const std::string& bytes) {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path;
-  }
   // "abcdefghij" repeated: with the character tokenizer the token at
   // position p of the corpus is p % 10.
   std::string cycle(std::int64_t n) {
@@ -33,15 +29,6 @@ class TextTest : public testing_support::ScratchDirTest {
   }
   static nlohmann::json resolve(const nlohmann::json& params) { return text_dataset().resolve(params); }
   static WorkloadData load(const nlohmann::json& params) { return text_dataset().load(params); }
-  template <typename F>
-  static std::string error_of(F&& f) {
-    try {
-      f();
-    } catch (const std::exception& e) {
-      return e.what();
-    }
-    return "(no error)";
-  }
 };
 
 TEST_F(TextTest, WindowsAreTheCorpusAndItsNextTokens) {

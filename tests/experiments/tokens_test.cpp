@@ -8,20 +8,16 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace bigbatch::experiments {
 namespace {
 
+using testing_support::error_of;
+
 class TokensTest : public testing_support::ScratchDirTest {
  protected:
-  std::string write(const std::string& name, const std::string& bytes) {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path;
-  }
   // An llm.c header written out byte by byte (little-endian int32s).
   static std::string header(std::uint32_t magic, std::uint32_t version, std::uint32_t count) {
     std::string h(1024, '\0');
@@ -30,15 +26,6 @@ class TokensTest : public testing_support::ScratchDirTest {
       for (int b = 0; b < 4; ++b) h[static_cast<std::size_t>(4 * f + b)] = static_cast<char>((fields[f] >> (8 * b)) & 0xff);
     }
     return h;
-  }
-  template <typename F>
-  static std::string error_of(F&& f) {
-    try {
-      f();
-    } catch (const std::exception& e) {
-      return e.what();
-    }
-    return "(no error)";
   }
 };
 
