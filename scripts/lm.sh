@@ -8,15 +8,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/kjv.sh data/kjv.txt
-out=runs
-jobs=(--jobs "$(nproc)")
-args=("$@")
-for ((i = 0; i < ${#args[@]}; ++i)); do
-  case ${args[i]} in
-    --out) out=${args[i + 1]:-runs} ;;
-    --jobs) jobs=() ;;
-  esac
-done
-build/experiments/bigbatch sweep experiments/configs/lm_quickstart.json "${jobs[@]}" "$@"
-build/experiments/bigbatch plot "$out/lm_quickstart"
-echo "lm: the sweep is in $out/lm_quickstart/, its plots in $out/lm_quickstart/plots/"
+scripts/sweep_and_plot.sh experiments/configs/lm_quickstart.json "$@"

@@ -5,15 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-out=runs
-jobs=(--jobs "$(nproc)")
-args=("$@")
-for ((i = 0; i < ${#args[@]}; ++i)); do
-  case ${args[i]} in
-    --out) out=${args[i + 1]:-runs} ;;
-    --jobs) jobs=() ;;
-  esac
-done
-build/experiments/bigbatch sweep experiments/configs/quickstart.json "${jobs[@]}" "$@"
-build/experiments/bigbatch plot "$out/quickstart"
-echo "main: the quickstart sweep is in $out/quickstart/, its plots in $out/quickstart/plots/"
+scripts/sweep_and_plot.sh experiments/configs/quickstart.json "$@"
