@@ -787,11 +787,12 @@ json identity(json resolved) {
 }
 
 std::optional<std::string> identity_difference(const json& existing, const json& resolved) {
-  const json a = identity(existing);
-  json b = identity(resolved);
+  json a = identity(existing), b = identity(resolved);
   // Folders from before runner.threads_per_trial do not say theirs.
-  if (a.is_object() && b.is_object() && !a.contains("runner")) b.erase("runner");
-  if (a.is_object() && b.is_object() && a.contains("runner") && a["runner"].empty()) b["runner"] = json::object();
+  if (a.is_object() && b.is_object() && !(a.contains("runner") && a["runner"].contains("threads_per_trial"))) {
+    a.erase("runner");
+    b.erase("runner");
+  }
   if (a == b) return std::nullopt;
   const json patch = json::diff(a, b);
   return patch.empty() ? std::string() : patch[0].value("path", std::string());

@@ -62,23 +62,42 @@ const std::string& CsvTable::at(std::size_t row, const std::string& column) cons
   return rows_.at(row)[index_of(column)];
 }
 
-// The cell as a T by `parse` (std::stod, std::stoll), nullopt when empty.
+// `text` (a cell, or a part of one) as a T by `parse` (std::stod,
+// std::stoll); throws naming the file, row and column when it is not one.
+template <typename T, typename Parse>
+T CsvTable::parse_text(const std::string& text, std::size_t row, const std::string& column, Parse parse,
+                       const char* what) const {
+  std::size_t used = 0;
+  T x{};
+  try {
+    x = parse(text, &used);
+  } catch (const std::logic_error&) {
+    used = 0;
+  }
+  if (used != text.size()) {
+    throw std::runtime_error(path_ + ": row " + std::to_string(row + 1) + ", column " + column + ": \"" + text +
+                             "\" is not " + what);
+  }
+  return x;
+}
+
+// The cell as a T by `parse`, nullopt when empty.
 template <typename T, typename Parse>
 std::optional<T> CsvTable::parsed(std::size_t row, const std::string& column, Parse parse, const char* what) const {
   const std::string& cell = at(row, column);
   if (cell.empty()) return std::nullopt;
-  std::size_t used = 0;
-  T x{};
-  try {
-    x = parse(cell, &used);
-  } catch (const std::logic_error&) {
-    used = 0;
+  return parse_text<T>(cell, row, column, parse, what);
+}
+
+std::vector<double> CsvTable::numbers(std::size_t row, const std::string& column) const {
+  std::istringstream parts(at(row, column));
+  std::vector<double> out;
+  std::string part;
+  while (parts >> part) {
+    out.push_back(parse_text<double>(part, row, column, [](const std::string& c, std::size_t* n) { return std::stod(c, n); },
+                                     "a space-separated list of numbers"));
   }
-  if (used != cell.size()) {
-    throw std::runtime_error(path_ + ": row " + std::to_string(row + 1) + ", column " + column + ": \"" + cell +
-                             "\" is not " + what);
-  }
-  return x;
+  return out;
 }
 
 std::optional<double> CsvTable::number(std::size_t row, const std::string& column) const {

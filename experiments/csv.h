@@ -34,11 +34,17 @@ class CsvTable {
   /// naming the file, row and column when the cell is not a number.
   std::optional<double> number(std::size_t row, const std::string& column) const;
   std::optional<std::int64_t> integer(std::size_t row, const std::string& column) const;
+  /// The column's space-separated numbers in row `row` (none for an empty
+  /// cell); throws as number() does for a part that is not a number.
+  std::vector<double> numbers(std::size_t row, const std::string& column) const;
   const std::vector<std::string>& header() const { return header_; }
   const std::string& path() const { return path_; }
 
  private:
   std::size_t index_of(const std::string& column) const;
+  template <typename T, typename Parse>
+  T parse_text(const std::string& text, std::size_t row, const std::string& column, Parse parse,
+               const char* what) const;
   template <typename T, typename Parse>
   std::optional<T> parsed(std::size_t row, const std::string& column, Parse parse, const char* what) const;
 

@@ -159,6 +159,9 @@ SeedResult seed_result(const fs::path& dir, const TrialConfig& t) {
 
 std::string cell(const std::optional<double>& x) { return x ? steps_text(*x) : std::string(); }
 
+// "90%": the intervals' level, as the report and the comparison write it.
+std::string level_text() { return std::to_string(std::lround(100 * kIntervalLevel)) + "%"; }
+
 }  // namespace
 
 std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::string& sweep_dir) {
@@ -298,21 +301,10 @@ std::vector<TargetRow> target_rows(const CsvTable& csv) {
       r.steps_max = csv.number(i, "steps_max");
       r.steps_low = csv.number(i, "steps_low");
       r.steps_high = csv.number(i, "steps_high");
-      std::istringstream cells(csv.at(i, "seed_steps"));
-      std::string c;
-      while (cells >> c) {
-        std::size_t used = 0;
-        double x = kNaN;
-        try {
-          x = std::stod(c, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used != c.size() || std::isnan(x)) {
-          throw std::runtime_error(csv.path() + ": row " + std::to_string(i + 1) + ": seed_steps holds \"" + c +
-                                   "\", not a number of steps");
-        }
-        r.seed_steps.push_back(x);
+      r.seed_steps = csv.numbers(i, "seed_steps");
+      if (std::any_of(r.seed_steps.begin(), r.seed_steps.end(), [](double x) { return std::isnan(x); })) {
+        throw std::runtime_error(csv.path() + ": row " + std::to_string(i + 1) +
+                                 ", column seed_steps: NaN is not a number of steps");
       }
     } else {
       r.seeds_reached = r.reached ? 1 : 0;
@@ -486,7 +478,7 @@ std::string compare_report(const std::vector<LabelledSweep>& sweeps, TableFormat
   }
   std::string out = format_table(header, rows, format);
   if (sweeps.size() > 1 && (format == TableFormat::kText || format == TableFormat::kMarkdown)) {
-    const std::string level = std::to_string(std::lround(100 * kIntervalLevel)) + "%";
+    const std::string level = level_text();
     if (intervals) {
       out += (format == TableFormat::kMarkdown ? "\n" : "") + std::string("ratio [") + level +
              " bootstrap interval over both sweeps' seeds]; * the interval excludes 1: the seeds support a "
@@ -505,7 +497,7 @@ std::string report(const std::string& sweep_dir) {
   const fs::path dir(sweep_dir);
   const auto opt = [](const std::optional<double>& x) { return x ? steps_text(*x) : std::string("-"); };
   const std::vector<TargetRow> table = read_steps_to_target(sweep_dir);
-  const std::string level = std::to_string(std::lround(100 * kIntervalLevel)) + "%";
+  const std::string level = level_text();
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> edges, failed;
   bool one_seed = true;
