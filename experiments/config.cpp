@@ -865,7 +865,8 @@ json to_json(const CbsConfig& c) {
   json j = to_json(c.sweep);
   j.erase("batch_sizes");
   j.erase("search");
-  j.erase("runner");
+  // Of the runner only the thread count changes results (identity()).
+  j["runner"] = {{"threads_per_trial", c.sweep.runner.threads_per_trial}};
   Writer w;
   cbs_fields(w, c.cbs);
   j["cbs"] = w.out();

@@ -123,6 +123,21 @@ TEST(Cbs, BadConfigsNameTheKey) {
   EXPECT_EQ(to_json(parse_cbs(j))["cbs"]["checkpoints"], nlohmann::json({16, 64, 256, 1024, 4096}));
 }
 
+// cbs.json records the thread count, which changes the branches' rounding:
+// a folder is not resumed at another; one from before the key still is.
+TEST(Cbs, TheThreadCountIsPartOfTheFoldersIdentity) {
+  nlohmann::json j = linreg_config();
+  const nlohmann::json one = to_json(parse_cbs(j));
+  EXPECT_EQ(one["runner"], nlohmann::json({{"threads_per_trial", 1}}));
+  j["runner"] = {{"threads_per_trial", 2}, {"prune", false}};
+  const nlohmann::json two = to_json(parse_cbs(j));
+  EXPECT_EQ(identity_difference(one, two), "/runner/threads_per_trial");
+  nlohmann::json old = one;
+  old.erase("runner");
+  EXPECT_EQ(identity_difference(old, two), std::nullopt);
+  EXPECT_EQ(to_json(parse_cbs(two)), two);
+}
+
 TEST(Cbs, ShippedConfigsParse) {
   const CbsConfig c = load_cbs(std::string(BIGBATCH_SOURCE_DIR) + "/experiments/configs/cbs_fmnist.json");
   EXPECT_EQ(c.cbs.checkpoints.size(), 9u);
