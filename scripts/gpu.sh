@@ -149,12 +149,18 @@ stage_sanitize() {
   # 16-bit, the finalizers, the non-finite skip).
   # racecheck and synccheck look at shared memory and barriers, which the
   # 3,000-tensor cases exercise no differently, and slowly: left out there.
-  local filter
+  # The three tools run at once: their verdicts do not depend on timing,
+  # and the stage then shares a call with another.
+  local filter pids=()
   for tool in memcheck racecheck synccheck; do
     filter='*_CUDA*'
     [ "$tool" = memcheck ] || filter='*_CUDA*-*ThousandsOfTensors*'
-    step "sanitizer_$tool" 170 "$(cuda_tool compute-sanitizer)" --tool "$tool" --error-exitcode 3 \
-      "$build/tests/optimizers_tests" --gtest_filter="$filter" --gtest_brief=1
+    step "sanitizer_$tool" 200 "$(cuda_tool compute-sanitizer)" --tool "$tool" --error-exitcode 3 \
+      "$build/tests/optimizers_tests" --gtest_filter="$filter" --gtest_brief=1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  for tool in memcheck racecheck synccheck; do
     echo "compute-sanitizer $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Device not supported' \
       "$res/sanitizer_$tool.txt" | tail -n 1)" >> "$md"
   done
