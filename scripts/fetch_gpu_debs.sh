@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run here (Debian 12, network): downloads into ./.debs (git-ignored) the
 # Debian packages the GPU machine lacks and scripts/gpu.sh unpacks there:
-# GoogleTest, Google Benchmark, nlohmann/json, CLI11, zlib headers, ninja and
+# GoogleTest, Google Benchmark, nlohmann/json, CLI11, zlib headers, Gloo's
+# headers (c10d's ProcessGroupGloo.hpp needs them; PyPI's wheels lack them), ninja and
 # the embedded Fashion-MNIST, and the King James Bible with its program (the
 # language-model corpus, scripts/kjv.sh). Idempotent.
 set -euo pipefail
@@ -10,7 +11,7 @@ mkdir -p .debs
 cd .debs
 packages=(libgtest-dev libgmock-dev googletest libbenchmark-dev libbenchmark1debian
           nlohmann-json3-dev libcli11-dev zlib1g-dev ninja-build dataset-fashion-mnist
-          bible-kjv bible-kjv-text)
+          bible-kjv bible-kjv-text libgloo-dev)
 for p in "${packages[@]}"; do
   ls "${p}"_*.deb >/dev/null 2>&1 || apt-get download "$p"
 done
