@@ -68,7 +68,10 @@ class SingleModel final : public LaneModel {
         p.mutable_grad().zero_();
       }
     }
-    if (group_) return {data_parallel(x, y, weights, local, b.size)};
+    // A world of one (a group asked for on one process, as `--backend nccl`
+    // gives) has one batch size for both norms: its noise scale comes from
+    // micro-batches, as without a group; its collectives would change nothing.
+    if (group_ && group_->size() > 1) return {data_parallel(x, y, weights, local, b.size)};
     if (micro_batches >= 2) return {in_micro_batches(x, y, weights, b.size, micro_batches)};
     const at::Tensor l = loss(x, y, weights);
     l.backward();

@@ -1,5 +1,6 @@
 // Trainer, models and data of the runner: parameter counts of the shipped
 // architectures, the sampler's epochs, and the three ways a trial ends.
+#include "../../distributed/process_group.h"
 #include "../../experiments/files.h"
 #include "../../experiments/records.h"
 #include "../../experiments/trial.h"
@@ -10,6 +11,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -115,6 +117,24 @@ TEST(Trainer, SameSeedSameRun) {
   const WorkloadData d = load_dataset(c.data);
   Trainer a(c, d), b(c, d);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(a.train_step().front(), b.train_step().front());
+}
+
+// A group of one process (what `train --backend nccl` on one GPU makes) has
+// one batch size for both of the noise scale's norms: the trainer measures
+// it in micro-batches, as without a group, and trains the same run bit for
+// bit. (It used to stop at the first step: "need 0 < small_batch <
+// big_batch, got 64 and 64".)
+TEST(Trainer, AWorldOfOneMeasuresTheNoiseScaleInMicroBatches) {
+  TrialConfig c = mixture_trial(0.05, 0.001);
+  c.gns.micro_batches = 2;
+  const WorkloadData d = load_dataset(c.data);
+  bigbatch::distributed::WorldInfo world;
+  world.master_port = 20000 + static_cast<int>((getpid() + 11) % 20000);
+  bigbatch::distributed::ProcessGroup group(world, std::chrono::seconds(30), bigbatch::distributed::Backend::kGloo);
+  Trainer alone(c, d), grouped(c, d, &group);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(alone.train_step().front(), grouped.train_step().front()) << "step " << i;
+  EXPECT_TRUE(std::isfinite(grouped.b_simple()));
+  EXPECT_EQ(alone.b_simple(), grouped.b_simple());
 }
 
 // An interrupted run resumed from its last checkpoint ends exactly as the
