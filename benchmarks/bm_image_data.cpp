@@ -7,6 +7,7 @@
 // thread beside one intra-op thread (the runner's split of 2 cores), the
 // fraction of the step time spent waiting for data as a counter.
 #include "../experiments/config.h"
+#include "../experiments/files.h"
 #include "../experiments/images.h"
 #include "../experiments/loader.h"
 #include "../experiments/models.h"
@@ -35,7 +36,12 @@ const fs::path& scratch() {
   static const fs::path dir = [] {
     fs::path d = fs::temp_directory_path() / ("bigbatch_bm_image_data." + std::to_string(::getpid()));
     fs::create_directories(d);
-    std::atexit([] { fs::remove_all(fs::temp_directory_path() / ("bigbatch_bm_image_data." + std::to_string(::getpid()))); });
+    std::atexit([] {
+      try {  // (not fs::remove_all: files.h says why)
+        bigbatch::experiments::remove_tree(fs::temp_directory_path() / ("bigbatch_bm_image_data." + std::to_string(::getpid())));
+      } catch (const std::exception&) {
+      }
+    });
     return d;
   }();
   return dir;

@@ -3,6 +3,8 @@
 #include "files.h"
 
 #include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -33,7 +35,34 @@ int write_all(int fd, std::string_view bytes) {
   return 0;
 }
 
+// nftw's callback has no context: the entry that could not be removed and
+// why, for remove_tree to report (one walk at a time per thread).
+thread_local std::string remove_failed;
+thread_local int remove_errno = 0;
+
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  if (::remove(path) == 0 || errno == ENOENT) return 0;
+  remove_failed = path;
+  remove_errno = errno;
+  return 1;
+}
+
 }  // namespace
+
+void remove_tree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    fail(path, "cannot remove", errno);
+  }
+  // Depth first (a folder after what it holds), links not followed.
+  remove_failed.clear();
+  remove_errno = 0;
+  if (::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+    if (!remove_failed.empty()) fail(remove_failed, "cannot remove", remove_errno);
+    fail(path, "cannot remove", errno);
+  }
+}
 
 std::string read_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -22,6 +22,16 @@ nlohmann::json read_json(const std::string& path);
 /// on failure the temporary is removed and `path` is as it was.
 void write_file_atomic(const std::string& path, std::string_view text);
 
+/// Removes `path` and, where it is a folder, everything under it (a link is
+/// removed, never followed); a missing path is no error. std::runtime_error
+/// "<path>: cannot remove: <reason>" names the entry that could not go.
+/// Use it, not std::filesystem::remove_all, in anything that links LibTorch:
+/// PyPI's torch 2.11 wheel exports its own copy of remove_all from
+/// libtorch.so, ahead of libstdc++'s in a program's lookup order, and that
+/// copy jumps to address 0 on a folder with subfolders (seen on the GPU
+/// machine, 2026-11-24).
+void remove_tree(const std::string& path);
+
 /// A file opened to append to (created if missing): each write() adds all of
 /// its bytes or throws naming the path and the reason (having perhaps added
 /// part of them: a reader of records stops at a record cut short).

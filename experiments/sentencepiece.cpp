@@ -39,8 +39,10 @@ class ScratchFolder {
     path_ = pattern;
   }
   ~ScratchFolder() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
+    try {
+      remove_tree(path_);
+    } catch (const std::exception&) {  // a destructor: what is left stays in the temporary folder
+    }
   }
   ScratchFolder(const ScratchFolder&) = delete;
   ScratchFolder& operator=(const ScratchFolder&) = delete;

@@ -212,7 +212,7 @@ double expected_loss(double a, double c, std::int64_t batch, double eta, std::in
 
 TEST(Cbs, LinearRegressionMatchesTheExactExpectedLossRecursion) {
   const fs::path out = fs::temp_directory_path() / ("bigbatch_cbs_test_" + std::to_string(::getpid()));
-  fs::remove_all(out);
+  bigbatch::experiments::remove_tree(out);
   const CbsConfig c = parse_cbs(linreg_config());
   run_cbs(c, {out.string(), 2, false});
   const fs::path dir = out / "cbs_linreg";
@@ -282,7 +282,7 @@ TEST(Cbs, LinearRegressionMatchesTheExactExpectedLossRecursion) {
   }
   // The curve rises over training, as the noise scale does (both ends).
   EXPECT_LT(measured.front() * 8, measured.back());
-  fs::remove_all(out);
+  bigbatch::experiments::remove_tree(out);
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 fs::path fresh_folder(const std::string& name) {
   const auto dir = fs::temp_directory_path() / ("bigbatch_files_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  bigbatch::experiments::remove_tree(dir);
   fs::create_directories(dir);
   return dir;
 }
@@ -65,7 +65,7 @@ TEST(Files, AWholeWriteReadsBackAndLeavesNoTemporary) {
   write_file_atomic(path, std::string("second\0with a zero", 18));
   EXPECT_EQ(read_file(path), std::string("second\0with a zero", 18));
   EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
-  fs::remove_all(dir);
+  bigbatch::experiments::remove_tree(dir);
 }
 
 TEST(Files, AMissingFileNamesThePathAndTheReason) {
@@ -75,7 +75,7 @@ TEST(Files, AMissingFileNamesThePathAndTheReason) {
   const std::string nested = (dir / "no_folder" / "x.csv").string();
   EXPECT_EQ(error_of([&] { write_file_atomic(nested, "x"); }),
             nested + ".tmp." + std::to_string(::getpid()) + ": cannot write: No such file or directory");
-  fs::remove_all(dir);
+  bigbatch::experiments::remove_tree(dir);
 }
 
 // A write that fails part way keeps the file that was there, and removes the
@@ -92,7 +92,7 @@ TEST(Files, AFailedWriteKeepsTheOldFileAndSaysWhy) {
   EXPECT_EQ(message, path + ".tmp." + std::to_string(::getpid()) + ": cannot write: File too large");
   EXPECT_EQ(read_file(path), "old");
   EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
-  fs::remove_all(dir);
+  bigbatch::experiments::remove_tree(dir);
 }
 
 TEST(Files, AnAppendToAFullDiskSaysNoSpaceLeft) {
@@ -118,7 +118,32 @@ TEST(Files, AppendsAddWholeRecords) {
   }
   EXPECT_EQ(error_of([&] { AppendFile((dir / "none" / "events").string()); }),
             (dir / "none" / "events").string() + ": cannot open for writing: No such file or directory");
-  fs::remove_all(dir);
+  bigbatch::experiments::remove_tree(dir);
+}
+
+// remove_tree (not std::filesystem::remove_all, which a torch 2.11 wheel's
+// own copy crashes in): the folder and all under it, links removed and never
+// followed, a missing path no error, a refusal naming the entry and why.
+TEST(Files, ARemovedTreeTakesItsSubfoldersAndNotWhatItsLinksPointTo) {
+  const auto dir = fresh_folder("tree");
+  const auto outside = fresh_folder("tree_outside");
+  write_file_atomic((outside / "kept").string(), "x");
+  fs::create_directories(dir / "a" / "b" / "c");
+  write_file_atomic((dir / "a" / "f").string(), "1");
+  write_file_atomic((dir / "a" / "b" / "c" / "g").string(), "2");
+  fs::create_directory_symlink(outside, dir / "a" / "b" / "link");
+  fs::create_symlink(dir / "nowhere", dir / "dangling");
+  remove_tree(dir.string());
+  EXPECT_FALSE(fs::exists(fs::symlink_status(dir)));
+  EXPECT_EQ(read_file((outside / "kept").string()), "x");
+  remove_tree(dir.string());  // missing: nothing to do
+  remove_tree((outside / "kept").string());  // a file
+  EXPECT_FALSE(fs::exists(outside / "kept"));
+  EXPECT_TRUE(fs::exists(outside));
+  remove_tree(outside.string());
+  // /proc refuses removal even to root.
+  const std::string refused = error_of([] { remove_tree("/proc/self/status"); });
+  EXPECT_EQ(refused.rfind("/proc/self/status: cannot remove: ", 0), 0u) << refused;
 }
 
 }  // namespace

@@ -43,13 +43,13 @@ class Tables : public ::testing::Test {
     // One folder per process: ctest runs these tests side by side (gtest's
     // random seed, from the clock, once gave two of them the same folder).
     dir_ = fs::temp_directory_path() / ("bigbatch_results_test_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
+    bigbatch::experiments::remove_tree(dir_);
     add("b32_p0", 32, TrialStatus::kReached, 400, 0.1, 0.05);
     add("b32_p1", 32, TrialStatus::kReached, 300, 0.2, 0.08);   // the faster: chosen
     add("b64_p0", 64, TrialStatus::kNotReached, 0, 0.1, 0.21);  // closest: chosen
     add("b64_p1", 64, TrialStatus::kDiverged, 0, 0.4, std::numeric_limits<double>::infinity());
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { bigbatch::experiments::remove_tree(dir_); }
 
   void add(const std::string& name, std::int64_t batch, TrialStatus status, std::int64_t steps, double lr,
            double best, std::uint64_t seed = 0) {

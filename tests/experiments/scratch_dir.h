@@ -3,6 +3,8 @@
 // files written into it; and the message of what a call throws.
 #pragma once
 
+#include "../../experiments/files.h"
+
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -21,10 +23,10 @@ class ScratchDirTest : public ::testing::Test {
            ("bigbatch_test." + std::to_string(::getpid()) + "." +
             ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name() + "." +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
+    bigbatch::experiments::remove_tree(dir_);
     std::filesystem::create_directories(dir_);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { bigbatch::experiments::remove_tree(dir_); }
   /// Writes `bytes` to the file `name` in the folder; returns its path.
   std::string write(const std::string& name, const std::string& bytes) const {
     const std::string path = (dir_ / name).string();

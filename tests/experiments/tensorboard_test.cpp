@@ -4,6 +4,7 @@
 // dropping the steps after its checkpoint.
 // Torch-free (it runs in the sanitizer lane too). The real `tensorboard`
 // package reads the files back in tests/experiments/tensorboard_read.py.
+#include "../../experiments/files.h"
 #include "../../experiments/records.h"
 #include "../../experiments/tensorboard.h"
 
@@ -34,7 +35,7 @@ std::string read(const fs::path& path) {
 
 fs::path fresh_folder(const std::string& name) {
   const auto dir = fs::temp_directory_path() / ("bigbatch_tb_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  bigbatch::experiments::remove_tree(dir);
   fs::create_directories(dir);
   return dir;
 }
@@ -157,7 +158,7 @@ TEST(TensorBoard, WriterStartsWithTheFileVersionAndAppendsWholeRecords) {
   EXPECT_EQ(events[1].scalars[1].value, 0.1f);
   EXPECT_GT(events[1].wall_time, 1.6e9);  // seconds since 1970, in 2020 or later
   EXPECT_EQ(events[2].texts.at(0).markdown, "| b |");
-  fs::remove_all(dir);
+  bigbatch::experiments::remove_tree(dir);
 }
 
 TEST(TensorBoard, AResumedWriterDropsTheStepsAfterItsCheckpointAndACutTail) {
@@ -185,7 +186,7 @@ TEST(TensorBoard, AResumedWriterDropsTheStepsAfterItsCheckpointAndACutTail) {
   events = events_in(dir / kEventFileName);
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].file_version, "brain.Event:2");
-  fs::remove_all(dir);
+  bigbatch::experiments::remove_tree(dir);
 }
 
 }  // namespace

@@ -260,7 +260,7 @@ TEST(TrialFolder, AnUnreadableCheckpointRestartsTheTrial) {
   const WorkloadData d = load_dataset(c.data);
   const TrialResult fresh = Trainer(c, d).run().front();
   const auto dir = std::filesystem::temp_directory_path() / ("bigbatch_trial_folder_test_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
+  bigbatch::experiments::remove_tree(dir);
   std::filesystem::create_directories(dir);
   write_file_atomic((dir / "config.json").string(), to_json(c).dump(2) + "\n");
   write_file_atomic((dir / "checkpoint.pt").string(), "PK\x03\x04 not a whole archive");
@@ -269,7 +269,7 @@ TEST(TrialFolder, AnUnreadableCheckpointRestartsTheTrial) {
   for (std::size_t i = 0; i < r.rows.size(); ++i) EXPECT_EQ(r.rows[i].val_loss, fresh.rows[i].val_loss) << i;
   EXPECT_TRUE(trial_finished(c, dir.string()));
   EXPECT_FALSE(std::filesystem::exists(dir / "checkpoint.pt"));
-  std::filesystem::remove_all(dir);
+  bigbatch::experiments::remove_tree(dir);
 }
 
 TEST(Trainer, CudaTrialFollowsTheCpuTrial_CUDA) {

@@ -158,7 +158,7 @@ class Workloads : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("bigbatch_workload_test." + std::to_string(::getpid()));
     fs::create_directories(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { bigbatch::experiments::remove_tree(dir_); }
 
   // A sweep of `dataset` x `model` (LARS: two parameter groups, trust ratios).
   static json sweep(const std::string& dataset, const json& model) {
