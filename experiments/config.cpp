@@ -80,6 +80,9 @@ class Reader {
     v = static_cast<std::uint64_t>(x);
   }
   void read(const std::string& key, bool& v) { v = r_.boolean(key, v); }
+  void read(const std::string& key, std::optional<bool>& v) {
+    if (r_.has(key)) v = r_.boolean(key, false);
+  }
   void read(const std::string& key, std::vector<double>& v) { v = r_.numbers(key, v); }
   void read(const std::string& key, std::vector<std::int64_t>& v) { v = r_.integers(key, v); }
   void read(const std::string& key, std::vector<std::uint64_t>& v) {

@@ -143,8 +143,9 @@ struct SearchSpec {
 struct RunnerSpec {
   bool prune = true;  ///< stop a trial once it cannot change the steps-to-target table (trial_queue.h)
   /// Train trials that differ only in rate and momentum as one stacked model
-  /// (batched.h). Off by default: on CPUs it measured no faster (docs/experiments.md).
-  bool batch_trials = false;
+  /// (batched.h). Unset: on for a CUDA sweep (2.6x faster on an H100), off
+  /// on CPUs (no faster there); docs/experiments.md "Batched trials".
+  std::optional<bool> batch_trials;
   LoaderSpec loader;  ///< "loader_threads", "prefetch"
   /// Intra-op threads of each trial (each rank of a data-parallel one). The
   /// thread count orders floating-point sums, so results depend on it; it is

@@ -181,7 +181,7 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
     std::cerr << "resuming " << dir.string() << ": " << totals.skipped << " of " << trials.size()
               << " trials already finished\n";
   }
-  JobSource source(queue, trials, runner.batch_trials, group);
+  JobSource source(queue, trials, runner.batch_trials.value_or(false), group);
   ProgressBoard board(left);
   // As many jobs as fit the cores at the config's threads each (workers.h).
   const int local_ranks = group != nullptr ? group->local_size() : 1;
@@ -310,14 +310,16 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   SweepSummary summary;
   summary.dir = dir.string();
   RunnerSpec runner = sweep.runner;
-  if (runner.batch_trials) {  // say when batching cannot be done, and why
+  const bool asked = runner.batch_trials.value_or(false);
+  if (!runner.batch_trials) runner.batch_trials = sweep.base.device == DeviceType::kCuda;  // the measured default
+  if (*runner.batch_trials) {  // say when batching cannot be done, and why (when it was asked for)
     std::string refusal = group != nullptr ? "a data-parallel sweep" : batch_refusal(sweep.base);
     if (refusal.empty()) {
       const std::string model = stack_refusal(build_model(sweep.base.model, data, sweep.seeds.front()));
       if (!model.empty()) refusal = "model \"" + sweep.base.model.name + "\" cannot be stacked: " + model;
     }
     if (!refusal.empty()) {
-      if (writer) std::cerr << "note: no batched trials (" << refusal << "): each trial runs alone\n";
+      if (writer && asked) std::cerr << "note: no batched trials (" << refusal << "): each trial runs alone\n";
       runner.batch_trials = false;
     }
   }

@@ -624,6 +624,8 @@ bad_configs)
   expect_error 2 "--jobs: must be >= 1, got 0" "$bigbatch" sweep "$config" --jobs 0 --out jobs0
   expect_error 2 "--jobs: must be >= 1, got 0" "$bigbatch" cbs "$src/tests/experiments/e2e_cbs.json" --jobs 0 --out jobs0
   expect_error 2 "" "$bigbatch" frobnicate
+  expect_error 2 "--batch-trials excludes --no-batch-trials" "$bigbatch" sweep "$config" --batch-trials --no-batch-trials --out both
+  [ ! -e both ] || fail "a refused command line made its folder"
   # A different config into an existing sweep folder is refused, and leaves it alone.
   derive small.json 'c["batch_sizes"] = [512]; c["seeds"] = [0]'
   "$bigbatch" sweep small.json --out runs > /dev/null 2>&1

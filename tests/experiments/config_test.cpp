@@ -46,6 +46,17 @@ TEST(SweepConfig, DefaultsAndExpansion) {
   EXPECT_EQ(trials[7].batch_size, 128);
   // The resolved JSON parses back to the same sweep.
   EXPECT_EQ(to_json(parse_sweep(to_json(s))), to_json(s));
+  // runner.batch_trials unset is the device's default (on for CUDA, as
+  // measured), left out of the resolved JSON; set, it is kept either way.
+  EXPECT_FALSE(s.runner.batch_trials.has_value());
+  EXPECT_FALSE(to_json(s)["runner"].contains("batch_trials"));
+  for (const bool batch : {false, true}) {
+    nlohmann::json j = minimal();
+    j["runner"]["batch_trials"] = batch;
+    const SweepConfig b = parse_sweep(j);
+    EXPECT_EQ(b.runner.batch_trials, std::optional<bool>(batch));
+    EXPECT_EQ(to_json(b)["runner"]["batch_trials"], batch);
+  }
 }
 
 TEST(SweepConfig, QuasiRandomSearchIsLogUniformInRange) {
