@@ -98,7 +98,8 @@ class Reader {
   JsonReader r_;
 };
 
-/// Writes a spec as a JSON object, every default spelled out; checks pass.
+/// Writes a spec as a JSON object, every default spelled out but an unset
+/// optional (runner.batch_trials, whose default is the device's); checks pass.
 class Writer {
  public:
   static constexpr bool kReading = false;

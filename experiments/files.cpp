@@ -7,11 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <stdexcept>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 namespace bigbatch::experiments {
 namespace {
@@ -35,33 +37,73 @@ int write_all(int fd, std::string_view bytes) {
   return 0;
 }
 
-// nftw's callback has no context: the entry that could not be removed and
-// why, for remove_tree to report (one walk at a time per thread).
-thread_local std::string remove_failed;
-thread_local int remove_errno = 0;
+// nftw's callbacks have no context: the entry a walk stopped at and why, for
+// the caller to report, and the files it lists (one walk at a time per thread).
+thread_local std::string walk_failed;
+thread_local int walk_errno = 0;
+thread_local std::vector<std::string>* walk_found = nullptr;
 
-int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
-  if (::remove(path) == 0 || errno == ENOENT) return 0;
-  remove_failed = path;
-  remove_errno = errno;
+int stop_walk(const char* path, int error) {
+  walk_errno = error;  // before anything that could change errno
+  walk_failed = path;
   return 1;
+}
+
+int remove_entry(const char* path, const struct stat*, int type, struct FTW*) {
+  if (::remove(path) == 0 || errno == ENOENT) return 0;
+  // A folder that could not be read is not empty for that reason.
+  return stop_walk(path, type == FTW_DNR && errno == ENOTEMPTY ? EACCES : errno);
+}
+
+int list_entry(const char* path, const struct stat*, int type, struct FTW*) {
+  if (type == FTW_DNR) return stop_walk(path, EACCES);
+  if (type == FTW_NS) return stop_walk(path, errno == 0 ? EACCES : errno);
+  struct stat target {};
+  if (type == FTW_F || (type == FTW_SL && ::stat(path, &target) == 0 && S_ISREG(target.st_mode))) {
+    walk_found->emplace_back(path);
+  }
+  return 0;
+}
+
+// `path` without trailing slashes ("link/" would make lstat follow a link).
+std::string without_trailing_slashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
 }
 
 }  // namespace
 
-void remove_tree(const std::string& path) {
+void remove_tree(const std::string& given) {
+  const std::string path = without_trailing_slashes(given);
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return;
     fail(path, "cannot remove", errno);
   }
   // Depth first (a folder after what it holds), links not followed.
-  remove_failed.clear();
-  remove_errno = 0;
+  walk_failed.clear();
   if (::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) {
-    if (!remove_failed.empty()) fail(remove_failed, "cannot remove", remove_errno);
-    fail(path, "cannot remove", errno);
+    if (!walk_failed.empty()) fail(walk_failed, "cannot remove", walk_errno);
+    const int error = errno;
+    if (error == ENOENT && ::lstat(path.c_str(), &st) != 0 && errno == ENOENT) return;  // gone meanwhile
+    fail(path, "cannot remove", error);
   }
+}
+
+std::vector<std::string> files_under(const std::string& given) {
+  const std::string folder = without_trailing_slashes(given);
+  std::vector<std::string> found;
+  walk_found = &found;
+  walk_failed.clear();
+  const int rc = ::nftw(folder.c_str(), list_entry, 16, FTW_PHYS);
+  const int error = errno;
+  walk_found = nullptr;
+  if (rc != 0) {
+    if (!walk_failed.empty()) fail(walk_failed, "cannot list", walk_errno);
+    fail(folder, "cannot list", error);
+  }
+  std::sort(found.begin(), found.end());
+  return found;
 }
 
 std::string read_file(const std::string& path) {

@@ -9,6 +9,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace bigbatch::experiments {
 
@@ -31,6 +32,13 @@ void write_file_atomic(const std::string& path, std::string_view text);
 /// copy jumps to address 0 on a folder with subfolders (seen on the GPU
 /// machine, 2026-11-24).
 void remove_tree(const std::string& path);
+
+/// Every file under `folder`, at any depth, sorted: regular files and links
+/// to them; a link to a folder is not followed. std::runtime_error
+/// "<path>: cannot list: <reason>" names a folder that could not be read.
+/// (On nftw, not std::filesystem::recursive_directory_iterator, for the
+/// reason remove_tree gives.)
+std::vector<std::string> files_under(const std::string& folder);
 
 /// A file opened to append to (created if missing): each write() adds all of
 /// its bytes or throws naming the path and the reason (having perhaps added

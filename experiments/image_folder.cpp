@@ -67,12 +67,8 @@ Listing list_folder(const std::string& root, const char* key) {
   std::sort(l.classes.begin(), l.classes.end());
   if (l.classes.empty()) data_error(std::string(key) + ": " + root + ": no class folders (expected <path>/<class>/<image>)");
   for (std::size_t c = 0; c < l.classes.size(); ++c) {
-    std::vector<std::string> files;
-    for (const auto& entry : fs::recursive_directory_iterator(fs::path(root) / l.classes[c])) {
-      if (entry.is_regular_file() && image_file(entry.path())) files.push_back(entry.path().string());
-    }
-    std::sort(files.begin(), files.end());
-    for (auto& f : files) {
+    for (auto& f : files_under((fs::path(root) / l.classes[c]).string())) {
+      if (!image_file(f)) continue;
       l.files.push_back(std::move(f));
       l.labels.push_back(static_cast<std::int64_t>(c));
     }

@@ -169,7 +169,7 @@ stage_sanitize() {
 stage_bench() {
   # One run per parameter list, so a time limit loses one list, not all.
   # The reference path on 10,000 tensors takes seconds a step (an H100,
-  # 2026-11-24: 1.4 to 2.4 s): one repetition of it, apart, and five of the
+  # 2026-11-24: 1.4 to 3.6 s): one repetition of it, apart, and five of the
   # rest (five of everything ran past 150 s).
   local filter reps
   for list in bert_large_335M resnet50_25M small_10000t small_10000t_reference; do

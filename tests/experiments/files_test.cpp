@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -141,9 +142,42 @@ TEST(Files, ARemovedTreeTakesItsSubfoldersAndNotWhatItsLinksPointTo) {
   EXPECT_FALSE(fs::exists(outside / "kept"));
   EXPECT_TRUE(fs::exists(outside));
   remove_tree(outside.string());
+  // A link named with a trailing slash is still the link, not its target.
+  const auto again = fresh_folder("tree_again");
+  write_file_atomic((again / "kept").string(), "y");
+  fs::create_directory_symlink(again, outside.string() + "_link");
+  remove_tree(outside.string() + "_link/");
+  EXPECT_FALSE(fs::exists(fs::symlink_status(outside.string() + "_link")));
+  EXPECT_EQ(read_file((again / "kept").string()), "y");
+  remove_tree(again.string());
   // /proc refuses removal even to root.
   const std::string refused = error_of([] { remove_tree("/proc/self/status"); });
   EXPECT_EQ(refused.rfind("/proc/self/status: cannot remove: ", 0), 0u) << refused;
+}
+
+// files_under: every file at any depth, sorted by path; a link to a file
+// counts, a link to a folder is not followed; a missing folder is named.
+TEST(Files, FilesUnderAFolderAreListedAtAnyDepthWithoutFollowingFolderLinks) {
+  const auto dir = fresh_folder("list");
+  const auto elsewhere = fresh_folder("list_elsewhere");
+  write_file_atomic((elsewhere / "outside.png").string(), "o");
+  fs::create_directories(dir / "b" / "deep");
+  fs::create_directories(dir / "a");
+  write_file_atomic((dir / "b" / "deep" / "2.png").string(), "2");
+  write_file_atomic((dir / "a" / "1.png").string(), "1");
+  write_file_atomic((dir / "0.png").string(), "0");
+  fs::create_symlink(dir / "0.png", dir / "a" / "alias.png");
+  fs::create_directory_symlink(elsewhere, dir / "b" / "folder_link");
+  fs::create_symlink(dir / "nowhere.png", dir / "dangling.png");
+  const std::vector<std::string> expected = {(dir / "0.png").string(), (dir / "a" / "1.png").string(),
+                                             (dir / "a" / "alias.png").string(),
+                                             (dir / "b" / "deep" / "2.png").string()};
+  EXPECT_EQ(files_under(dir.string()), expected);
+  EXPECT_EQ(files_under(dir.string() + "/"), expected);
+  EXPECT_EQ(error_of([&] { files_under((dir / "none").string()); }),
+            (dir / "none").string() + ": cannot list: No such file or directory");
+  remove_tree(dir.string());
+  remove_tree(elsewhere.string());
 }
 
 }  // namespace
