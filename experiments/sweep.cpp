@@ -310,9 +310,11 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   SweepSummary summary;
   summary.dir = dir.string();
   RunnerSpec runner = sweep.runner;
+  // Unset: the measured default, on for CUDA. A refusal is said only when
+  // batching was asked for.
   const bool asked = runner.batch_trials.value_or(false);
-  if (!runner.batch_trials) runner.batch_trials = sweep.base.device == DeviceType::kCuda;  // the measured default
-  if (*runner.batch_trials) {  // say when batching cannot be done, and why (when it was asked for)
+  runner.batch_trials = runner.batch_trials.value_or(sweep.base.device == DeviceType::kCuda);
+  if (*runner.batch_trials) {  // say when batching cannot be done, and why
     std::string refusal = group != nullptr ? "a data-parallel sweep" : batch_refusal(sweep.base);
     if (refusal.empty()) {
       const std::string model = stack_refusal(build_model(sweep.base.model, data, sweep.seeds.front()));

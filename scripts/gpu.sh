@@ -240,7 +240,7 @@ stage_sweeps() {
 JSON
   step cifar_cuda 150 "$build/experiments/bigbatch" sweep "$res/cifar_cuda.json" --out "$res/sweep_cifar_cuda"
   grep -hE "^sweep cifar_cuda" "$res/cifar_cuda.txt" >> "$md"
-  local summary  # (not `s`: run_stage's stage name, which names the tarball)
+  local summary
   for summary in "$res"/sweep_cifar_cuda/cifar_cuda/b*/summary.json; do
     [ -e "$summary" ] && "$python" -c 'import json, sys; s = json.load(open(sys.argv[1])); print("cifar ResNet-20 batch", s["batch_size"], s["status"], "steps", s["steps"], "wall", round(s["wall_time"], 1), "s, data", s["data"])' "$summary" >> "$md"
   done
@@ -285,7 +285,8 @@ run_stage() {
   if [ -e "$build/build.ninja" ]; then "stage_$s"; fi
   echo >> "$md"
   # (checkpoints and TensorBoard files left out: the files back are capped)
-  tar -czf "$out/$s.tar.gz" --exclude='*.pt' --exclude='events.out.tfevents*' -C "$build/results" "$s"
+  # ("$1", not $s: a stage's own loop variables could overwrite $s.)
+  tar -czf "$out/$1.tar.gz" --exclude='*.pt' --exclude='events.out.tfevents*' -C "$build/results" "$1"
 }
 
 export BIGBATCH_FASHION_MNIST_DIR=$deps/usr/share/datasets/fashion-mnist
