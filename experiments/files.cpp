@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <stdexcept>
@@ -135,7 +136,14 @@ nlohmann::json read_json(const std::string& path) {
 }
 
 void write_file_atomic(const std::string& path, std::string_view text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // Unique across the machines sharing a folder (workers on NFS), the
+  // processes of one, and the threads of one process.
+  static const std::string host = [] {
+    char name[256] = {};
+    return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("host");
+  }();
+  static std::atomic<unsigned long> counter{0};
+  const std::string tmp = path + ".tmp." + host + "." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail(tmp, "cannot write", errno);
   int error = write_all(fd, text);

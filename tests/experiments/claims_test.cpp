@@ -1,0 +1,341 @@
+// Claims on a shared sweep folder (claims.h), the machine's core ledger
+// (cores.h), the Slurm batch script and sbatch runner (slurm.h), and the
+// decoding of Slurm's node lists (distributed/slurm_env.h). Other workers
+// are other ClaimBoards, threads, and forked processes (a worker stopped by
+// SIGSTOP is the slow-but-live one).
+#include "../../distributed/slurm_env.h"
+#include "../../experiments/claims.h"
+#include "../../experiments/cores.h"
+#include "../../experiments/slurm.h"
+#include "scratch_dir.h"
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace bx = bigbatch::experiments;
+namespace fs = std::filesystem;
+using bigbatch::testing_support::error_of;
+using bigbatch::testing_support::ScratchDirTest;
+using State = bx::ClaimBoard::State;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Waits (up to 10 s) for `path` to exist.
+bool appears(const fs::path& path) {
+  const auto start = Clock::now();
+  while (!fs::exists(path)) {
+    if (seconds_since(start) > 10) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+class Claims : public ScratchDirTest {};
+
+TEST_F(Claims, OneWorkerWinsATrialAndTheOthersSeeItBusy) {
+  bx::ClaimBoard a(dir_.string(), 60), b(dir_.string(), 60);
+  EXPECT_EQ(a.try_claim("b8_p0_s0", false), State::kClaimed);
+  EXPECT_EQ(b.try_claim("b8_p0_s0", false), State::kBusy);
+  EXPECT_EQ(a.try_claim("b8_p0_s0", false), State::kBusy);  // its own: not twice
+  EXPECT_EQ(b.try_claim("b8_p0_s1", false), State::kClaimed);
+  EXPECT_EQ(slurp(dir_ / "claims" / "b8_p0_s0.1"), "run " + a.worker() + "\n");
+  EXPECT_FALSE(fs::exists(dir_ / "claims" / "b8_p0_s0.2"));
+}
+
+TEST_F(Claims, ManyWorkersRacingForTheSameTrialsClaimEachOnce) {
+  constexpr int kWorkers = 6, kTrials = 60;
+  std::vector<std::unique_ptr<bx::ClaimBoard>> boards;
+  for (int w = 0; w < kWorkers; ++w) boards.push_back(std::make_unique<bx::ClaimBoard>(dir_.string(), 60));
+  std::mutex mutex;
+  std::map<int, std::vector<int>> owners;
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      while (!go) std::this_thread::yield();
+      for (int t = 0; t < kTrials; ++t) {
+        // Every worker walks the trials from a different place.
+        const int trial = (t + w * 7) % kTrials;
+        if (boards[w]->try_claim("t" + std::to_string(trial), false) == State::kClaimed) {
+          std::lock_guard<std::mutex> lock(mutex);
+          owners[trial].push_back(w);
+        }
+      }
+    });
+  }
+  go = true;
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(owners.size(), static_cast<std::size_t>(kTrials));
+  for (const auto& [trial, who] : owners) EXPECT_EQ(who.size(), 1u) << "trial " << trial;
+  for (int t = 0; t < kTrials; ++t) EXPECT_FALSE(fs::exists(dir_ / "claims" / ("t" + std::to_string(t) + ".2")));
+}
+
+TEST_F(Claims, ADeadWorkersTrialIsTakenOverOnceItsLeaseRunsOut) {
+  constexpr double kLease = 0.6;
+  auto a = std::make_unique<bx::ClaimBoard>(dir_.string(), kLease);
+  ASSERT_EQ(a->try_claim("t", false), State::kClaimed);
+  std::this_thread::sleep_for(std::chrono::duration<double>(kLease * 1.5));  // heartbeats keep it
+  bx::ClaimBoard b(dir_.string(), kLease);
+  EXPECT_EQ(b.try_claim("t", false), State::kBusy);
+  a.reset();  // dies holding it: no release, no more heartbeats
+  const auto died = Clock::now();
+  State s = State::kBusy;
+  while (s == State::kBusy && seconds_since(died) < 5) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    s = b.try_claim("t", false);
+  }
+  const double waited = seconds_since(died);
+  EXPECT_EQ(s, State::kClaimed);
+  // Its last heartbeat was at most lease/8 before it died.
+  EXPECT_GT(waited, kLease * 7 / 8 - 0.05);
+  EXPECT_LT(waited, kLease + 1.0);
+  EXPECT_EQ(slurp(dir_ / "claims" / "t.2"), "run " + b.worker() + "\n");
+  EXPECT_TRUE(b.commit("t"));
+}
+
+TEST_F(Claims, ALiveWorkerIsNeverRobbed) {
+  constexpr double kLease = 0.3;
+  bx::ClaimBoard a(dir_.string(), kLease), b(dir_.string(), kLease);
+  ASSERT_EQ(a.try_claim("t", false), State::kClaimed);
+  const auto start = Clock::now();
+  while (seconds_since(start) < 5 * kLease) {
+    ASSERT_EQ(b.try_claim("t", false), State::kBusy);
+    std::this_thread::sleep_for(std::chrono::milliseconds(15));
+  }
+  EXPECT_FALSE(a.robbed("t"));
+  EXPECT_TRUE(a.commit("t"));
+  EXPECT_EQ(slurp(dir_ / "claims" / "t.2"), "done " + a.worker() + "\n");
+}
+
+// A worker that stalls past its lease (SIGSTOP here; a swap storm or a hung
+// NFS server in life) loses its trial, learns so at its next heartbeat, and
+// cannot commit: its late result is refused.
+TEST_F(Claims, AStalledWorkersLateResultIsRefused) {
+  constexpr double kLease = 0.5;
+  const fs::path claimed = dir_ / "child_claimed";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int code = 10;
+    {
+      bx::ClaimBoard mine(dir_.string(), kLease);
+      if (mine.try_claim("t", false) == State::kClaimed) {
+        std::ofstream(claimed.string()) << "1";
+        ::raise(SIGSTOP);  // stalled here until the parent continues it
+        std::this_thread::sleep_for(std::chrono::duration<double>(kLease / 2));  // a heartbeat or more
+        code = (mine.robbed("t") ? 1 : 0) + (mine.commit("t") ? 0 : 2);  // 3: robbed and refused
+      }
+    }
+    ::_exit(code);
+  }
+  ASSERT_TRUE(appears(claimed));
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, WUNTRACED), child);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  bx::ClaimBoard taker(dir_.string(), kLease);
+  State s = State::kBusy;
+  const auto start = Clock::now();
+  while (s == State::kBusy && seconds_since(start) < 5) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    s = taker.try_claim("t", false);
+  }
+  EXPECT_EQ(s, State::kClaimed);
+  ::kill(child, SIGCONT);
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 3) << "1: robbed but committed; 2: committed although not robbed";
+  EXPECT_FALSE(taker.robbed("t"));
+  EXPECT_TRUE(taker.commit("t"));  // slot 3: the taker's result stands
+  EXPECT_EQ(slurp(dir_ / "claims" / "t.3"), "done " + taker.worker() + "\n");
+}
+
+TEST_F(Claims, AReleasedTrialIsTakenAtOnce) {
+  bx::ClaimBoard a(dir_.string(), 60), b(dir_.string(), 60);
+  ASSERT_EQ(a.try_claim("t", false), State::kClaimed);
+  a.release("t");
+  EXPECT_EQ(slurp(dir_ / "claims" / "t.2"), "released " + a.worker() + "\n");
+  EXPECT_EQ(b.try_claim("t", false), State::kClaimed);
+  EXPECT_EQ(slurp(dir_ / "claims" / "t.3"), "run " + b.worker() + "\n");
+}
+
+TEST_F(Claims, ACommittedTrialIsSettledForThisRunAndRedoneByALaterOne) {
+  bx::ClaimBoard a(dir_.string(), 60), b(dir_.string(), 60);
+  ASSERT_EQ(a.try_claim("t", false), State::kClaimed);
+  ASSERT_TRUE(a.commit("t"));
+  // A summary the caller does not accept (a failure) of this run: settled.
+  EXPECT_EQ(b.try_claim("t", true), State::kSettled);
+  // No summary yet: its writer is writing it.
+  EXPECT_EQ(b.try_claim("t", false), State::kBusy);
+  // A later run (a board made after the commit) redoes what it does not accept.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  bx::ClaimBoard later(dir_.string(), 60);
+  EXPECT_EQ(later.try_claim("t", true), State::kClaimed);
+  EXPECT_EQ(slurp(dir_ / "claims" / "t.3"), "run " + later.worker() + "\n");
+}
+
+TEST_F(Claims, ADamagedSlotIsNamed) {
+  bx::ClaimBoard a(dir_.string(), 60);
+  std::ofstream((dir_ / "claims" / "t.1").string()) << "mine!";
+  EXPECT_EQ(error_of([&] { a.try_claim("t", false); }),
+            (dir_ / "claims" / "t.1").string() +
+                ": not a claim slot (\"mine!\"); remove the sweep's claims/ folder when no worker runs");
+  EXPECT_EQ(error_of([&] { bx::ClaimBoard(dir_.string(), 0); }), "claim lease must be > 0 seconds, got 0.000000");
+}
+
+class Cores : public ScratchDirTest {};
+
+// A second process on the machine gets the cores the first left; a process
+// that dies (kill -9) gives its cores back without anyone cleaning up.
+TEST_F(Cores, ProcessesSideBySideDivideTheCores) {
+  const std::string ledger = (dir_ / "ledger").string();
+  const fs::path ready = dir_ / "child_ready";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    bx::CoreLedger mine(ledger, 4);
+    const int granted = mine.reserve(3, 1);
+    std::ofstream(ready.string()) << granted;
+    ::pause();
+    ::_exit(0);
+  }
+  ASSERT_TRUE(appears(ready));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(slurp(ready), "3");
+  {
+    bx::CoreLedger mine(ledger, 4);
+    EXPECT_EQ(mine.reserve(2, 1), 1);
+    ASSERT_EQ(mine.others().size(), 1u);
+    EXPECT_EQ(mine.others()[0], std::make_pair(static_cast<long>(child), 3));
+    EXPECT_EQ(mine.reserve(1, 2), 0);  // a trial of 2 threads does not fit the one core left
+  }
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  bx::CoreLedger mine(ledger, 4);
+  EXPECT_EQ(mine.reserve(8, 1), 4);
+  EXPECT_TRUE(mine.others().empty());
+  EXPECT_FALSE(fs::exists(fs::path(ledger) / std::to_string(child)));
+}
+
+class SlurmScript : public ScratchDirTest {};
+
+bx::SlurmJob example_job(const std::string& program, const std::string& logs) {
+  bx::SlurmJob job;
+  job.program = program;
+  job.workdir = "/tmp";
+  job.name = "bigbatch-quickstart";
+  job.log_folder = logs;
+  job.worker_args = {"sweep", "/configs/it's.json", "--out", "/shared/runs"};
+  job.workers = 5;
+  job.throttle = 2;
+  job.cpus_per_worker = 4;
+  job.gpus_per_worker = 1;
+  job.time = "1:00:00";
+  job.partition = "gpu";
+  job.signal_seconds = 90;
+  job.requeue = true;
+  return job;
+}
+
+TEST_F(SlurmScript, AsksForTheArrayItsThrottleCoresGpusAndTheSignal) {
+  const std::string script = bx::batch_script(example_job("/opt/bin/bigbatch", "/shared/runs/q/slurm"));
+  for (const char* line : {"#SBATCH --array=0-4%2\n", "#SBATCH --cpus-per-task=4\n", "#SBATCH --gres=gpu:1\n",
+                           "#SBATCH --time=1:00:00\n", "#SBATCH --partition=gpu\n", "#SBATCH --signal=B:USR1@90\n",
+                           "#SBATCH --output=/shared/runs/q/slurm/%A_%a.out\n", "#SBATCH --requeue\n",
+                           "'/opt/bin/bigbatch' 'sweep' '/configs/it'\\''s.json' '--out' '/shared/runs' &\n"}) {
+    EXPECT_NE(script.find(line), std::string::npos) << line << " not in\n" << script;
+  }
+  EXPECT_EQ(bx::shell_quote("a'b c"), "'a'\\''b c'");
+  const std::string path = write("job.sbatch", script);
+  EXPECT_EQ(bx::run_program({"bash", "-n", path}).status, 0);
+}
+
+// The script run by bash as Slurm would: the signal before the time limit
+// reaches the worker as SIGTERM, its exit code 75 comes back, and with
+// --requeue the task asks scontrol to requeue it.
+TEST_F(SlurmScript, PassesTheSignalOnAndRequeuesAStoppedWorker) {
+  const std::string worker = write("worker.sh",
+                                   "#!/bin/bash\n"
+                                   "trap 'echo stopped > " + (dir_ / "stopped").string() + "; exit 75' TERM\n"
+                                   "echo \"$@\" > " + (dir_ / "started").string() + "\n"
+                                   "while :; do sleep 0.05; done\n");
+  const std::string scontrol = write("scontrol", "#!/bin/bash\necho \"$@\" >> " + (dir_ / "scontrol.log").string() + "\n");
+  fs::permissions(worker, fs::perms::owner_all);
+  fs::permissions(scontrol, fs::perms::owner_all);
+  const std::string script = write("job.sbatch", bx::batch_script(example_job(worker, dir_.string())));
+  const std::string path = dir_.string() + ":" + std::getenv("PATH");
+  const pid_t shell = ::fork();
+  ASSERT_GE(shell, 0);
+  if (shell == 0) {
+    ::setenv("PATH", path.c_str(), 1);
+    ::setenv("SLURM_ARRAY_JOB_ID", "7", 1);
+    ::setenv("SLURM_ARRAY_TASK_ID", "2", 1);
+    ::execl("/bin/bash", "bash", script.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ASSERT_TRUE(appears(dir_ / "started"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the shell is in `wait`
+  EXPECT_EQ(slurp(dir_ / "started"), "sweep /configs/it's.json --out /shared/runs\n");
+  ::kill(shell, SIGUSR1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(shell, &status, 0), shell);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), bx::kExitInterrupted);
+  EXPECT_TRUE(fs::exists(dir_ / "stopped"));
+  EXPECT_EQ(slurp(dir_ / "scontrol.log"), "requeue 7_2\n");
+}
+
+TEST(RunProgram, ReturnsTheStatusAndBothStreams) {
+  const bx::ProgramRun r = bx::run_program({"sh", "-c", "echo out; echo err >&2; exit 3"});
+  EXPECT_EQ(r.status, 3);
+  EXPECT_EQ(r.out, "out\n");
+  EXPECT_EQ(r.err, "err\n");
+  EXPECT_EQ(error_of([] { bx::run_program({"no-such-program-bigbatch"}); }),
+            "no-such-program-bigbatch: cannot start: No such file or directory");
+  EXPECT_FALSE(bx::find_on_path("no-such-program-bigbatch"));
+  EXPECT_TRUE(bx::find_on_path("sh"));
+}
+
+TEST(SlurmEnv, TheFirstHostOfANodeList) {
+  using bigbatch::distributed::first_slurm_host;
+  EXPECT_EQ(first_slurm_host("node[07-09,12],gpu1"), "node07");
+  EXPECT_EQ(first_slurm_host("gpu1,node[07-09]"), "gpu1");
+  EXPECT_EQ(first_slurm_host("rack[3,1]-n[010-011]"), "rack3-n010");
+  EXPECT_EQ(first_slurm_host("solo"), "solo");
+  EXPECT_EQ(error_of([] { first_slurm_host("node[1-2"); }), "node list \"node[1-2\": unclosed '['");
+  EXPECT_EQ(error_of([] { first_slurm_host(""); }), "node list \"\": no host");
+}
+
+TEST(SlurmEnv, TheTasksOfANode) {
+  using bigbatch::distributed::slurm_tasks_on_node;
+  EXPECT_EQ(slurm_tasks_on_node("2", 0), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 0), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 2), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 3), 1);
+  EXPECT_EQ(slurm_tasks_on_node("4,1(x2),3", 2), 1);
+  EXPECT_EQ(slurm_tasks_on_node("4,1(x2),3", 3), 3);
+  EXPECT_EQ(error_of([] { slurm_tasks_on_node("2(x3),1", 4); }), "tasks per node \"2(x3),1\": no entry for node 4");
+  EXPECT_EQ(error_of([] { slurm_tasks_on_node("2(3)", 0); }), "tasks per node \"2(3)\": cannot read it");
+}
+
+}  // namespace
