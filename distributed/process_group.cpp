@@ -6,6 +6,7 @@
 #include "process_group.h"
 
 #include "../noise/noise_scale.h"
+#include "slurm_env.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -22,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 namespace bigbatch::distributed {
@@ -65,6 +67,23 @@ WorldInfo world_from_env() {
     w.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", w.rank);
     local_size = "OMPI_COMM_WORLD_LOCAL_SIZE";
     w.local_world_size = env_int(local_size, w.world_size);
+  } else if (env("SLURM_STEP_NUM_TASKS") && env("SLURM_PROCID")) {
+    // A task of `srun` (a batch script's own shell is no step task): rank 0
+    // listens on the step's first host, at a port of the job's (two steps of
+    // one job at once need MASTER_PORT).
+    w.launcher = "srun";
+    w.rank = env_int("SLURM_PROCID", 0);
+    w.world_size = env_int("SLURM_STEP_NUM_TASKS", 1);
+    w.local_rank = env_int("SLURM_LOCALID", 0);
+    local_size = "SLURM_STEP_TASKS_PER_NODE";
+    try {
+      w.local_world_size = slurm_tasks_on_node(env(local_size).value_or("1"), env_int("SLURM_NODEID", 0));
+      const auto nodes = env("SLURM_STEP_NODELIST") ? env("SLURM_STEP_NODELIST") : env("SLURM_JOB_NODELIST");
+      if (nodes) w.master_addr = first_slurm_host(*nodes);
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK(false, "Slurm's environment: ", e.what());
+    }
+    w.master_port = 29500 + env_int("SLURM_JOB_ID", 0) % 20000;
   }
   w.master_addr = env("MASTER_ADDR").value_or(w.master_addr);
   w.master_port = env_int("MASTER_PORT", w.master_port);

@@ -23,13 +23,17 @@ struct WorldInfo {
   int local_world_size = 1;  ///< ranks on this machine, which share its cores
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  std::string launcher = "none";  ///< torchrun, mpirun, none
+  std::string launcher = "none";  ///< torchrun, mpirun, srun, none
 };
 
 /// torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 /// MASTER_PORT, else Open MPI's OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK,
 /// _LOCAL_SIZE (with MASTER_ADDR and
-/// MASTER_PORT, defaults 127.0.0.1:29500), else a world of one. Malformed or
+/// MASTER_PORT, defaults 127.0.0.1:29500), else a task of Slurm's `srun`:
+/// SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, the tasks of this node
+/// (SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID), rank 0 on the step's first
+/// host (SLURM_STEP_NODELIST) at port 29500 + SLURM_JOB_ID % 20000 unless
+/// MASTER_ADDR, MASTER_PORT say otherwise; else a world of one. Malformed or
 /// inconsistent values throw c10::Error naming the variable.
 WorldInfo world_from_env();
 

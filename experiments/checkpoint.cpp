@@ -146,6 +146,10 @@ std::string Trainer::checkpoint() const {
   put(archive, "last_lr", lane.last_lr);
   put(archive, "best_metric", lane.best_metric);
   put(archive, "elapsed", elapsed_);
+  // The training losses since the last evaluation: a checkpoint taken
+  // between two (preemption) resumes their mean exactly.
+  put(archive, "loss_sum", lane.loss_sum);
+  put(archive, "losses", static_cast<std::int64_t>(lane.losses));
   const auto g = lane.gns.state();
   put(archive, "gns/grad_sq", g.grad_sq);
   put(archive, "gns/trace", g.trace);
@@ -167,6 +171,11 @@ void Trainer::restore(const std::string& bytes) {
   get(archive, "last_lr", lane.last_lr);
   get(archive, "best_metric", lane.best_metric);
   get(archive, "elapsed", elapsed_);
+  // Absent from checkpoints of older versions, taken at an evaluation: none
+  // since. (One tensor each: try_read into a defined tensor keeps its dtype.)
+  at::Tensor sum, count;
+  lane.loss_sum = archive.try_read("loss_sum", sum) ? sum.item<double>() : 0.0;
+  lane.losses = archive.try_read("losses", count) ? static_cast<decltype(lane.losses)>(count.item<std::int64_t>()) : 0;
   noise::GradientNoiseScale::State g;
   get(archive, "gns/grad_sq", g.grad_sq);
   get(archive, "gns/trace", g.trace);

@@ -4,6 +4,7 @@
 #include "claims.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <iostream>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <system_error>
 #include <vector>
@@ -76,19 +78,44 @@ std::optional<ClaimSlot> read_slot(const std::string& path, std::int64_t n) {
   return slot;
 }
 
+// This machine's name, as worker ids carry it.
+std::string host_name() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "unknown";
+  std::string name(host);
+  for (char& c : name) {
+    if (c == '/' || c == ' ' || c == '\n' || c == ':') c = '_';
+  }
+  return name;
+}
+
+// Whether `worker` ("<host>:<pid>:<tag>") is a process of this machine that
+// no longer exists: its claims need not wait out their lease. (A reused pid
+// only makes this answer "no", and the lease decides.)
+bool gone_from_this_machine(const std::string& worker) {
+  const auto first = worker.find(':');
+  const auto second = worker.find(':', first + 1);
+  if (first == std::string::npos || second == std::string::npos || worker.substr(0, first) != host_name()) {
+    return false;
+  }
+  const std::string pid = worker.substr(first + 1, second - first - 1);
+  if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) return false;
+  return ::kill(static_cast<pid_t>(std::stol(pid)), 0) != 0 && errno == ESRCH;
+}
+
 }  // namespace
 
+std::string seconds_text(double seconds) {
+  std::ostringstream out;
+  out << seconds;
+  return out.str();
+}
+
 std::string new_worker_id() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown");
   std::random_device device;
   char tail[16];
   std::snprintf(tail, sizeof tail, "%08x", static_cast<unsigned>(device()));
-  std::string id = std::string(host) + ":" + std::to_string(::getpid()) + ":" + tail;
-  for (char& c : id) {
-    if (c == '/' || c == ' ' || c == '\n') c = '_';
-  }
-  return id;
+  return host_name() + ":" + std::to_string(::getpid()) + ":" + tail;
 }
 
 ClaimBoard::ClaimBoard(const std::string& sweep_dir, double lease, std::string worker, std::function<void()> tick)
@@ -97,7 +124,7 @@ ClaimBoard::ClaimBoard(const std::string& sweep_dir, double lease, std::string w
       clock_(dir_ + "/.clock." + worker_),
       lease_(lease),
       tick_(std::move(tick)) {
-  if (!(lease > 0)) throw std::invalid_argument("claim lease must be > 0 seconds, got " + std::to_string(lease));
+  if (!(lease > 0)) throw std::invalid_argument("claim lease must be > 0 seconds, got " + seconds_text(lease));
   if (::mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) fail(dir_, "cannot create", errno);
   born_ = folder_now();
   heartbeat_ = std::thread([this] { heartbeat_loop(); });
@@ -187,16 +214,22 @@ ClaimBoard::State ClaimBoard::try_claim(const std::string& trial, bool has_summa
     const double age = folder_now() - last->mtime;
     switch (last->kind) {
       case ClaimSlot::Kind::kRun:
-        if (age <= lease_) return State::kBusy;
-        std::cerr << "taking over trial " << trial << " from worker " << last->worker << " (silent for "
-                  << static_cast<long long>(age) << " s, lease " << lease_ << " s)\n";
+        if (age <= lease_) {
+          if (!gone_from_this_machine(last->worker)) return State::kBusy;
+          std::cerr << "taking over trial " << trial << " from worker " << last->worker
+                    << " (its process on this machine is gone)\n";
+        } else {
+          std::cerr << "taking over trial " << trial << " from worker " << last->worker << " (silent for "
+                    << static_cast<long long>(age) << " s, lease " << lease_ << " s)\n";
+        }
         break;
       case ClaimSlot::Kind::kReleased:
         break;
       case ClaimSlot::Kind::kDone:
         if (last->mtime >= born_) {  // committed while this board lives
           if (has_summary) return State::kSettled;
-          if (age <= lease_) return State::kBusy;  // its summary is being written
+          // Its summary is being written, unless its writer is gone.
+          if (age <= lease_ && !gone_from_this_machine(last->worker)) return State::kBusy;
         }
         break;
     }

@@ -17,7 +17,8 @@
 // Liveness: a holder touches its slot (the folder's clock sets its mtime)
 // every lease/8 seconds. A "run" slot untouched for the lease is a dead
 // worker's: any worker may take the trial (the next slot) and resume it from
-// its checkpoint. Ages are differences of two mtimes set by the same file
+// its checkpoint; at once when the holder was a process of this machine
+// that no longer exists (a sweep killed by hand and started again). Ages are differences of two mtimes set by the same file
 // server (the slot's, and a file this worker has just touched), so the
 // workers' own clocks never meet. Attributes are read by open and fstat,
 // which NFS's close-to-open consistency revalidates.
@@ -42,6 +43,9 @@
 #include <thread>
 
 namespace bigbatch::experiments {
+
+/// A number of seconds as a person writes it: 120, 0.5, 1e-05.
+std::string seconds_text(double seconds);
 
 /// "<host>:<pid>:<8 hex digits>": unique across machines and restarts.
 std::string new_worker_id();

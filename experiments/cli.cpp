@@ -5,15 +5,20 @@
 //   bigbatch cbs CONFIG [--out DIR] [--compare]    the critical batch size over training
 //   bigbatch plot DIR... [--out FIG_DIR]           the plots of sweep folders, compared
 //   bigbatch report DIR... [--format F]            their steps-to-target tables
-// Exit 0 on success, 2 on a bad config or arguments (one line), 1 on failures.
+//   bigbatch slurm CONFIG [--workers N] [...]      a sweep as a Slurm job array of workers
+// Exit 0 on success, 2 on a bad config or arguments (one line), 1 on failures,
+// 75 for a sweep stopped by a signal once its trials were checkpointed.
 #include "cli.h"
 
 #include "../distributed/process_group.h"
 #include "cbs.h"
+#include "claims.h"
 #include "config.h"
+#include "files.h"
 #include "launch.h"
 #include "preflight.h"
 #include "results.h"
+#include "slurm.h"
 #include "sweep.h"
 #include "trial_folder.h"
 #include "workers.h"
@@ -22,6 +27,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -29,6 +36,7 @@
 #include <iostream>
 #include <optional>
 #include <set>
+#include <unistd.h>
 #include <string>
 
 // The plot script: the source tree's (a build), else the installed copy.
@@ -223,9 +231,44 @@ std::vector<bx::NamedSweep> load(const std::string& config, const Parallel& p) {
 // ------------------------------------------------------------ subcommands --
 // Each subcommand: its arguments, add() declaring them to CLI11, and run().
 
+// Set by the signals a sweep worker stops on (SIGTERM: scancel, a time
+// limit, a preemption; SIGUSR1: Slurm's --signal ahead of it; SIGINT:
+// Ctrl-C): the sweep checkpoints and gives back its running trials
+// (sweep.h). The handler then steps aside (SA_RESETHAND): the same signal
+// again ends the process at once.
+std::atomic<int> stop_signal{0};
+
+extern "C" void on_stop_signal(int signal) { stop_signal.store(signal); }
+
+void catch_stop_signals() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  action.sa_flags = SA_RESETHAND;
+  sigemptyset(&action.sa_mask);
+  for (const int signal : {SIGTERM, SIGUSR1, SIGINT}) sigaction(signal, &action, nullptr);
+}
+
+const char* signal_name(int signal) {
+  switch (signal) {
+    case SIGTERM: return "SIGTERM";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGINT: return "SIGINT";
+    default: return "a signal";
+  }
+}
+
+// --lease of sweep and slurm.
+void add_lease(CLI::App* cmd, double& lease) {
+  cmd->add_option("--lease", lease,
+                  "seconds a worker's claim on a trial lives without its heartbeat before another worker sharing "
+                  "the sweep folder takes the trial over from its last checkpoint (docs/cluster.md)")
+      ->capture_default_str();
+}
+
 struct SweepCommand {
   std::string config, out = "runs";
   int jobs = 1;
+  double lease = 120;
   bool no_prune = false, extend_search = false, batch_trials = false, no_batch_trials = false;
   Parallel parallel;
 
@@ -244,11 +287,13 @@ struct SweepCommand {
     cmd->add_flag("--no-prune", no_prune,
                   "run every trial to its end, even one that can no longer change the steps-to-target table "
                   "(config: runner.prune)");
+    add_lease(cmd, lease);
     parallel.add_to(cmd);
     return cmd;
   }
 
   int run(int argc, char** argv) const {
+    if (!(lease > 0)) throw bx::ConfigError("--lease: must be a number of seconds > 0, got " + bx::seconds_text(lease));
     auto sweeps = load(config, parallel);  // every variant parsed before any runs
     for (auto& named : sweeps) {
       if (no_prune) named.sweep.runner.prune = false;
@@ -261,9 +306,24 @@ struct SweepCommand {
     }
     const auto group = join(parallel, sweeps.front().sweep.base.device);
     const bool writer = !group || group->rank() == 0;  // only rank 0 prints
+    // A data-parallel sweep's ranks would stop at different steps: they keep
+    // the signals' default (resume from the last periodic checkpoint).
+    if (!group) catch_stop_signals();
     for (const auto& named : sweeps) {
       const std::string parent = (fs::path(out) / named.folder).parent_path().string();
-      const bx::SweepSummary s = bx::run_sweep(named.sweep, {parent, jobs, extend_search ? 3 : 0}, group.get());
+      bx::SweepOptions options;
+      options.out = parent;
+      options.jobs = jobs;
+      options.extend_search = extend_search ? 3 : 0;
+      options.lease = lease;
+      options.stop = group ? nullptr : &stop_signal;
+      const bx::SweepSummary s = bx::run_sweep(named.sweep, options, group.get());
+      if (s.interrupted != 0) {
+        std::cerr << "bigbatch: stopped by " << signal_name(s.interrupted) << ": " << s.released
+                  << " running trial(s) checkpointed and given back; the same command goes on from there (exit "
+                  << bx::kExitInterrupted << ")\n";
+        return bx::kExitInterrupted;
+      }
       if (!writer) continue;
       std::cout << bx::report(s.dir);
       std::cout << "sweep " << named.folder << ": " << s.trials << " trials (" << s.skipped << " resumed), "
@@ -395,6 +455,108 @@ struct CbsCommand {
   }
 };
 
+struct SlurmCommand {
+  std::string config, out = "runs";
+  int workers = 4, throttle = 0, gpus = 0, signal_seconds = 90;
+  std::optional<int> cpus;
+  std::optional<std::string> time, partition, device;
+  double lease = 120;
+  bool requeue = false, no_prune = false, extend_search = false;
+  std::vector<std::string> sbatch_options;
+
+  CLI::App* add(CLI::App& app) {
+    auto* cmd = app.add_subcommand(
+        "slurm", "submit a sweep as a Slurm job array of workers on one sweep folder, print the job id, and exit "
+                 "(docs/cluster.md)");
+    cmd->add_option("CONFIG", config, "sweep config (JSON)")->required();
+    cmd->add_option("--out", out, "output folder, shared by the nodes (NFS, Lustre)")->capture_default_str();
+    cmd->add_option("--workers", workers, "array tasks, each a `bigbatch sweep` worker")->capture_default_str();
+    cmd->add_option("--throttle", throttle, "at most this many workers at once (default: all)");
+    cmd->add_option("--time", time, "each worker's time limit (sbatch --time, e.g. 4:00:00)");
+    cmd->add_option("--partition", partition, "the partition (sbatch --partition)");
+    cmd->add_option("--cpus-per-worker", cpus,
+                    "cores per worker; it runs cores / runner.threads_per_trial trials at once (default: one trial)");
+    cmd->add_option("--gpus-per-worker", gpus, "GPUs per worker (sbatch --gres=gpu:N)")->capture_default_str();
+    cmd->add_option("--device", device, "cpu or cuda (default: the config's device)")
+        ->check(CLI::IsMember({"cpu", "cuda"}));
+    cmd->add_option("--signal-seconds", signal_seconds,
+                    "seconds before the time limit at which Slurm signals a worker to checkpoint and give back its "
+                    "trials (sbatch --signal=B:USR1@N; 0: none)")
+        ->capture_default_str();
+    cmd->add_flag("--requeue", requeue, "a worker stopped by that signal requeues its array task");
+    cmd->add_flag("--extend-search", extend_search, "as for sweep");
+    cmd->add_flag("--no-prune", no_prune, "as for sweep");
+    add_lease(cmd, lease);
+    cmd->add_option("SBATCH_OPTIONS", sbatch_options, "further sbatch options, after --  (e.g. -- --account=abc)");
+    return cmd;
+  }
+
+  int run() const {
+    // Every argument is checked, and the config read, before sbatch is asked.
+    if (workers < 1) throw bx::ConfigError("--workers: must be >= 1, got " + std::to_string(workers));
+    if (throttle < 0) throw bx::ConfigError("--throttle: must be >= 0, got " + std::to_string(throttle));
+    if (gpus < 0) throw bx::ConfigError("--gpus-per-worker: must be >= 0, got " + std::to_string(gpus));
+    if (signal_seconds < 0) throw bx::ConfigError("--signal-seconds: must be >= 0, got " + std::to_string(signal_seconds));
+    if (!(lease > 0)) throw bx::ConfigError("--lease: must be a number of seconds > 0, got " + bx::seconds_text(lease));
+    const auto sweeps = bx::load_sweeps(config);
+    const int threads = static_cast<int>(sweeps.front().sweep.runner.threads_per_trial);
+    const int cores = cpus.value_or(threads);
+    if (cores < threads) {
+      throw bx::ConfigError("--cpus-per-worker: " + std::to_string(cores) + " is fewer than the config's " +
+                            "runner.threads_per_trial, " + std::to_string(threads));
+    }
+    const auto sbatch = bx::find_on_path("sbatch");
+    if (!sbatch) {
+      throw bx::ConfigError("sbatch: not found on PATH (run this on a Slurm login node); nothing submitted");
+    }
+    const fs::path cwd = fs::current_path();
+    const fs::path root = fs::absolute(out) / fs::path(sweeps.front().folder).begin()->string();
+    const fs::path logs = root / "slurm";
+    bx::check_folder(logs.string(), "--out");
+    bx::SlurmJob job;
+    job.program = fs::read_symlink("/proc/self/exe").string();
+    job.workdir = cwd.string();
+    job.name = "bigbatch-" + sweeps.front().sweep.base.sweep;
+    job.log_folder = logs.string();
+    job.worker_args = {"sweep", fs::absolute(config).string(), "--out", fs::absolute(out).string(),
+                       "--jobs", std::to_string(cores / threads), "--lease", bx::seconds_text(lease)};
+    if (device) job.worker_args.insert(job.worker_args.end(), {"--device", *device});
+    if (no_prune) job.worker_args.push_back("--no-prune");
+    if (extend_search) job.worker_args.push_back("--extend-search");
+    job.workers = workers;
+    job.throttle = throttle;
+    job.cpus_per_worker = cores;
+    job.gpus_per_worker = gpus;
+    job.time = time;
+    job.partition = partition;
+    job.signal_seconds = signal_seconds;
+    job.requeue = requeue;
+    const fs::path script = logs / ("submit." + std::to_string(::getpid()) + ".sbatch");
+    bx::write_file_atomic(script.string(), bx::batch_script(job));
+    std::vector<std::string> argv{*sbatch, "--parsable"};
+    argv.insert(argv.end(), sbatch_options.begin(), sbatch_options.end());
+    argv.push_back(script.string());
+    const bx::ProgramRun r = bx::run_program(argv);
+    if (r.status != 0) {
+      fs::remove(script);
+      std::string why = r.err.empty() ? r.out : r.err;
+      while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+      std::replace(why.begin(), why.end(), '\n', ' ');
+      throw bx::ConfigError("sbatch refused the job (exit " + std::to_string(r.status) + "): " + why +
+                            "; nothing submitted");
+    }
+    const std::string id = r.out.substr(0, r.out.find_first_of(";\n"));
+    const fs::path kept = logs / (id + ".sbatch");
+    fs::rename(script, kept);
+    std::cout << "submitted job " << id << ": " << workers << " worker(s)"
+              << (throttle > 0 && throttle < workers ? ", at most " + std::to_string(throttle) + " at once" : "")
+              << ", " << cores << " core(s) each, on " << root.string() << "\n"
+              << "script " << kept.string() << ", logs " << (logs / (id + "_<task>.out")).string() << "\n"
+              << "follow it: squeue -j " << id << "; bigbatch report " << root.string() << " (once written)\n";
+    return 0;
+  }
+};
+
 struct PlotCommand {
   std::vector<std::string> dirs, labels;
   std::optional<std::string> out;
@@ -442,7 +604,9 @@ int run(int argc, char** argv) {
   CbsCommand cbs;
   PlotCommand plot;
   ReportCommand report;
-  const CLI::App* chosen[] = {sweep.add(app), train.add(app), cbs.add(app), plot.add(app), report.add(app)};
+  SlurmCommand slurm;
+  const CLI::App* chosen[] = {sweep.add(app), train.add(app), cbs.add(app), plot.add(app), report.add(app),
+                              slurm.add(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -454,6 +618,7 @@ int run(int argc, char** argv) {
   if (*chosen[1]) return train.run(argc, argv);
   if (*chosen[2]) return cbs.run(argc, argv);
   if (*chosen[3]) return plot.run();
+  if (*chosen[5]) return slurm.run();
   return report.run();
 }
 

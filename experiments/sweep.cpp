@@ -3,6 +3,8 @@
 #include "sweep.h"
 
 #include "batched.h"
+#include "claims.h"
+#include "cores.h"
 #include "files.h"
 #include "models.h"
 #include "preflight.h"
@@ -26,6 +28,7 @@
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 namespace bigbatch::experiments {
 namespace fs = std::filesystem;
@@ -68,6 +71,7 @@ std::vector<ExtraPoint> beyond_edges(const SweepConfig& sweep, const std::vector
 struct RoundTotals {
   std::int64_t skipped = 0;             // finished before
   std::atomic<std::int64_t> pruned{0};  // stopped as hopeless
+  std::atomic<std::int64_t> released{0};  // given back when stopped
 };
 
 // A worker's next piece of work: one trial, with the step it is pruned from
@@ -76,57 +80,6 @@ struct Job {
   std::size_t index;
   std::optional<std::int64_t> prune_from;
   std::vector<std::size_t> group;  // a batched group (more than one trial), index among them
-};
-
-// Where a round's workers take their jobs, in the queue's order. Three
-// sources: one process, trial by trial; one process, batched groups of the
-// trials that can share one; a process group, where rank 0 picks the trial
-// and the step it is pruned from and broadcasts both (trials then run one at
-// a time, so that step cannot move during one, and every rank prunes at it).
-class JobSource {
- public:
-  JobSource(TrialQueue& queue, const std::vector<TrialConfig>& trials, bool batch, distributed::ProcessGroup* group)
-      : queue_(queue), trials_(trials), batch_(batch && group == nullptr), group_(group) {}
-
-  std::optional<Job> next() {
-    if (group_ != nullptr) return rank0s();
-    if (batch_) return batched();
-    const auto i = queue_.next();
-    return i ? std::optional<Job>(Job{*i, std::nullopt, {}}) : std::nullopt;
-  }
-
- private:
-  static constexpr std::size_t kMaxLanes = 32;
-
-  std::optional<Job> batched() {
-    const auto together = [&](std::size_t a, std::size_t b) { return batchable_together(trials_[a], trials_[b]); };
-    auto indices = queue_.next_group(together, kMaxLanes);
-    if (indices.empty()) return std::nullopt;
-    return Job{indices.front(), std::nullopt, indices.size() > 1 ? indices : std::vector<std::size_t>()};
-  }
-
-  // {index, prune_from}, -1 for none, from rank 0.
-  std::optional<Job> rank0s() {
-    std::vector<at::Tensor> message{at::full({2}, -1, at::kLong)};
-    if (group_->rank() == 0) {
-      if (const auto i = queue_.next()) {
-        message[0][0] = static_cast<std::int64_t>(*i);
-        if (const auto from = queue_.prune_from(*i)) message[0][1] = *from;
-      }
-    }
-    group_->broadcast(message, 0);
-    const auto m = message[0].contiguous();
-    const std::int64_t* v = m.data_ptr<std::int64_t>();
-    if (v[0] < 0) return std::nullopt;
-    Job job{static_cast<std::size_t>(v[0]), std::nullopt, {}};
-    if (v[1] >= 0) job.prune_from = v[1];
-    return job;
-  }
-
-  TrialQueue& queue_;
-  const std::vector<TrialConfig>& trials_;
-  bool batch_;
-  distributed::ProcessGroup* group_;
 };
 
 // Trial i's end, for the queue's bounds.
@@ -142,6 +95,176 @@ void finish(TrialQueue& queue, std::size_t i, const TrialResult& r) {
                    r.steps);
   }
 }
+
+// Where a round's workers take their jobs, in the queue's order. Three
+// sources: one process, trial by trial; one process, batched groups of the
+// trials that can share one; a process group, where rank 0 picks the trial
+// and the step it is pruned from and broadcasts both (trials then run one at
+// a time, so that step cannot move during one, and every rank prunes at it).
+// With a claim board (every sweep but a data-parallel one's other ranks), a
+// trial is handed out only once this worker holds its claim; trials other
+// workers hold are given back to the queue, and when nothing else is left
+// the source waits for them, polling, and takes over those whose worker fell
+// silent. Trials other workers finish enter the queue's bounds (refresh()).
+class JobSource {
+ public:
+  JobSource(TrialQueue& queue, const std::vector<TrialConfig>& trials, const fs::path& dir, bool prune, bool batch,
+            distributed::ProcessGroup* group, ClaimBoard* board, const std::atomic<int>* stop)
+      : queue_(queue),
+        trials_(trials),
+        dir_(dir),
+        prune_(prune),
+        batch_(batch && group == nullptr),
+        group_(group),
+        board_(board),
+        stop_(stop),
+        known_(trials.size(), false) {}
+
+  std::optional<Job> next() {
+    if (group_ != nullptr) return rank0s();
+    return take();
+  }
+
+  // Trial i's end is in the queue (this worker's result, or one found).
+  void known(std::size_t i) {
+    std::lock_guard<std::mutex> lock(known_mutex_);
+    known_[i] = true;
+  }
+
+  // The results other workers wrote since the last look, into the queue.
+  void refresh() {
+    if (board_ == nullptr) return;
+    for (std::size_t i = 0; i < trials_.size(); ++i) {
+      {
+        std::lock_guard<std::mutex> lock(known_mutex_);
+        if (known_[i] || board_->robbed(trials_[i].name)) continue;
+      }
+      const fs::path folder = dir_ / trials_[i].name;
+      if (!fs::exists(folder / "summary.json")) continue;
+      if (const auto done = finished_summary(trials_[i], folder.string(), prune_)) {
+        std::lock_guard<std::mutex> lock(known_mutex_);
+        if (known_[i]) continue;
+        known_[i] = true;
+        finish(queue_, i, result_from_summary(*done));
+      }
+    }
+  }
+
+  bool stopped() const { return stop_ != nullptr && stop_->load() != 0; }
+
+ private:
+  static constexpr std::size_t kMaxLanes = 32;
+
+  // The next trials of the queue (a batched group, or one), not yet claimed.
+  std::vector<std::size_t> from_queue() {
+    if (batch_) {
+      const auto together = [&](std::size_t a, std::size_t b) { return batchable_together(trials_[a], trials_[b]); };
+      return queue_.next_group(together, kMaxLanes);
+    }
+    const auto i = queue_.next();
+    return i ? std::vector<std::size_t>{*i} : std::vector<std::size_t>{};
+  }
+
+  static Job job_of(const std::vector<std::size_t>& lanes) {
+    return Job{lanes.front(), std::nullopt, lanes.size() > 1 ? lanes : std::vector<std::size_t>()};
+  }
+
+  std::optional<Job> take() {
+    if (board_ == nullptr) {
+      const auto lanes = from_queue();
+      return lanes.empty() ? std::nullopt : std::optional<Job>(job_of(lanes));
+    }
+    std::lock_guard<std::mutex> lock(take_mutex_);
+    bool said = false;
+    // Polls at a fraction of the lease: a dead worker's trial is taken over
+    // soon after its lease runs out, and a live one's result seen soon.
+    const auto poll = std::chrono::duration<double>(std::clamp(board_->lease() / 8, 0.1, 5.0));
+    for (;;) {
+      if (stopped()) return std::nullopt;
+      refresh();
+      std::vector<std::size_t> busy, mine;
+      while (mine.empty()) {
+        const auto lanes = from_queue();
+        if (lanes.empty()) break;
+        for (const auto i : lanes) {
+          switch (claim(i)) {
+            case ClaimBoard::State::kClaimed: mine.push_back(i); break;
+            case ClaimBoard::State::kBusy: busy.push_back(i); break;
+            case ClaimBoard::State::kSettled: break;
+          }
+        }
+      }
+      for (const auto i : busy) queue_.give_back(i);
+      if (!mine.empty()) return job_of(mine);
+      if (busy.empty()) return std::nullopt;  // every trial has its result
+      if (!said) {
+        std::cerr << "waiting for " << busy.size() << " trial(s) that other workers hold\n";
+        said = true;
+      }
+      const auto until = std::chrono::steady_clock::now() + poll;
+      while (!stopped() && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+  }
+
+  // Tries to claim trial i, which the queue handed out; a result another
+  // worker wrote meanwhile goes into the queue (kSettled).
+  ClaimBoard::State claim(std::size_t i) {
+    const TrialConfig& t = trials_[i];
+    const fs::path folder = dir_ / t.name;
+    if (const auto done = finished_summary(t, folder.string(), prune_)) {
+      settle(i, result_from_summary(*done));
+      return ClaimBoard::State::kSettled;
+    }
+    const bool has_summary = fs::exists(folder / "summary.json");
+    const ClaimBoard::State state = board_->try_claim(t.name, has_summary);
+    if (state == ClaimBoard::State::kSettled) {
+      // A worker of this generation committed a result this sweep does not
+      // take as final (a failure): settled for this run, as if it were ours.
+      TrialResult failed;
+      failed.status = TrialStatus::kFailed;
+      settle(i, failed);
+    }
+    return state;
+  }
+
+  void settle(std::size_t i, const TrialResult& r) {
+    std::lock_guard<std::mutex> lock(known_mutex_);
+    if (known_[i]) return;
+    known_[i] = true;
+    finish(queue_, i, r);
+  }
+
+  // {index, prune_from}, -1 for none, from rank 0.
+  std::optional<Job> rank0s() {
+    std::vector<at::Tensor> message{at::full({2}, -1, at::kLong)};
+    if (group_->rank() == 0) {
+      if (const auto job = take()) {
+        message[0][0] = static_cast<std::int64_t>(job->index);
+        if (const auto from = queue_.prune_from(job->index)) message[0][1] = *from;
+      }
+    }
+    group_->broadcast(message, 0);
+    const auto m = message[0].contiguous();
+    const std::int64_t* v = m.data_ptr<std::int64_t>();
+    if (v[0] < 0) return std::nullopt;
+    Job job{static_cast<std::size_t>(v[0]), std::nullopt, {}};
+    if (v[1] >= 0) job.prune_from = v[1];
+    return job;
+  }
+
+  TrialQueue& queue_;
+  const std::vector<TrialConfig>& trials_;
+  const fs::path dir_;
+  const bool prune_;
+  bool batch_;
+  distributed::ProcessGroup* group_;
+  ClaimBoard* board_;
+  const std::atomic<int>* stop_;
+  std::vector<bool> known_;
+  std::mutex known_mutex_, take_mutex_;
+};
 
 // The trials left to run in `dir` go into the queue; the finished ones bound
 // their batch sizes from the start. Rank 0 decides (other nodes may not see
@@ -169,11 +292,23 @@ std::int64_t queue_unfinished(const std::vector<TrialConfig>& trials, const fs::
   return left;
 }
 
-// Runs what is left of `trials` into `dir`, options.jobs at a time: the
-// body of run_sweep (sweep.h), once per round of the search.
+// The claim board's heartbeat looks for other workers' results for the
+// round that runs now (the sweep sets and clears it).
+struct RoundWatch {
+  std::mutex mutex;
+  JobSource* source = nullptr;
+  void tick() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (source != nullptr) source->refresh();
+  }
+};
+
+// Runs what is left of `trials` into `dir`, `jobs` at a time: the body of
+// run_sweep (sweep.h), once per round of the search.
 void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data, const fs::path& dir,
-                const SweepOptions& options, const RunnerSpec& runner, distributed::ProcessGroup* group,
-                bool report_resume, RoundTotals& totals) {
+                const SweepOptions& options, int jobs_granted, const RunnerSpec& runner,
+                distributed::ProcessGroup* group, ClaimBoard* board, RoundWatch& watch, bool report_resume,
+                RoundTotals& totals) {
   const bool writer = group == nullptr || group->rank() == 0;
   TrialQueue queue(trials, runner.prune);
   const std::int64_t left = queue_unfinished(trials, dir, runner.prune, group, queue, totals);
@@ -181,27 +316,37 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
     std::cerr << "resuming " << dir.string() << ": " << totals.skipped << " of " << trials.size()
               << " trials already finished\n";
   }
-  JobSource source(queue, trials, runner.batch_trials.value_or(false), group);
-  ProgressBoard board(left);
-  // As many jobs as fit the cores at the config's threads each (workers.h).
-  const int local_ranks = group != nullptr ? group->local_size() : 1;
-  const int threads = static_cast<int>(runner.threads_per_trial);
-  const int fit = jobs_that_fit(options.jobs, threads, local_ranks);
-  if (writer && report_resume && fit < options.jobs) {
-    std::cerr << "note: --jobs " << options.jobs << " at " << threads
-              << " thread(s) per trial would oversubscribe this machine's cores: running " << fit << " at a time\n";
+  JobSource source(queue, trials, dir, runner.prune, runner.batch_trials.value_or(false), group, board,
+                   options.stop);
+  for (std::size_t i = 0; i < trials.size(); ++i) {
+    if (finished_summary(trials[i], (dir / trials[i].name).string(), runner.prune)) source.known(i);
   }
-  const int jobs = std::min<int>(fit, static_cast<int>(std::max<std::int64_t>(1, left)));
+  {
+    std::lock_guard<std::mutex> lock(watch.mutex);
+    watch.source = &source;
+  }
+  struct Unwatch {  // before the source goes, whatever happens
+    RoundWatch& w;
+    ~Unwatch() {
+      std::lock_guard<std::mutex> lock(w.mutex);
+      w.source = nullptr;
+    }
+  } unwatch{watch};
+  ProgressBoard progress(left);
+  const int threads = static_cast<int>(runner.threads_per_trial);
+  const int jobs = std::min<int>(jobs_granted, static_cast<int>(std::max<std::int64_t>(1, left)));
   // A trial's end: its bound for its siblings, the counts, the board.
   const auto record = [&](std::size_t i, const TrialResult& r) {
+    source.known(i);
     finish(queue, i, r);
     if (r.status == TrialStatus::kPruned) ++totals.pruned;
-    if (writer) board.finished(trials[i].name, r, trials[i].target.metric);
+    if (writer) progress.finished(trials[i].name, r, trials[i].target.metric);
   };
+  const bool own_claims = board != nullptr && group == nullptr;  // a data-parallel trial is fenced at its commit only
   const auto run_job = [&](const Job& job) {
     const std::vector<std::size_t> lanes = job.group.empty() ? std::vector<std::size_t>{job.index} : job.group;
     FolderHooks hooks;
-    hooks.progress = [&](const TrialProgress& p) { board.update(trials[lanes.front()].name, p); };
+    hooks.progress = [&](const TrialProgress& p) { progress.update(trials[lanes.front()].name, p); };
     hooks.prune = [&](std::size_t lane, std::int64_t next_eval) {
       return group == nullptr ? queue.pruned(lanes[lane], next_eval)
                               : TrialQueue::beaten(job.prune_from, next_eval);
@@ -211,6 +356,22 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
       ended[lane] = true;
       record(lanes[lane], r);
     };
+    if (board != nullptr && writer) {
+      hooks.commit = [&](std::size_t lane) {
+        if (board->commit(trials[lanes[lane]].name)) return true;
+        ended[lane] = true;  // another worker's result stands
+        return false;
+      };
+    }
+    if (own_claims) {
+      hooks.interrupt = [&] {
+        if (source.stopped()) return Interrupt::kCheckpoint;
+        for (std::size_t lane = 0; lane < lanes.size(); ++lane) {
+          if (!ended[lane] && board->robbed(trials[lanes[lane]].name)) return Interrupt::kAbandon;
+        }
+        return Interrupt::kNone;
+      };
+    }
     try {
       if (job.group.empty()) {
         run_one(trials[job.index], data, (dir / trials[job.index].name).string(), hooks, group);
@@ -223,6 +384,21 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
         dirs.push_back((dir / trials[i].name).string());
       }
       run_group(configs, data, dirs, hooks);
+    } catch (const TrialInterrupted& stopped) {
+      // Stopped (preemption), or no longer this worker's: give back what it
+      // still holds; the queue takes the trials back for a later look.
+      for (std::size_t lane = 0; lane < lanes.size(); ++lane) {
+        if (ended[lane]) continue;
+        const std::string& name = trials[lanes[lane]].name;
+        if (board->robbed(name)) {
+          board->abandon(name);
+          std::cerr << "trial " << name << ": taken over by another worker while this one stalled; stopped here\n";
+        } else {
+          board->release(name);
+          ++totals.released;
+        }
+        queue.give_back(lanes[lane]);
+      }
     } catch (const std::exception& e) {
       // The workload threw: the trial fails with its message and the sweep
       // goes on. (Data-parallel, the ranks may be out of step: stop.)
@@ -231,6 +407,7 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
       for (std::size_t lane = 0; lane < lanes.size(); ++lane) {
         if (ended[lane]) continue;
         const TrialConfig& t = trials[lanes[lane]];
+        if (board != nullptr && !board->commit(t.name)) continue;  // taken over: the other worker's result stands
         std::cerr << "trial " << t.name << " failed: " << message << "\n";
         record(lanes[lane], record_failure(t, (dir / t.name).string(), message));
       }
@@ -304,11 +481,46 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   if (group != nullptr) extra_text = distributed::broadcast_bytes(*group, extra_text);
   std::vector<ExtraPoint> extra;
   if (!extra_text.empty()) extra = parse_extensions(extra_text, extensions.string());
+  if (!(options.lease > 0) || !std::isfinite(options.lease)) {
+    throw ConfigError("--lease: must be a number of seconds > 0, got " + seconds_text(options.lease));
+  }
+  // This process's share of the machine's cores (cores.h), before the data:
+  // a worker with no core free says so in a moment. A data-parallel sweep's
+  // ranks were placed by their launcher.
+  const int threads = static_cast<int>(sweep.runner.threads_per_trial);
+  std::optional<CoreLedger> ledger;
+  int jobs = jobs_that_fit(options.jobs, threads, group != nullptr ? group->local_size() : 1);
+  if (group == nullptr) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    ledger.emplace(core_ledger_folder(), cores);
+    const int granted = ledger->reserve(jobs, threads);
+    if (granted == 0) {
+      std::string who;
+      for (const auto& [pid, n] : ledger->others()) who += (who.empty() ? "" : ", ") + ("pid " + std::to_string(pid) + ": " + std::to_string(n));
+      throw ConfigError("no core of this machine's " + std::to_string(cores) + " is free for a trial of " +
+                        std::to_string(threads) + " thread(s): other bigbatch workers hold them (" + who +
+                        "); start this one when one ends, or on another machine");
+    }
+    jobs = granted;
+  }
+  if (writer && jobs < options.jobs) {
+    std::cerr << "note: --jobs " << options.jobs << " at " << threads << " thread(s) per trial would oversubscribe "
+              << "this machine's cores" << (ledger && !ledger->others().empty() ? " (shared with other workers)" : "")
+              << ": running " << jobs << " at a time\n";
+  }
   const WorkloadData data = load_data(sweep);
   if (writer) write_file_atomic((dir / "sweep.json").string(), resolved.dump(2) + "\n");
+  // Claims, so that other processes can work on this folder too (rank 0 of
+  // a data-parallel sweep claims for its group).
+  RoundWatch watch;
+  std::optional<ClaimBoard> board;
+  if (writer) board.emplace(dir.string(), options.lease, new_worker_id(), [&watch] { watch.tick(); });
+  ClaimBoard* claims = board ? &*board : nullptr;
+  const auto stopped = [&] { return options.stop != nullptr && options.stop->load() != 0; };
 
   SweepSummary summary;
   summary.dir = dir.string();
+  summary.jobs = jobs;
   RunnerSpec runner = sweep.runner;
   // Unset: the measured default, on for CUDA. A refusal is said only when
   // batching was asked for.
@@ -325,24 +537,42 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
       runner.batch_trials = false;
     }
   }
+  // One round; false when a stop ended it before every trial had its result.
   const auto run_round = [&](const std::vector<TrialConfig>& trials, bool first) {
     RoundTotals totals;
-    run_trials(trials, data, dir, options, runner, group, first, totals);
+    run_trials(trials, data, dir, options, jobs, runner, group, claims, watch, first, totals);
     if (first) summary.skipped = totals.skipped;
     summary.trials = static_cast<std::int64_t>(trials.size());
     summary.pruned += totals.pruned;
+    summary.released += totals.released;
+    if (stopped()) return false;
     if (writer) summary.reached = write_tables(trials, dir.string());
+    return true;
+  };
+  const auto interrupted = [&] {
+    summary.interrupted = options.stop->load();
+    summary.wall_time = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return summary;
   };
 
   // The search's own trials, then any points an --extend-search added (now or
   // in an earlier run), one round of edges at a time.
   std::vector<TrialConfig> trials = expand(sweep, extra);
-  run_round(trials, true);
+  if (!run_round(trials, true)) return interrupted();
   for (int round = 0; round < options.extend_search; ++round) {
     std::string more;
     if (writer) {
-      const std::vector<ExtraPoint> added = beyond_edges(sweep, trials, dir);
-      if (!added.empty()) {
+      // Another worker may have extended the search already (the same
+      // points: every worker derives them from the same table).
+      const std::vector<ExtraPoint> on_disk =
+          fs::exists(extensions) ? parse_extensions(read_file(extensions.string()), extensions.string())
+                                 : std::vector<ExtraPoint>();
+      const std::vector<ExtraPoint> added =
+          on_disk.size() > extra.size() ? std::vector<ExtraPoint>() : beyond_edges(sweep, trials, dir);
+      if (on_disk.size() > extra.size()) {
+        extra = on_disk;
+        more = extensions_json(extra);
+      } else if (!added.empty()) {
         extra.insert(extra.end(), added.begin(), added.end());
         more = extensions_json(extra);
         write_file_atomic(extensions.string(), more);
@@ -354,7 +584,7 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
     if (more.empty()) break;
     extra = parse_extensions(more, extensions.string());
     trials = expand(sweep, extra);
-    run_round(trials, false);
+    if (!run_round(trials, false)) return interrupted();
   }
   if (!writer) return summary;
   if (sweep.base.tensorboard) {

@@ -6,6 +6,7 @@
 #include "config.h"
 #include "../distributed/process_group.h"
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,6 +21,16 @@ struct SweepOptions {
   /// it (results.h search_edge), runs those trials and redoes the tables;
   /// it stops early once no best rate is on an edge. 0: none.
   int extend_search = 0;
+  /// Seconds a claim on a trial lives without its worker's heartbeat (every
+  /// lease/8) before another worker takes the trial over from its last
+  /// checkpoint (claims.h, docs/cluster.md). Longer than any stall of a
+  /// live worker (a swap storm, an NFS server failover).
+  double lease = 120;
+  /// When set and nonzero (a signal handler stores its signal number): the
+  /// running trials stop at their next step, write a checkpoint, give their
+  /// claims back, and run_sweep returns with `interrupted` set. Batched
+  /// groups have no checkpoints: they are given back to start over.
+  const std::atomic<int>* stop = nullptr;
 };
 
 struct SweepSummary {
@@ -27,6 +38,9 @@ struct SweepSummary {
   std::int64_t trials = 0, skipped = 0, reached = 0;
   std::int64_t pruned = 0;  ///< trials this run stopped (trial_queue.h)
   double wall_time = 0;
+  int interrupted = 0;          ///< *options.stop when it ended the run early, else 0
+  std::int64_t released = 0;    ///< trials this run gave back when stopped
+  int jobs = 0;                 ///< trials it ran at a time (the cores it could have: cores.h)
 };
 
 /// extensions.json, the rates --extend-search added to a sweep folder, in the
@@ -35,7 +49,14 @@ struct SweepSummary {
 std::string extensions_json(const std::vector<ExtraPoint>& extra);
 std::vector<ExtraPoint> parse_extensions(const std::string& text, const std::string& path);
 
-/// Runs (or resumes) a sweep. Throws ConfigError for a config the data
+/// Runs (or resumes) a sweep. Any number of processes may run the same sweep
+/// into the same folder at once, on one machine or on many sharing it over
+/// NFS or Lustre: each takes trials by claims (claims.h), runs each trial it
+/// holds, sees the others' results (pruning, the tables, --extend-search),
+/// waits for the trials they hold once none is left to take, and takes over
+/// a trial whose worker fell silent for options.lease. Processes on one
+/// machine share its cores (cores.h): one that finds no core free for a
+/// trial throws ConfigError. Throws ConfigError for a config the data
 /// refutes (a batch larger than the training set, a missing dataset) or a
 /// folder that holds a different sweep; std::runtime_error on failures.
 /// With a process group (world > 1) every rank runs the same sweep, one trial

@@ -447,6 +447,16 @@ std::vector<TrialResult> Trainer::run(const Hooks& hooks) {
   const std::int64_t checkpoint_every = lanes_.front()->config.checkpoint_every;
   double last_report = 0;
   while (step_ < budget_ && any_active()) {
+    if (hooks.interrupt) {
+      const Interrupt how = hooks.interrupt();
+      if (how != Interrupt::kNone) {
+        elapsed_ = seconds();
+        if (how == Interrupt::kCheckpoint && hooks.on_checkpoint && lanes_.size() == 1 && step_ > 0) {
+          hooks.on_checkpoint(checkpoint());
+        }
+        throw TrialInterrupted(how);
+      }
+    }
     const std::int64_t next_eval = std::min(budget_, (step_ / every + 1) * every);
     for (std::size_t i = 0; i < lanes_.size(); ++i) {
       if (lanes_[i]->active && hooks.prune && hooks.prune(i, next_eval)) {

@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,21 @@ struct TrialProgress {
   double loss, steps_per_second;
 };
 
+/// What Trainer::Hooks::interrupt asks of a run.
+enum class Interrupt {
+  kNone,        ///< go on
+  kCheckpoint,  ///< stop now, after on_checkpoint (one trial) whatever checkpoint_every: preemption
+  kAbandon,     ///< stop now, writing nothing more: the trial is no longer this worker's
+};
+
+/// Thrown by Trainer::run when Hooks::interrupt stops it: the trial did not
+/// end and has no result; rerun, it resumes from its last checkpoint.
+struct TrialInterrupted : std::runtime_error {
+  explicit TrialInterrupted(Interrupt how)
+      : std::runtime_error(how == Interrupt::kAbandon ? "trial abandoned" : "trial interrupted"), how(how) {}
+  Interrupt how;
+};
+
 class LaneModel;
 class BatchLoader;
 struct StepBatch;
@@ -169,8 +185,13 @@ class Trainer {
     /// A lane's result, as soon as it ends.
     std::function<void(std::size_t lane, const TrialResult&)> finished;
     /// With config.checkpoint_every > 0 (one trial only): checkpoint() after
-    /// each evaluation at a multiple of it that does not end the run.
+    /// each evaluation at a multiple of it that does not end the run; and
+    /// when interrupt asks for kCheckpoint.
     std::function<void(const std::string&)> on_checkpoint;
+    /// Asked before every step: anything but kNone ends run() there by
+    /// throwing TrialInterrupted, no lane's result reported (a sweep's
+    /// preemption signal, a claim taken over: sweep.h).
+    std::function<Interrupt()> interrupt;
   };
   /// Runs every lane to the target, its budget, divergence or pruning (from
   /// where restore() left it); each lane's result, in lane order.

@@ -56,17 +56,17 @@ std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const s
 
 // A trial's folder, ready for its run: made, unfinished until the end (no
 // summary.json), its config.json written. Returns the checkpoint an
-// interrupted run of the same config left there, if `resumable`; any other
-// is removed.
+// interrupted run of the same config left there (periodic, or written when
+// it was preempted), if `resumable`; any other is removed.
 std::string prepare_folder(const TrialConfig& t, const fs::path& folder, bool resumable) {
   fs::create_directories(folder);
   fs::remove(folder / "summary.json");
   const fs::path checkpoint = folder / "checkpoint.pt";
   std::string saved;
-  if (resumable && t.checkpoint_every > 0 && same_config(t, folder) && fs::exists(checkpoint)) {
+  if (resumable && same_config(t, folder) && fs::exists(checkpoint)) {
     saved = read_file(checkpoint.string());
   } else {
-    fs::remove(checkpoint);  // another config's, or checkpoints are off
+    fs::remove(checkpoint);  // another config's
   }
   write_file_atomic((folder / "config.json").string(), to_json(t).dump(2) + "\n");
   return saved;
@@ -93,14 +93,24 @@ std::vector<TrialResult> run_into(Trainer& trainer, const std::vector<TrialConfi
     hooks.on_eval = [&](std::size_t i, const EvalRow& row) {
       if (events[i]) events[i]->scalars(row.step, eval_scalars(row, trainer.metric_names(), trainer.trust_ratios(i)));
     };
-    if (trials.size() == 1 && trials[0].checkpoint_every > 0) {
+    if (trials.size() == 1) {  // periodic (checkpoint_every), and on preemption
       hooks.on_checkpoint = [&](const std::string& bytes) {
+        if (outer.interrupt && outer.interrupt() == Interrupt::kAbandon) return;  // no longer ours
         write_file_atomic((folders[0] / "checkpoint.pt").string(), bytes);
       };
     }
   }
   hooks.prune = outer.prune;
+  hooks.interrupt = outer.interrupt;
   hooks.finished = [&](std::size_t i, const TrialResult& r) {
+    if (outer.commit && !outer.commit(i)) {
+      if (writer) {
+        std::cerr << "trial " << trials[i].name << ": taken over by another worker while this one stalled; "
+                  << "this worker's result is refused\n";
+      }
+      events[i].reset();
+      return;
+    }
     if (writer) {
       write_file_atomic((folders[i] / "metrics.csv").string(), metrics_csv(r.rows, trainer.metric_names()));
       write_file_atomic((folders[i] / "summary.json").string(), summary_json(trials[i], r).dump(2) + "\n");

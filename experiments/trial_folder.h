@@ -4,7 +4,8 @@
 // summary.json at the end.
 // summary.json is written last: a trial is finished when it exists beside a
 // config.json equal to the trial's config, and a killed trial is redone (from
-// its checkpoint when it has one).
+// its checkpoint when it has one: a periodic one, or the one a preempted
+// sweep wrote when it was stopped).
 #pragma once
 
 #include "config.h"
@@ -36,6 +37,13 @@ struct FolderHooks {
   std::function<void(const TrialProgress&)> progress;
   std::function<bool(std::size_t lane, std::int64_t next_eval)> prune;
   std::function<void(std::size_t lane, const TrialResult&)> finished;
+  /// Trainer::Hooks::interrupt; also asked before each checkpoint is
+  /// written (none once it says kAbandon).
+  std::function<Interrupt()> interrupt;
+  /// Asked once a lane has ended, before its metrics.csv and summary.json
+  /// are written: false refuses the result (nothing is written, finished is
+  /// not called). A sweep's claim commit (claims.h).
+  std::function<bool(std::size_t lane)> commit;
 };
 
 /// Runs one trial into `dir`, resuming from its checkpoint when the folder

@@ -185,6 +185,13 @@ std::optional<std::size_t> TrialQueue::next_locked() {
   return best;
 }
 
+void TrialQueue::give_back(std::size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!out_.at(index)) return;
+  out_[index] = false;
+  if (pending_[index]) --running_[group_[index]];
+}
+
 bool TrialQueue::pruned(std::size_t index, std::int64_t next_eval) {
   if (!prune_) return false;
   std::lock_guard<std::mutex> lock(mutex_);

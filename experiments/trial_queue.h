@@ -63,6 +63,10 @@ class TrialQueue {
   std::vector<std::size_t> next_group(const std::function<bool(std::size_t, std::size_t)>& together,
                                       std::size_t max);
 
+  /// Takes back trial `index`, handed out by next() or next_group() but not
+  /// run here (another worker holds it: claims.h); it is handed out again.
+  void give_back(std::size_t index);
+
   /// Whether trial `index`, which has not reached before its next evaluation
   /// at step `next_eval` (now its lower bound), can no longer make its rate
   /// the row (the rule above). Thread-safe; cheap.

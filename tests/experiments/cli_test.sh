@@ -4,6 +4,9 @@
 set -euo pipefail
 scenario=$1 bigbatch=$2 src=$3 work=$4/$1
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
+# Each scenario its own core ledger (experiments/cores.h): ctest runs two at
+# once, and their sweeps must not divide this machine's cores between them.
+export BIGBATCH_CORE_LEDGER=$work/.cores
 config=$src/tests/experiments/e2e_sweep.json
 py=/usr/bin/python3
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -77,7 +80,10 @@ for r in rows:
     assert float(r["steps_low"]) <= best[0] <= float(r["steps_high"]), r
 fit = json.load(open(os.path.join(d, "fit.json")))
 assert fit["s_min"] > 0 and fit["b_crit"] > 0, fit
-assert len(os.listdir(d)) == 2 * 5 * 4 + 4, os.listdir(d)  # trials + sweep.json + 2 tables + events
+assert len(os.listdir(d)) == 2 * 5 * 4 + 5, os.listdir(d)  # trials + sweep.json + 2 tables + events + claims
+assert sorted(os.listdir(os.path.join(d, "claims"))) == sorted(f"{t}.{n}" for t in os.listdir(d) if t.startswith("b")
+                                                               for n in (1, 2)), "a run slot and a done slot per trial"
+
 print("table ok:", steps, "B_crit", fit["b_crit"])
 PY
   "$bigbatch" report runs/e2e | tee report.txt
@@ -824,6 +830,76 @@ PY
   expect_error 2 "short.bin: the header counts 400 tokens" "$bigbatch" train short.json --steps 1 --out bad
   derive ok.json 'c["dataset"] = {"name": "text", "path": "ok.bin", "format": "llmc", "vocab_size": 40, "context": 16}' lm.json
   "$bigbatch" train ok.json --steps 3 --batch-size 8 --out runs > ok.txt 2>&1 || fail "llm.c file failed: $(tail -3 ok.txt)"
+  ;;
+workers)
+  # Two plain processes on one sweep folder: the table of one process, every
+  # trial finished by exactly one of them (one "done" claim slot each, one
+  # line in one of their logs).
+  "$bigbatch" sweep "$config" --out one --jobs 1 > /dev/null 2>&1
+  "$bigbatch" sweep "$config" --out two --jobs 1 > a.txt 2> a.err &
+  a=$!
+  "$bigbatch" sweep "$config" --out two --jobs 1 > b.txt 2> b.err || fail "worker b: $(tail -3 b.err)"
+  wait $a || fail "worker a: $(tail -3 a.err)"
+  cmp one/e2e/steps_to_target.csv two/e2e/steps_to_target.csv || fail "two workers' table differs from one's"
+  cmp one/e2e/fit.json two/e2e/fit.json || fail "two workers' fit differs from one's"
+  done_slots=$(grep -l '^done ' two/e2e/claims/* | sed 's/\.[0-9]*$//' | sort)
+  [ "$(echo "$done_slots" | wc -l)" -eq 40 ] || fail "want 40 committed trials: $done_slots"
+  [ -z "$(echo "$done_slots" | uniq -d)" ] || fail "a trial committed twice: $(echo "$done_slots" | uniq -d)"
+  ran=$(cat a.err b.err | sed -n 's/^\[[0-9]*\/[0-9]*\] \(b[0-9]*_p[0-9]*_s[0-9]*\): .*/\1/p' | sort)
+  [ "$(echo "$ran" | wc -l)" -eq 40 ] && [ -z "$(echo "$ran" | uniq -d)" ] || fail "trials run: $ran"
+  echo "two workers: $(grep -c '' <(sed -n 's/^\[[0-9]*\/[0-9]*\] //p' a.err)) and" \
+       "$(grep -c '' <(sed -n 's/^\[[0-9]*\/[0-9]*\] //p' b.err)) trials, one table"
+  # SIGTERM (a preemption, a time limit): the running trial checkpoints and
+  # is given back; exit 75, one line; the same command goes on from the
+  # checkpoint and ends with the metrics of an uninterrupted run.
+  derive long.json 'c["budget"] = {"steps": 6000}; c["checkpoint_every"] = 1000; c["batch_sizes"] = [64]; c["search"] = {"lr": [0.01]}; c["model"]["widths"] = [256, 256]
+c["seeds"] = [0]; c["target"] = {"metric": "val_loss", "threshold": 1e-9, "eval_every": 500}'
+  trial=e2e/b64_p0_s0
+  "$bigbatch" sweep long.json --out ref > /dev/null 2>&1
+  "$bigbatch" sweep long.json --out sig > /dev/null 2> sig.err &
+  pid=$!
+  for _ in $(seq 600); do grep -q "step [1-9][0-9]*/6000" sig.err 2>/dev/null && break; sleep 0.05; done
+  sleep 0.3
+  kill -TERM $pid
+  rc=0
+  wait $pid || rc=$?
+  [ "$rc" -eq 75 ] || fail "SIGTERM: exit $rc, want 75: $(tail -3 sig.err)"
+  grep -q "^bigbatch: stopped by SIGTERM: 1 running trial(s) checkpointed and given back" sig.err \
+    || fail "no line about the stop: $(tail -3 sig.err)"
+  [ -e sig/$trial/checkpoint.pt ] && [ ! -e sig/$trial/summary.json ] || fail "no checkpoint left, or a summary"
+  grep -q '^released ' sig/e2e/claims/b64_p0_s0.2 || fail "the claim was not given back"
+  "$bigbatch" sweep long.json --out sig > /dev/null 2> again.err || fail "resume: $(tail -3 again.err)"
+  grep -q "resuming b64_p0_s0 from its checkpoint at step [1-9]" again.err || fail "not resumed: $(head -3 again.err)"
+  cmp <(cut -d, -f1-8,10 ref/$trial/metrics.csv) <(cut -d, -f1-8,10 sig/$trial/metrics.csv) \
+    || fail "the stopped and resumed trial's metrics differ"
+  # A sweep killed outright and started again on this machine takes its
+  # trial back at once (its process is gone), not after the lease.
+  "$bigbatch" sweep long.json --out kill > /dev/null 2> kill.err &
+  pid=$!
+  for _ in $(seq 600); do [ -e kill/$trial/checkpoint.pt ] && break; sleep 0.05; done
+  kill -9 $pid
+  wait $pid || true
+  start=$SECONDS
+  "$bigbatch" sweep long.json --out kill > /dev/null 2> kill2.err || fail "after kill -9: $(tail -3 kill2.err)"
+  grep -q "taking over trial b64_p0_s0 from worker .* (its process on this machine is gone)" kill2.err \
+    || fail "no takeover: $(head -3 kill2.err)"
+  [ $((SECONDS - start)) -lt 60 ] || fail "waited $((SECONDS - start)) s for a dead worker's trial"
+  cmp <(cut -d, -f1-8,10 ref/$trial/metrics.csv) <(cut -d, -f1-8,10 kill/$trial/metrics.csv) \
+    || fail "the killed and resumed trial's metrics differ"
+  # Cores: a worker holding every core of this machine leaves none for a
+  # second, which refuses in one line (exit 2) before loading any data.
+  cores=$(nproc)
+  "$bigbatch" sweep long.json --out hog --jobs "$cores" > /dev/null 2> hog.err &
+  pid=$!
+  for _ in $(seq 600); do [ -e "$BIGBATCH_CORE_LEDGER/$pid" ] && break; sleep 0.05; done
+  expect_error 2 "no core of this machine's $cores is free for a trial of 1 thread(s): other bigbatch workers hold them (pid $pid: $cores)" \
+    "$bigbatch" sweep "$config" --out other
+  [ ! -e other/e2e/claims ] || fail "a refused worker claimed trials"
+  kill -TERM $pid
+  wait $pid || true
+  expect_error 2 "--lease: must be a number of seconds > 0, got 0" "$bigbatch" sweep "$config" --out other --lease 0
+  grep -qx "bigbatch: --lease: must be a number of seconds > 0, got 0" err.txt || fail "lease message: $(cat err.txt)"
+  echo "workers ok"
   ;;
 quickstart)
   # The shipped configs parse; one quickstart trial runs a few steps on Fashion-MNIST.

@@ -191,6 +191,53 @@ TEST(Trainer, ResumedFromACheckpointEqualsUninterrupted) {
   }
 }
 
+// A run stopped by a signal between two evaluations (Hooks::interrupt, a
+// sweep's preemption) writes its checkpoint there, with no checkpoint_every,
+// and resumed from it ends exactly as the uninterrupted run: the training
+// losses since the last evaluation are part of the checkpoint.
+TEST(Trainer, InterruptedBetweenEvaluationsResumesExactly) {
+  TrialConfig c = mixture_trial(0.05, 0.001);
+  c.optimizer.name = OptimizerName::kLamb;
+  c.data.params["separation"] = 0.5;  // the target is never reached
+  c.target.eval_every = 10;
+  c.checkpoint_every = 0;
+  c.gns.micro_batches = 2;
+  c.budget = {60, bigbatch::schedules::Unit::kSteps};
+  const WorkloadData d = load_dataset(c.data);
+  Trainer whole(c, d);
+  const TrialResult full = whole.run().front();
+
+  std::string saved;
+  Trainer a(c, d);
+  Trainer::Hooks hooks;
+  hooks.on_checkpoint = [&](const std::string& bytes) { saved = bytes; };
+  hooks.interrupt = [&] { return a.step() == 27 ? Interrupt::kCheckpoint : Interrupt::kNone; };
+  bool interrupted = false;
+  try {
+    a.run(hooks);
+  } catch (const TrialInterrupted& e) {
+    interrupted = e.how == Interrupt::kCheckpoint;
+  }
+  ASSERT_TRUE(interrupted);
+  ASSERT_FALSE(saved.empty()) << "no checkpoint at the interruption";
+  Trainer b(c, d);
+  b.restore(saved);
+  EXPECT_EQ(b.step(), 27);
+  const TrialResult resumed = b.run().front();
+  ASSERT_EQ(resumed.rows.size(), full.rows.size());
+  for (std::size_t i = 0; i < full.rows.size(); ++i) {
+    EXPECT_EQ(resumed.rows[i].step, full.rows[i].step);
+    EXPECT_EQ(resumed.rows[i].train_loss, full.rows[i].train_loss) << "row " << i;
+    EXPECT_EQ(resumed.rows[i].val_loss, full.rows[i].val_loss) << "row " << i;
+  }
+  // Abandoned (another worker holds the trial): no checkpoint is taken.
+  saved.clear();
+  Trainer e(c, d);
+  hooks.interrupt = [&] { return e.step() == 13 ? Interrupt::kAbandon : Interrupt::kNone; };
+  EXPECT_THROW(e.run(hooks), TrialInterrupted);
+  EXPECT_TRUE(saved.empty());
+}
+
 // The checkpoint names what it holds: a reader finds the step and each
 // evaluation column under its own key, and an archive without this format's
 // marker (an older layout) is refused by name instead of misread.
