@@ -54,6 +54,7 @@ std::string batch_script(const SlurmJob& job) {
   for (const auto& a : job.worker_args) s << " " << shell_quote(a);
   s << " &\n"
     << "worker=$!\n"
+    << "echo \"bigbatch worker: pid $worker\"\n"
     << "# The signal before the time limit (and scancel's SIGTERM) reach this shell:\n"
     << "# the worker checkpoints its trials, gives them back and exits "
     << kExitInterrupted << ".\n"

@@ -13,13 +13,15 @@ set -euo pipefail
 # sentencepiece: the programs (spm_train, spm_encode, ...) of the text
 # dataset's BPE tokenizer; bible-kjv (with bible-kjv-text): the King James
 # Bible the language-model quickstart trains on (scripts/kjv.sh).
+# slurm-wlm, munge, iproute2: the real Slurm (22.05) and its authentication
+# daemon the cluster tests start (scripts/slurm_cluster.sh; ss picks its ports).
 # python3-torch: PyTorch 1.13's torch.optim, the other side of the
 # torch.optim cross-check test; python3-pip fetches the --torch wheels.
 packages=(build-essential cmake ninja-build ccache git
           libtorch-dev libgloo-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
           libopenblas0-openmp python3-matplotlib python3-torch python3-pip libboost-context-dev
           zlib1g-dev dataset-fashion-mnist libopencv-imgcodecs-dev libopencv-imgproc-dev
-          sentencepiece bible-kjv)
+          sentencepiece bible-kjv slurm-wlm munge iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
