@@ -3,12 +3,14 @@
 // rename-free heartbeat by utimensat(2), and open(2) + fstat(2) to read.
 #include "claims.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -185,6 +187,42 @@ bool ClaimBoard::create(const std::string& trial, std::int64_t n, const char* ki
   fail(slot, "cannot create", link_error);
 }
 
+bool ClaimBoard::changed() {
+  const int fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail(dir_, "cannot read", errno);
+  struct stat st {};
+  const int rc = ::fstat(fd, &st);
+  const int error = errno;
+  ::close(fd);
+  if (rc != 0) fail(dir_, "cannot read", error);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const bool same = st.st_mtim.tv_sec == folder_mtime_.tv_sec && st.st_mtim.tv_nsec == folder_mtime_.tv_nsec;
+  folder_mtime_ = st.st_mtim;
+  return !same;
+}
+
+void ClaimBoard::announce(const std::string& trial) {
+  const std::string marker = dir_ + "/" + trial + ".finished";
+  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) fail(marker, "cannot create", errno);
+  ::close(fd);
+}
+
+std::vector<std::string> ClaimBoard::announced() {
+  static const std::string suffix = ".finished";
+  std::vector<std::string> out;
+  DIR* dir = ::opendir(dir_.c_str());
+  if (dir == nullptr) fail(dir_, "cannot list", errno);
+  while (const dirent* e = ::readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      out.push_back(name.substr(0, name.size() - suffix.size()));
+    }
+  }
+  ::closedir(dir);
+  return out;
+}
+
 std::optional<ClaimSlot> ClaimBoard::last_slot(const std::string& trial) {
   std::int64_t n = 1;
   {
@@ -220,7 +258,7 @@ ClaimBoard::State ClaimBoard::try_claim(const std::string& trial, bool has_summa
                     << " (its process on this machine is gone)\n";
         } else {
           std::cerr << "taking over trial " << trial << " from worker " << last->worker << " (silent for "
-                    << static_cast<long long>(age) << " s, lease " << lease_ << " s)\n";
+                    << seconds_text(std::round(age * 10) / 10) << " s, lease " << seconds_text(lease_) << " s)\n";
         }
         break;
       case ClaimSlot::Kind::kReleased:

@@ -31,6 +31,8 @@
 // docs/cluster.md.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -41,6 +43,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace bigbatch::experiments {
 
@@ -96,6 +99,18 @@ class ClaimBoard {
   /// Forgets `trial` without writing (it was robbed).
   void abandon(const std::string& trial);
 
+  /// Whether the claims folder changed since this worker last asked (a slot
+  /// made, an announce()): one open and fstat of the folder, which NFS
+  /// revalidates on open. True the first time.
+  bool changed();
+  /// Marks `trial`'s result written (claims/<trial>.finished, which also
+  /// changes the folder for the others' changed()): call it once its
+  /// summary.json is in place.
+  void announce(const std::string& trial);
+  /// The trials whose results have been announced: one listing of the
+  /// claims folder, however many trials the sweep has.
+  std::vector<std::string> announced();
+
   /// The trial's highest slot, if it has one.
   std::optional<ClaimSlot> last_slot(const std::string& trial);
   /// Now, by the folder's clock (the mtime of a file just touched).
@@ -123,6 +138,7 @@ class ClaimBoard {
   mutable std::mutex mutex_;
   std::map<std::string, Held> held_;
   std::map<std::string, std::int64_t> highest_;  // slots seen: tokens only grow
+  struct timespec folder_mtime_ {};              // changed()'s last look
   std::condition_variable wake_;
   bool stopping_ = false;
   std::thread heartbeat_;

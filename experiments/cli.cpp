@@ -33,7 +33,9 @@
 #include <cstdlib>
 #include <memory>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <set>
 #include <unistd.h>
@@ -147,10 +149,50 @@ int plot(const std::vector<std::string>& dirs, const std::optional<std::string>&
   return 0;
 }
 
+// A sweep whose first round is still running (its workers, on this machine
+// or on a cluster, have written no table yet): how far it is, from its trial
+// folders and claims. Empty when `dir` is no such sweep.
+std::string progress_of(const fs::path& dir) {
+  if (!fs::exists(dir / "sweep.json") || fs::exists(dir / "steps_to_target.csv")) return "";
+  std::int64_t started = 0, finished = 0, running = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (!fs::exists(entry.path() / "config.json")) continue;
+    ++started;
+    if (fs::exists(entry.path() / "summary.json")) ++finished;
+  }
+  if (fs::is_directory(dir / "claims")) {
+    // A trial runs while its highest claim slot is a "run" one.
+    std::map<std::string, std::pair<std::int64_t, std::string>> highest;
+    for (const auto& entry : fs::directory_iterator(dir / "claims")) {
+      const std::string name = entry.path().filename().string();
+      const auto dot = name.rfind('.');
+      if (name.empty() || name[0] == '.' || dot == std::string::npos) continue;
+      const std::string n = name.substr(dot + 1);
+      if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) continue;
+      auto& h = highest[name.substr(0, dot)];
+      if (std::stoll(n) > h.first) h = {std::stoll(n), entry.path().string()};
+    }
+    for (const auto& [trial, h] : highest) {
+      std::ifstream slot(h.second);
+      std::string kind;
+      if (slot >> kind && kind == "run") ++running;
+    }
+  }
+  return dir.string() + ": in progress: " + std::to_string(finished) + " trial(s) finished, " +
+         std::to_string(running) + " running, " + std::to_string(started) +
+         " started; the table is written when the first round ends\n";
+}
+
 int report(const std::vector<std::string>& dirs, bx::TableFormat format, const std::vector<std::string>& labels) {
   if (dirs.size() == 1 && fs::exists(fs::path(dirs.front()) / "cbs.csv")) {  // a cbs folder
     std::cout << bx::cbs_report(dirs.front());
     return 0;
+  }
+  if (dirs.size() == 1) {
+    if (const std::string progress = progress_of(dirs.front()); !progress.empty()) {
+      std::cout << progress;
+      return 0;
+    }
   }
   const auto sweeps = labelled_sweeps(dirs, labels);
   if (format == bx::TableFormat::kText) {

@@ -25,6 +25,7 @@
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -118,7 +119,9 @@ class JobSource {
         group_(group),
         board_(board),
         stop_(stop),
-        known_(trials.size(), false) {}
+        known_(trials.size(), false) {
+    for (std::size_t i = 0; i < trials.size(); ++i) index_.emplace(trials[i].name, i);
+  }
 
   std::optional<Job> next() {
     if (group_ != nullptr) return rank0s();
@@ -131,16 +134,21 @@ class JobSource {
     known_[i] = true;
   }
 
-  // The results other workers wrote since the last look, into the queue.
+  // The results other workers announced since the last look, into the
+  // queue: one listing of the claims folder, then a read of each new
+  // result. (A result written without its announcement, by a worker that
+  // died between the two, is read when its trial comes up: claim().)
   void refresh() {
     if (board_ == nullptr) return;
-    for (std::size_t i = 0; i < trials_.size(); ++i) {
+    for (const std::string& name : board_->announced()) {
+      const auto it = index_.find(name);
+      if (it == index_.end()) continue;  // another round's trial
+      const std::size_t i = it->second;
       {
         std::lock_guard<std::mutex> lock(known_mutex_);
         if (known_[i] || board_->robbed(trials_[i].name)) continue;
       }
       const fs::path folder = dir_ / trials_[i].name;
-      if (!fs::exists(folder / "summary.json")) continue;
       if (const auto done = finished_summary(trials_[i], folder.string(), prune_)) {
         std::lock_guard<std::mutex> lock(known_mutex_);
         if (known_[i]) continue;
@@ -151,6 +159,25 @@ class JobSource {
   }
 
   bool stopped() const { return stop_ != nullptr && stop_->load() != 0; }
+
+  // refresh(), when the claims folder changed (a result announced, a trial
+  // taken) or a lease/8 has passed; looked at most every 0.2 s. Cheap enough
+  // to ask before every step: pruning then sees the others' results within
+  // a fraction of a second, as threads of one process do.
+  void refresh_if_due() {
+    if (board_ == nullptr) return;
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(due_mutex_);
+      if (now - last_look_ < std::chrono::milliseconds(200)) return;
+      last_look_ = now;
+    }
+    const bool stale = now - last_refresh_.load() > std::chrono::duration<double>(board_->lease() / 8);
+    if (board_->changed() || stale) {
+      last_refresh_ = now;
+      refresh();
+    }
+  }
 
  private:
   static constexpr std::size_t kMaxLanes = 32;
@@ -169,7 +196,11 @@ class JobSource {
     return Job{lanes.front(), std::nullopt, lanes.size() > 1 ? lanes : std::vector<std::size_t>()};
   }
 
-  std::optional<Job> take() {
+  // A trial this worker now holds; nullopt when every trial has its result
+  // (or a stop came). With `wait` false, kWait instead of waiting for the
+  // trials other workers hold.
+  static constexpr std::size_t kWait = static_cast<std::size_t>(-1);
+  std::optional<Job> take(bool wait = true) {
     if (board_ == nullptr) {
       const auto lanes = from_queue();
       return lanes.empty() ? std::nullopt : std::optional<Job>(job_of(lanes));
@@ -197,13 +228,17 @@ class JobSource {
       for (const auto i : busy) queue_.give_back(i);
       if (!mine.empty()) return job_of(mine);
       if (busy.empty()) return std::nullopt;  // every trial has its result
+      if (!wait) return Job{kWait, std::nullopt, {}};
       if (!said) {
         std::cerr << "waiting for " << busy.size() << " trial(s) that other workers hold\n";
         said = true;
       }
+      // Until the poll is due, or sooner when the claims folder changes (a
+      // result announced, a trial given back).
       const auto until = std::chrono::steady_clock::now() + poll;
       while (!stopped() && std::chrono::steady_clock::now() < until) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (board_->changed()) break;
       }
     }
   }
@@ -236,18 +271,32 @@ class JobSource {
     finish(queue_, i, r);
   }
 
-  // {index, prune_from}, -1 for none, from rank 0.
+  // {index, prune_from}, -1 for none, from rank 0; index -2 while rank 0
+  // waits for trials other workers hold: every rank asks again after a
+  // pause, so no collective waits longer than that (--timeout).
   std::optional<Job> rank0s() {
-    std::vector<at::Tensor> message{at::full({2}, -1, at::kLong)};
-    if (group_->rank() == 0) {
-      if (const auto job = take()) {
-        message[0][0] = static_cast<std::int64_t>(job->index);
-        if (const auto from = queue_.prune_from(job->index)) message[0][1] = *from;
+    for (;;) {
+      std::vector<at::Tensor> message{at::full({2}, -1, at::kLong)};
+      if (group_->rank() == 0) {
+        if (const auto job = take(false)) {
+          message[0][0] = job->index == kWait ? -2 : static_cast<std::int64_t>(job->index);
+          if (job->index != kWait) {
+            if (const auto from = queue_.prune_from(job->index)) message[0][1] = *from;
+          }
+        }
       }
+      group_->broadcast(message, 0);
+      const auto m = message[0].contiguous();
+      const std::int64_t* v = m.data_ptr<std::int64_t>();
+      if (v[0] == -2) {
+        if (group_->rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        continue;
+      }
+      return job_from(v);
     }
-    group_->broadcast(message, 0);
-    const auto m = message[0].contiguous();
-    const std::int64_t* v = m.data_ptr<std::int64_t>();
+  }
+
+  static std::optional<Job> job_from(const std::int64_t* v) {
     if (v[0] < 0) return std::nullopt;
     Job job{static_cast<std::size_t>(v[0]), std::nullopt, {}};
     if (v[1] >= 0) job.prune_from = v[1];
@@ -263,7 +312,10 @@ class JobSource {
   ClaimBoard* board_;
   const std::atomic<int>* stop_;
   std::vector<bool> known_;
-  std::mutex known_mutex_, take_mutex_;
+  std::map<std::string, std::size_t> index_;  // trial name -> index
+  std::mutex known_mutex_, take_mutex_, due_mutex_;
+  std::chrono::steady_clock::time_point last_look_{};
+  std::atomic<std::chrono::steady_clock::time_point> last_refresh_{std::chrono::steady_clock::now()};
 };
 
 // The trials left to run in `dir` go into the queue; the finished ones bound
@@ -337,6 +389,7 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
   const int jobs = std::min<int>(jobs_granted, static_cast<int>(std::max<std::int64_t>(1, left)));
   // A trial's end: its bound for its siblings, the counts, the board.
   const auto record = [&](std::size_t i, const TrialResult& r) {
+    if (board != nullptr && writer) board->announce(trials[i].name);  // its files are written: tell the others
     source.known(i);
     finish(queue, i, r);
     if (r.status == TrialStatus::kPruned) ++totals.pruned;
@@ -348,8 +401,9 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
     FolderHooks hooks;
     hooks.progress = [&](const TrialProgress& p) { progress.update(trials[lanes.front()].name, p); };
     hooks.prune = [&](std::size_t lane, std::int64_t next_eval) {
-      return group == nullptr ? queue.pruned(lanes[lane], next_eval)
-                              : TrialQueue::beaten(job.prune_from, next_eval);
+      if (group != nullptr) return TrialQueue::beaten(job.prune_from, next_eval);
+      source.refresh_if_due();  // the other workers' results, for the bounds
+      return queue.pruned(lanes[lane], next_eval);
     };
     std::vector<bool> ended(lanes.size(), false);
     hooks.finished = [&](std::size_t lane, const TrialResult& r) {

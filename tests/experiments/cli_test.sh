@@ -82,7 +82,8 @@ fit = json.load(open(os.path.join(d, "fit.json")))
 assert fit["s_min"] > 0 and fit["b_crit"] > 0, fit
 assert len(os.listdir(d)) == 2 * 5 * 4 + 5, os.listdir(d)  # trials + sweep.json + 2 tables + events + claims
 assert sorted(os.listdir(os.path.join(d, "claims"))) == sorted(f"{t}.{n}" for t in os.listdir(d) if t.startswith("b")
-                                                               for n in (1, 2)), "a run slot and a done slot per trial"
+                                                               for n in ("1", "2", "finished")), \
+    "a run slot, a done slot and the announcement of its result per trial"
 
 print("table ok:", steps, "B_crit", fit["b_crit"])
 PY
@@ -860,6 +861,10 @@ c["seeds"] = [0]; c["target"] = {"metric": "val_loss", "threshold": 1e-9, "eval_
   pid=$!
   for _ in $(seq 600); do grep -q "step [1-9][0-9]*/6000" sig.err 2>/dev/null && break; sleep 0.05; done
   sleep 0.3
+  # `report` on a sweep still running its first round: how far it is.
+  "$bigbatch" report sig/e2e > progress.txt || fail "report while running"
+  grep -qx "sig/e2e: in progress: 0 trial(s) finished, 1 running, 1 started; the table is written when the first round ends" \
+    progress.txt || fail "report while running: $(cat progress.txt)"
   kill -TERM $pid
   rc=0
   wait $pid || rc=$?
@@ -868,6 +873,7 @@ c["seeds"] = [0]; c["target"] = {"metric": "val_loss", "threshold": 1e-9, "eval_
     || fail "no line about the stop: $(tail -3 sig.err)"
   [ -e sig/$trial/checkpoint.pt ] && [ ! -e sig/$trial/summary.json ] || fail "no checkpoint left, or a summary"
   grep -q '^released ' sig/e2e/claims/b64_p0_s0.2 || fail "the claim was not given back"
+  "$bigbatch" report sig/e2e | grep -q "0 trial(s) finished, 0 running, 1 started" || fail "report after the stop"
   "$bigbatch" sweep long.json --out sig > /dev/null 2> again.err || fail "resume: $(tail -3 again.err)"
   grep -q "resuming b64_p0_s0 from its checkpoint at step [1-9]" again.err || fail "not resumed: $(head -3 again.err)"
   cmp <(cut -d, -f1-8,10 ref/$trial/metrics.csv) <(cut -d, -f1-8,10 sig/$trial/metrics.csv) \
