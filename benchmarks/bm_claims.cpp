@@ -1,7 +1,8 @@
 // The coordination a sweep worker pays per trial on a shared folder
 // (experiments/claims.h): claim + commit of a trial nobody holds, the look at
-// a trial another worker holds (what a waiting worker pays per poll), and a
-// release; against write_file_atomic of a summary.json-sized file, the
+// a trial another worker holds (what a waiting worker pays per poll), a
+// release, the listing of 1,000 trials' announcements and the look at the
+// claims folder's mtime; against write_file_atomic of a summary.json-sized file, the
 // cheapest write a trial already makes. Run in the temporary folder ($TMPDIR,
 // else /tmp), or in the folder BIGBATCH_BENCH_DIR names (an NFS mount, say).
 #include "../experiments/claims.h"
@@ -82,6 +83,38 @@ void BM_LookAtABusyTrial(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_LookAtABusyTrial)->Unit(benchmark::kMicrosecond);
+
+// What a worker reads to learn the others' results: one listing of the
+// claims folder of a sweep of 1,000 trials, each with its run and done slots
+// and its announcement.
+void BM_ListAnnouncementsOf1000Trials(benchmark::State& state) {
+  Folder folder;
+  bx::ClaimBoard board(folder.path, 120);
+  for (int i = 0; i < 1000; ++i) {
+    const std::string trial = "b64_p" + std::to_string(i) + "_s0";
+    board.try_claim(trial, false);
+    board.commit(trial);
+    board.announce(trial);
+  }
+  for (auto _ : state) {
+    if (board.announced().size() != 1000) {
+      state.SkipWithError("not every announcement listed");
+      break;
+    }
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_ListAnnouncementsOf1000Trials)->Unit(benchmark::kMicrosecond);
+
+// Whether the claims folder changed (one open and fstat): asked before each
+// step of a running trial, at most every 0.2 s.
+void BM_FolderChanged(benchmark::State& state) {
+  Folder folder;
+  bx::ClaimBoard board(folder.path, 120);
+  for (auto _ : state) benchmark::DoNotOptimize(board.changed());
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_FolderChanged)->Unit(benchmark::kMicrosecond);
 
 // The peer: a trial's summary.json (about 2 KB) written through a temporary
 // and a rename, as every trial does once anyway.
