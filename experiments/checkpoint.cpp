@@ -29,7 +29,12 @@ namespace {
 using torch::serialize::InputArchive;
 using torch::serialize::OutputArchive;
 
-constexpr std::int64_t kCheckpointFormat = 2;
+// 3 adds the training losses since the last evaluation (a checkpoint taken
+// between two, on a stop): a version that reads only 2 refuses it and starts
+// the trial over rather than resume it with those losses lost. 2 is still
+// read (taken at an evaluation, it has none since).
+constexpr std::int64_t kCheckpointFormat = 3;
+constexpr std::int64_t kOldestCheckpointFormat = 2;
 constexpr std::string_view kCheckpointHeader = "bigbatch checkpoint\n";
 
 template <typename T>
@@ -124,8 +129,10 @@ void open_checkpoint(const std::string& bytes, const at::Device& device, InputAr
   std::istringstream in(framed.payloads.front());
   archive.load_from(in, device);
   at::Tensor format;
-  TORCH_CHECK(archive.try_read("format", format) && format.item<std::int64_t>() == kCheckpointFormat,
-              "checkpoint: not of format ", kCheckpointFormat, " (written by another version of bigbatch)");
+  TORCH_CHECK(archive.try_read("format", format) && format.item<std::int64_t>() >= kOldestCheckpointFormat &&
+                  format.item<std::int64_t>() <= kCheckpointFormat,
+              "checkpoint: not of format ", kOldestCheckpointFormat, " to ", kCheckpointFormat,
+              " (written by another version of bigbatch)");
 }
 
 }  // namespace

@@ -203,6 +203,8 @@ bool ClaimBoard::changed() {
 
 void ClaimBoard::announce(const std::string& trial) {
   const std::string marker = dir_ + "/" + trial + ".finished";
+  // Made anew (a trial run again has one already), so that the folder changes.
+  ::unlink(marker.c_str());
   const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) fail(marker, "cannot create", errno);
   ::close(fd);
@@ -264,10 +266,12 @@ ClaimBoard::State ClaimBoard::try_claim(const std::string& trial, bool has_summa
       case ClaimSlot::Kind::kReleased:
         break;
       case ClaimSlot::Kind::kDone:
-        if (last->mtime >= born_) {  // committed while this board lives
-          if (has_summary) return State::kSettled;
-          // Its summary is being written, unless its writer is gone.
+        if (!has_summary) {
+          // Its summary is being written: only a writer silent for the lease
+          // (or gone from this machine) died before it was, whenever it was.
           if (age <= lease_ && !gone_from_this_machine(last->worker)) return State::kBusy;
+        } else if (last->mtime >= born_) {
+          return State::kSettled;  // a result of this generation, not taken as final: settled for it
         }
         break;
     }
@@ -282,6 +286,22 @@ bool ClaimBoard::robbed(const std::string& trial) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = held_.find(trial);
   return it != held_.end() && it->second.robbed;
+}
+
+bool ClaimBoard::verify(const std::string& trial) {
+  std::int64_t n = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = held_.find(trial);
+    if (it == held_.end()) return false;
+    if (it->second.robbed) return false;
+    n = it->second.n;
+  }
+  if (::access(slot_path(trial, n + 1).c_str(), F_OK) != 0) return true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = held_.find(trial);
+  if (it != held_.end() && it->second.n == n) it->second.robbed = true;
+  return false;
 }
 
 bool ClaimBoard::commit(const std::string& trial) {

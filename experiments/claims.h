@@ -85,12 +85,17 @@ class ClaimBoard {
   /// accepts). `has_summary` says whether a summary.json exists at all (one
   /// it does not accept: a failure, or a pruned trial now run without
   /// pruning). A trial is taken when it has no slot, was released, its
-  /// holder's lease ran out, or its "done" slot is older than this board
-  /// (an earlier run's result the caller does not accept) or older than the
-  /// lease with no summary (its writer died after committing).
+  /// holder's lease ran out, or its "done" slot has a summary and is older
+  /// than this board (an earlier run's result the caller does not accept),
+  /// or has none and is older than the lease (its writer died after
+  /// committing).
   State try_claim(const std::string& trial, bool has_summary);
-  /// Whether `trial`, held by this worker, has been taken over by another.
+  /// Whether `trial`, held by this worker, has been taken over by another,
+  /// as the heartbeat last saw (cheap; late by up to lease/8).
   bool robbed(const std::string& trial) const;
+  /// Whether this worker still holds `trial`, looked up now (one access of
+  /// the next slot): before the trial's folder is touched.
+  bool verify(const std::string& trial);
   /// Commits `trial`'s result: true when this worker still held it (write
   /// the result now); false when another took it over (refuse the result).
   bool commit(const std::string& trial);

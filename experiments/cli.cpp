@@ -285,7 +285,7 @@ extern "C" void on_stop_signal(int signal) { stop_signal.store(signal); }
 void catch_stop_signals() {
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
-  action.sa_flags = SA_RESETHAND;
+  action.sa_flags = SA_RESETHAND | SA_RESTART;  // no system call of any thread fails with EINTR for it
   sigemptyset(&action.sa_mask);
   for (const int signal : {SIGTERM, SIGUSR1, SIGINT}) sigaction(signal, &action, nullptr);
 }
@@ -362,8 +362,8 @@ struct SweepCommand {
       const bx::SweepSummary s = bx::run_sweep(named.sweep, options, group.get());
       if (s.interrupted != 0) {
         std::cerr << "bigbatch: stopped by " << signal_name(s.interrupted) << ": " << s.released
-                  << " running trial(s) checkpointed and given back; the same command goes on from there (exit "
-                  << bx::kExitInterrupted << ")\n";
+                  << " running trial(s) given back, checkpointed unless batched; the same command goes on from "
+                  << "there (exit " << bx::kExitInterrupted << ")\n";
         return bx::kExitInterrupted;
       }
       if (!writer) continue;

@@ -24,8 +24,11 @@ namespace {
 class LedgerLock {
  public:
   explicit LedgerLock(const std::string& folder) : path_(folder + "/.lock") {
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    // Read-only is enough for flock, and lets every user's workers lock a
+    // file another user made.
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0666);
     if (fd_ < 0) fail(path_, "cannot open", errno);
+    ::fchmod(fd_, 0666);  // past the umask, where this user made it (others cannot: no matter)
     while (::flock(fd_, LOCK_EX) != 0) {
       if (errno != EINTR) {
         const int error = errno;
@@ -61,21 +64,23 @@ CoreLedger::CoreLedger(std::string folder, int cores) : folder_(std::move(folder
 
 CoreLedger::~CoreLedger() {
   if (fd_ < 0) return;
-  const std::string entry = folder_ + "/" + std::to_string(::getpid());
-  ::unlink(entry.c_str());
+  ::unlink((folder_ + "/" + entry_).c_str());
   ::close(fd_);
 }
 
 int CoreLedger::reserve(int jobs, int threads) {
   LedgerLock lock(folder_);
   others_.clear();
+  // An entry is "<pid>", or "<pid>-<uid>" where another user's dead
+  // process left a "<pid>" this one cannot reuse.
   const std::string mine = std::to_string(::getpid());
   int used = 0;
   DIR* dir = ::opendir(folder_.c_str());
   if (dir == nullptr) fail(folder_, "cannot list", errno);
   while (const dirent* e = ::readdir(dir)) {
     const std::string name = e->d_name;
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos || name == mine) continue;
+    const std::string pid = name.substr(0, name.find('-'));
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos || name == entry_) continue;
     const std::string path = folder_ + "/" + name;
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;  // gone meanwhile
@@ -89,17 +94,22 @@ int CoreLedger::reserve(int jobs, int threads) {
     ::close(fd);
     const int reserved = n > 0 ? std::atoi(buffer) : 0;
     used += reserved;
-    others_.emplace_back(std::stol(name), reserved);
+    others_.emplace_back(std::stol(pid), reserved);
   }
   ::closedir(dir);
   const int granted = std::max(0, std::min(jobs, (cores_ - used) / std::max(1, threads)));
   if (granted == 0) return 0;
-  const std::string entry = folder_ + "/" + mine;
   if (fd_ < 0) {
-    fd_ = ::open(entry.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    for (const std::string& name : {mine, mine + "-" + std::to_string(::getuid())}) {
+      entry_ = name;
+      fd_ = ::open((folder_ + "/" + name).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (fd_ >= 0 || errno != EACCES) break;
+    }
+    const std::string entry = folder_ + "/" + entry_;
     if (fd_ < 0) fail(entry, "cannot create", errno);
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) fail(entry, "cannot lock", errno);
   }
+  const std::string entry = folder_ + "/" + entry_;
   const std::string text = std::to_string(granted * threads) + "\n";
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
     fail(entry, "cannot write", errno);

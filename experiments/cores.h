@@ -41,6 +41,7 @@ class CoreLedger {
   std::string folder_;
   int cores_;
   int fd_ = -1;  // this process's entry, locked while it lives
+  std::string entry_;  // its name in the folder
   std::vector<std::pair<long, int>> others_;
 };
 

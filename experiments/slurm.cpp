@@ -55,12 +55,15 @@ std::string batch_script(const SlurmJob& job) {
   s << " &\n"
     << "worker=$!\n"
     << "echo \"bigbatch worker: pid $worker\"\n"
-    << "# The signal before the time limit (and scancel's SIGTERM) reach this shell:\n"
-    << "# the worker checkpoints its trials, gives them back and exits "
-    << kExitInterrupted << ".\n"
-    << "trap 'kill -TERM \"$worker\" 2>/dev/null' USR1 TERM\n"
+    << "# --signal=B:USR1 reaches this shell only: it is passed on. SIGTERM (scancel, the\n"
+    << "# time limit, a preemption) reaches every process of the job, the worker too:\n"
+    << "# this shell only keeps waiting. Either way the worker checkpoints its trials,\n"
+    << "# gives them back and exits " << kExitInterrupted << ".\n"
+    << "trap 'kill -USR1 \"$worker\" 2>/dev/null' USR1\n"
+    << "trap ':' TERM\n"
     << "wait \"$worker\"; status=$?\n"
-    << "while kill -0 \"$worker\" 2>/dev/null; do wait \"$worker\"; status=$?; done\n";
+    << "while kill -0 \"$worker\" 2>/dev/null; do wait \"$worker\"; status=$?; done\n"
+    << "wait \"$worker\"; status=$?  # its own status, had a trap cut the last wait short\n";
   if (job.requeue) {
     s << "if [ \"$status\" -eq " << kExitInterrupted << " ]; then\n"
       << "  scontrol requeue \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\" && echo \"bigbatch worker: requeued\"\n"

@@ -34,8 +34,8 @@ std::string shell_quote(const std::string& s);
 
 /// The batch script: #SBATCH lines for the array, its throttle, cores,
 /// GPUs, time, partition, signal and output; the worker started in the
-/// background with the signal (or SIGTERM) passed on to it, then waited
-/// for; with `requeue`, a worker that exits kExitInterrupted requeues its
+/// background with the signal passed on to it (SIGTERM, which Slurm sends
+/// to every process of the job, reaches it directly), then waited for; with `requeue`, a worker that exits kExitInterrupted requeues its
 /// task (scontrol requeue), which resumes from the trials' checkpoints.
 std::string batch_script(const SlurmJob& job);
 

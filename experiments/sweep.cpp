@@ -322,7 +322,8 @@ class JobSource {
 // their batch sizes from the start. Rank 0 decides (other nodes may not see
 // its files) and every rank learns how many are left.
 std::int64_t queue_unfinished(const std::vector<TrialConfig>& trials, const fs::path& dir, bool prune,
-                              distributed::ProcessGroup* group, TrialQueue& queue, RoundTotals& totals) {
+                              distributed::ProcessGroup* group, TrialQueue& queue, RoundTotals& totals,
+                              JobSource& source) {
   std::int64_t left = 0;
   if (group == nullptr || group->rank() == 0) {
     for (std::size_t i = 0; i < trials.size(); ++i) {
@@ -334,6 +335,7 @@ std::int64_t queue_unfinished(const std::vector<TrialConfig>& trials, const fs::
       }
       ++totals.skipped;
       finish(queue, i, result_from_summary(*done));
+      source.known(i);  // in the queue: no later look takes it in again
     }
   }
   if (group != nullptr) {
@@ -363,15 +365,12 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
                 RoundTotals& totals) {
   const bool writer = group == nullptr || group->rank() == 0;
   TrialQueue queue(trials, runner.prune);
-  const std::int64_t left = queue_unfinished(trials, dir, runner.prune, group, queue, totals);
+  JobSource source(queue, trials, dir, runner.prune, runner.batch_trials.value_or(false), group, board,
+                   options.stop);
+  const std::int64_t left = queue_unfinished(trials, dir, runner.prune, group, queue, totals, source);
   if (writer && report_resume && totals.skipped > 0) {
     std::cerr << "resuming " << dir.string() << ": " << totals.skipped << " of " << trials.size()
               << " trials already finished\n";
-  }
-  JobSource source(queue, trials, dir, runner.prune, runner.batch_trials.value_or(false), group, board,
-                   options.stop);
-  for (std::size_t i = 0; i < trials.size(); ++i) {
-    if (finished_summary(trials[i], (dir / trials[i].name).string(), runner.prune)) source.known(i);
   }
   {
     std::lock_guard<std::mutex> lock(watch.mutex);
@@ -405,26 +404,48 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
       source.refresh_if_due();  // the other workers' results, for the bounds
       return queue.pruned(lanes[lane], next_eval);
     };
-    std::vector<bool> ended(lanes.size(), false);
+    std::vector<bool> ended(lanes.size(), false), committed(lanes.size(), false);
     hooks.finished = [&](std::size_t lane, const TrialResult& r) {
       ended[lane] = true;
       record(lanes[lane], r);
     };
+    // A lane whose result was refused (another worker took it over) goes
+    // back to the queue: the round then waits for the other's result, which
+    // its tables need.
+    const auto refused = [&](std::size_t lane) {
+      ended[lane] = true;
+      queue.give_back(lanes[lane]);
+    };
     if (board != nullptr && writer) {
       hooks.commit = [&](std::size_t lane) {
-        if (board->commit(trials[lanes[lane]].name)) return true;
-        ended[lane] = true;  // another worker's result stands
+        if (board->commit(trials[lanes[lane]].name)) {
+          committed[lane] = true;
+          return true;
+        }
+        refused(lane);
         return false;
       };
     }
     if (own_claims) {
       hooks.interrupt = [&] {
-        if (source.stopped()) return Interrupt::kCheckpoint;
+        // No longer this worker's first: such a trial writes nothing more,
+        // not even the checkpoint a stop would.
         for (std::size_t lane = 0; lane < lanes.size(); ++lane) {
           if (!ended[lane] && board->robbed(trials[lanes[lane]].name)) return Interrupt::kAbandon;
         }
-        return Interrupt::kNone;
+        return source.stopped() ? Interrupt::kCheckpoint : Interrupt::kNone;
       };
+      // Still this worker's, looked up now, before its folder is touched (a
+      // claim taken over while this worker stalled since it claimed).
+      for (std::size_t lane = 0; lane < lanes.size(); ++lane) {
+        if (board->verify(trials[lanes[lane]].name)) continue;
+        for (std::size_t l = 0; l < lanes.size(); ++l) {
+          const std::string& name = trials[lanes[l]].name;
+          board->verify(name) ? board->release(name) : board->abandon(name);
+          queue.give_back(lanes[l]);
+        }
+        return;
+      }
     }
     try {
       if (job.group.empty()) {
@@ -461,7 +482,11 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
       for (std::size_t lane = 0; lane < lanes.size(); ++lane) {
         if (ended[lane]) continue;
         const TrialConfig& t = trials[lanes[lane]];
-        if (board != nullptr && !board->commit(t.name)) continue;  // taken over: the other worker's result stands
+        // (Committed already when writing its result failed: a full disk.)
+        if (board != nullptr && !committed[lane] && !board->commit(t.name)) {  // taken over: the other's result stands
+          refused(lane);
+          continue;
+        }
         std::cerr << "trial " << t.name << " failed: " << message << "\n";
         record(lanes[lane], record_failure(t, (dir / t.name).string(), message));
       }

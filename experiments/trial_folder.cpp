@@ -12,7 +12,9 @@
 #include <iterator>
 #include <filesystem>
 #include <iostream>
+#include <mutex>
 #include <optional>
+#include <set>
 
 namespace bigbatch::experiments {
 namespace fs = std::filesystem;
@@ -54,16 +56,21 @@ std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const s
   return out;
 }
 
-// A trial's folder, ready for its run: made, unfinished until the end (no
-// summary.json), its config.json written. Returns the checkpoint an
-// interrupted run of the same config left there (periodic, or written when
-// it was preempted), if `resumable`; any other is removed.
+// A trial's folder, ready for its run: made, its config.json written.
+// Returns the checkpoint an interrupted run of the same config left there
+// (periodic, or written when it was preempted), if `resumable`; any other is
+// removed. A summary.json of the same config stays until the run replaces
+// it: one the sweep does not take as final (a failure) still describes the
+// trial to the tables other workers may write meanwhile, and a worker that
+// stalled here past its claim's lease must not remove the result of the
+// worker that took the trial over. Another config's summary goes.
 std::string prepare_folder(const TrialConfig& t, const fs::path& folder, bool resumable) {
   fs::create_directories(folder);
-  fs::remove(folder / "summary.json");
+  const bool same = same_config(t, folder);
+  if (!same) fs::remove(folder / "summary.json");
   const fs::path checkpoint = folder / "checkpoint.pt";
   std::string saved;
-  if (resumable && same_config(t, folder) && fs::exists(checkpoint)) {
+  if (resumable && same && fs::exists(checkpoint)) {
     saved = read_file(checkpoint.string());
   } else {
     fs::remove(checkpoint);  // another config's
@@ -124,6 +131,20 @@ std::vector<TrialResult> run_into(Trainer& trainer, const std::vector<TrialConfi
 
 }  // namespace
 
+namespace {
+
+// A warning about a trial folder's summary.json, once per file and process:
+// a sweep looks at a trial's summary more than once (the queue, its claim).
+void warn_once(const fs::path& summary, const std::string& why, const std::string& trial) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!warned.insert(summary.string()).second) return;
+  std::cerr << "warning: " << summary.string() << ": " << why << "; redoing " << trial << "\n";
+}
+
+}  // namespace
+
 std::optional<nlohmann::json> finished_summary(const TrialConfig& t, const std::string& folder, bool accept_pruned) {
   const fs::path dir(folder);
   if (!fs::exists(dir / "summary.json") || !same_config(t, dir)) return std::nullopt;
@@ -132,7 +153,7 @@ std::optional<nlohmann::json> finished_summary(const TrialConfig& t, const std::
     summary = read_json((dir / "summary.json").string());
   } catch (const std::exception&) {
     // Cut short or damaged (a disk that filled up, a hand edit): redo it.
-    std::cerr << "warning: " << (dir / "summary.json").string() << ": not readable JSON; redoing " << t.name << "\n";
+    warn_once(dir / "summary.json", "not readable JSON", t.name);
     return std::nullopt;
   }
   const auto status = summary.is_object() && summary.contains("status") && summary["status"].is_string()
@@ -140,7 +161,7 @@ std::optional<nlohmann::json> finished_summary(const TrialConfig& t, const std::
                           : std::string();
   if (std::none_of(std::begin(kTrialStatuses), std::end(kTrialStatuses),
                    [&](const auto& s) { return status == s.name; })) {
-    std::cerr << "warning: " << (dir / "summary.json").string() << ": no status; redoing " << t.name << "\n";
+    warn_once(dir / "summary.json", "no status", t.name);
     return std::nullopt;
   }
   // What the tables read of it (write_tables), of the types they read.
@@ -148,8 +169,7 @@ std::optional<nlohmann::json> finished_summary(const TrialConfig& t, const std::
   if (!summary.contains("peak_lr") || !summary["peak_lr"].is_number() ||
       (reached && !(summary.contains("steps_to_target") && summary["steps_to_target"].is_number_integer() &&
                     summary.contains("examples_to_target") && summary["examples_to_target"].is_number_integer()))) {
-    std::cerr << "warning: " << (dir / "summary.json").string() << ": a field missing or of another type; redoing "
-              << t.name << "\n";
+    warn_once(dir / "summary.json", "a field missing or of another type", t.name);
     return std::nullopt;
   }
   if (!accept_pruned && summary["status"] == to_string(TrialStatus::kPruned)) return std::nullopt;

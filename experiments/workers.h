@@ -27,8 +27,8 @@ inline int jobs_that_fit(int jobs, int threads, int local_ranks) {
 
 /// Runs `jobs` workers (the calling thread is one), each with `threads`
 /// intra-op threads, each doing run(*job) for job = next() until next()
-/// gives nothing or some run has thrown. next() must be safe to call from
-/// several threads. The first exception is rethrown once every worker has
+/// gives nothing or some next() or run has thrown. next() must be safe to
+/// call from several threads. The first exception is rethrown once every worker has
 /// stopped.
 template <typename Next, typename Run>
 void run_workers(int jobs, int threads, Next&& next, Run&& run) {
@@ -38,9 +38,9 @@ void run_workers(int jobs, int threads, Next&& next, Run&& run) {
   const auto worker = [&] {
     at::set_num_threads(threads);
     while (!failed) {
-      auto job = next();
-      if (!job) return;
       try {
+        auto job = next();  // it may do I/O (claims on a shared folder) and throw
+        if (!job) return;
         run(*job);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);

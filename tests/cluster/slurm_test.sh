@@ -120,7 +120,7 @@ read -r trial pid < <(held_by preempt)
 scancel --batch --signal=USR1 "$id"
 log=preempt/cluster/slurm/${id}_0.out
 for _ in $(seq 600); do grep -q "requeued" "$log" 2> /dev/null && break; sleep 0.1; done
-grep -q "^bigbatch: stopped by SIGTERM: 1 running trial(s) checkpointed and given back" "$log" \
+grep -q "^bigbatch: stopped by SIGUSR1: 1 running trial(s) given back, checkpointed unless batched" "$log" \
   || fail "the worker did not stop cleanly: $(cat "$log")"
 grep -q "^bigbatch worker: requeued" "$log" || fail "the task did not requeue: $(cat "$log")"
 # Slurm holds a requeued job for about two minutes (its begin time) before it

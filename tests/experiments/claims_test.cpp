@@ -161,7 +161,7 @@ TEST_F(Claims, AStalledWorkersLateResultIsRefused) {
         std::ofstream(claimed.string()) << "1";
         ::raise(SIGSTOP);  // stalled here until the parent continues it
         std::this_thread::sleep_for(std::chrono::duration<double>(kLease / 2));  // a heartbeat or more
-        code = (mine.robbed("t") ? 1 : 0) + (mine.commit("t") ? 0 : 2);  // 3: robbed and refused
+        code = (mine.verify("t") ? 4 : 0) + (mine.robbed("t") ? 1 : 0) + (mine.commit("t") ? 0 : 2);
       }
     }
     ::_exit(code);
@@ -181,7 +181,9 @@ TEST_F(Claims, AStalledWorkersLateResultIsRefused) {
   ::kill(child, SIGCONT);
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 3) << "1: robbed but committed; 2: committed although not robbed";
+  // 3: robbed, seen so, and refused (1 alone: committed anyway; 2 alone: not
+  // seen robbed; 4: verify() said it still held the trial).
+  EXPECT_EQ(WEXITSTATUS(status), 3);
   EXPECT_FALSE(taker.robbed("t"));
   EXPECT_TRUE(taker.commit("t"));  // slot 3: the taker's result stands
   EXPECT_EQ(slurp(dir_ / "claims" / "t.3"), "done " + taker.worker() + "\n");
@@ -288,12 +290,15 @@ TEST_F(SlurmScript, AsksForTheArrayItsThrottleCoresGpusAndTheSignal) {
 }
 
 // The script run by bash as Slurm would: the signal before the time limit
-// reaches the worker as SIGTERM, its exit code 75 comes back, and with
-// --requeue the task asks scontrol to requeue it.
+// (USR1, to the batch shell only) reaches the worker, its exit code 75 comes
+// back, and with --requeue the task asks scontrol to requeue it. SIGTERM,
+// which Slurm sends to every process of the job, is not sent on a second
+// time: the worker stops once, on its own SIGTERM.
 TEST_F(SlurmScript, PassesTheSignalOnAndRequeuesAStoppedWorker) {
   const std::string worker = write("worker.sh",
                                    "#!/bin/bash\n"
-                                   "trap 'echo stopped > " + (dir_ / "stopped").string() + "; exit 75' TERM\n"
+                                   "trap 'echo \"$1\" >> " + (dir_ / "stopped").string() + "; exit 75' USR1\n"
+                                   "trap 'echo TERM >> " + (dir_ / "stopped").string() + "; exit 75' TERM\n"
                                    "echo \"$@\" > " + (dir_ / "started").string() + "\n"
                                    "while :; do sleep 0.05; done\n");
   const std::string scontrol = write("scontrol", "#!/bin/bash\necho \"$@\" >> " + (dir_ / "scontrol.log").string() + "\n");
@@ -318,8 +323,38 @@ TEST_F(SlurmScript, PassesTheSignalOnAndRequeuesAStoppedWorker) {
   ASSERT_EQ(::waitpid(shell, &status, 0), shell);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), bx::kExitInterrupted);
-  EXPECT_TRUE(fs::exists(dir_ / "stopped"));
+  EXPECT_EQ(slurp(dir_ / "stopped"), "sweep\n");  // USR1, once
   EXPECT_EQ(slurp(dir_ / "scontrol.log"), "requeue 7_2\n");
+}
+
+// scancel's SIGTERM goes to the shell and the worker (one process group, as
+// Slurm signals a job): the worker is stopped once, not twice, and its 75
+// comes back.
+TEST_F(SlurmScript, ASigtermToTheWholeJobStopsTheWorkerOnce) {
+  const std::string worker = write("worker.sh",
+                                   "#!/bin/bash\n"
+                                   "trap 'echo TERM >> " + (dir_ / "stopped").string() + "; sleep 0.3; exit 75' TERM\n"
+                                   "echo started > " + (dir_ / "started").string() + "\n"
+                                   "while :; do sleep 0.05; done\n");
+  fs::permissions(worker, fs::perms::owner_all);
+  bx::SlurmJob job = example_job(worker, dir_.string());
+  job.requeue = false;
+  const std::string script = write("job.sbatch", bx::batch_script(job));
+  const pid_t shell = ::fork();
+  ASSERT_GE(shell, 0);
+  if (shell == 0) {
+    ::setpgid(0, 0);
+    ::execl("/bin/bash", "bash", script.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ASSERT_TRUE(appears(dir_ / "started"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ::kill(-shell, SIGTERM);  // the whole process group
+  int status = 0;
+  ASSERT_EQ(::waitpid(shell, &status, 0), shell);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), bx::kExitInterrupted);
+  EXPECT_EQ(slurp(dir_ / "stopped"), "TERM\n");
 }
 
 TEST(RunProgram, ReturnsTheStatusAndBothStreams) {

@@ -869,7 +869,7 @@ c["seeds"] = [0]; c["target"] = {"metric": "val_loss", "threshold": 1e-9, "eval_
   rc=0
   wait $pid || rc=$?
   [ "$rc" -eq 75 ] || fail "SIGTERM: exit $rc, want 75: $(tail -3 sig.err)"
-  grep -q "^bigbatch: stopped by SIGTERM: 1 running trial(s) checkpointed and given back" sig.err \
+  grep -q "^bigbatch: stopped by SIGTERM: 1 running trial(s) given back, checkpointed unless batched" sig.err \
     || fail "no line about the stop: $(tail -3 sig.err)"
   [ -e sig/$trial/checkpoint.pt ] && [ ! -e sig/$trial/summary.json ] || fail "no checkpoint left, or a summary"
   grep -q '^released ' sig/e2e/claims/b64_p0_s0.2 || fail "the claim was not given back"
