@@ -16,7 +16,7 @@ if(NOT EXISTS ${BIGBATCH_C10_CUDA_INCLUDE}/c10/cuda/impl/cuda_cmake_macros.h)
   file(WRITE ${shim}/c10/cuda/impl/cuda_cmake_macros.h "#pragma once\n")
 endif()
 
-set(sources optimizers/lamb.cpp distributed/process_group.cpp)
+set(sources optimizers/lamb.cpp distributed/process_group.cpp distributed/compression.cpp)
 set(libs bigbatch_kernels bigbatch_noise bigbatch_compat)
 if(BIGBATCH_BUILD_TESTS)
   find_package(GTest REQUIRED)

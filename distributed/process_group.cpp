@@ -5,7 +5,7 @@
 // which is why Impl keeps each backend's own pointer.
 #include "process_group.h"
 
-#include "../noise/noise_scale.h"
+#include "compression.h"
 #include "slurm_env.h"
 
 #include <ATen/core/grad_mode.h>
@@ -179,6 +179,19 @@ void ProcessGroup::allreduce_sum(std::vector<at::Tensor>& tensors) {
   impl_->run(tensors, [](auto& pg, std::vector<at::Tensor>& t) { return pg.allreduce(t); });
 }
 
+std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& input) {
+  // NCCL takes device tensors only: a CPU input travels through the group's device.
+  const bool stage = impl_->nccl_device.is_cuda() && !input.is_cuda();
+  std::vector<at::Tensor> in{stage ? input.to(impl_->nccl_device) : input.contiguous()};
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < size(); ++r) out[0].push_back(at::empty_like(in[0]));
+  impl_->with_backend([&](auto& pg) { return pg.allgather(out, in); })->wait();
+  if (stage) {
+    for (auto& t : out[0]) t = t.to(input.device());
+  }
+  return out[0];
+}
+
 void ProcessGroup::broadcast(std::vector<at::Tensor>& tensors, int root) {
   c10d::BroadcastOptions o;
   o.rootRank = root;
@@ -216,38 +229,10 @@ void broadcast_module(ProcessGroup& group, torch::nn::Module& module) {
 GradientNorms allreduce_gradients(ProcessGroup& group, const std::vector<at::Tensor>& params,
                                   std::int64_t bucket_bytes) {
   TORCH_CHECK(bucket_bytes > 0, "allreduce_gradients: bucket_bytes must be > 0, got ", bucket_bytes);
-  at::NoGradGuard no_grad;
-  GradientNorms norms;
-  std::vector<at::Tensor> grads;
-  for (const auto& p : params) {
-    if (p.grad().defined()) grads.push_back(p.grad());
-  }
-  norms.local_sq = noise::grad_sq_norm(params);
-  const double world = static_cast<double>(group.size());
-  std::size_t begin = 0;
-  while (begin < grads.size()) {
-    // One bucket: consecutive gradients up to bucket_bytes of fp32 (at least one).
-    std::size_t end = begin;
-    std::int64_t bytes = 0;
-    while (end < grads.size() && (end == begin || bytes + grads[end].numel() * 4 <= bucket_bytes)) {
-      bytes += grads[end].numel() * 4;
-      ++end;
-    }
-    std::vector<at::Tensor> flat_parts;
-    for (std::size_t i = begin; i < end; ++i) flat_parts.push_back(grads[i].reshape({-1}).to(at::kFloat));
-    std::vector<at::Tensor> bucket{at::cat(flat_parts)};
-    group.allreduce_sum(bucket);  // a world of one too: a group asked for runs its backend
-    bucket[0].div_(world);
-    std::int64_t offset = 0;
-    for (std::size_t i = begin; i < end; ++i) {
-      const std::int64_t n = grads[i].numel();
-      grads[i].copy_(bucket[0].slice(0, offset, offset + n).view(grads[i].sizes()));
-      offset += n;
-    }
-    begin = end;
-  }
-  norms.global_sq = noise::grad_sq_norm(params);
-  return norms;
+  CompressionSpec spec;
+  spec.bucket_bytes = bucket_bytes;
+  GradientExchange exchange(spec);
+  return exchange.exchange(group, params);
 }
 
 at::Tensor epoch_partition(std::int64_t n, std::int64_t batch_per_rank, int rank, int world, std::uint64_t seed,

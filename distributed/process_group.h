@@ -70,6 +70,9 @@ class ProcessGroup {
 
   /// In place: every tensor becomes the sum over ranks.
   void allreduce_sum(std::vector<at::Tensor>& tensors);
+  /// Every rank's `input` (the same shape and dtype on every rank) in rank
+  /// order: element r is rank r's (this rank's a copy).
+  std::vector<at::Tensor> allgather(const at::Tensor& input);
   /// In place: every tensor becomes root's.
   void broadcast(std::vector<at::Tensor>& tensors, int root = 0);
   void barrier();

@@ -6,6 +6,7 @@
 #include "../../optimizers/lars.h"
 
 #include "../test_main.h"
+#include "ranks.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
@@ -30,11 +31,15 @@
 #include <thread>
 #include <vector>
 
-extern char** environ;
-
 namespace {
 
 namespace bd = bigbatch::distributed;
+using bigbatch::test::launch;
+using bigbatch::test::Ranks;
+using bigbatch::test::read_tensor;
+using bigbatch::test::slurp;
+using bigbatch::test::tmp;
+using bigbatch::test::write_tensor;
 constexpr std::int64_t kPerRank = 4;
 constexpr int kSteps = 10;
 
@@ -67,23 +72,10 @@ at::Tensor flat_params(torch::nn::Sequential& net) {
   return at::cat(parts);
 }
 
-void write_tensor(const std::string& path, const at::Tensor& t) {
-  std::ofstream out(path, std::ios::binary);
-  const at::Tensor c = t.contiguous();
-  out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.numel() * sizeof(float)));
-}
-
-at::Tensor read_tensor(const std::string& path, std::int64_t n) {
-  std::ifstream in(path, std::ios::binary);
-  at::Tensor t = at::empty({n});
-  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(n * sizeof(float)));
-  EXPECT_TRUE(in.good()) << path;
-  return t;
-}
-
 // ----------------------------------------------------------------- workers --
 
 int worker(const std::string& scenario) {
+  if (scenario.rfind("compress:", 0) == 0) return bigbatch::test::compression_worker(scenario.substr(9));
   const bd::WorldInfo world = bd::world_from_env();
   const std::string out = std::getenv("BIGBATCH_DIST_OUT");
   bd::ProcessGroup group(world, std::chrono::seconds(5));
@@ -136,82 +128,6 @@ int worker(const std::string& scenario) {
 }
 
 // ------------------------------------------------------------------ parent --
-
-struct Ranks {
-  std::vector<int> status;  // exit codes, -1 when killed for time
-  std::vector<std::string> logs;
-  double seconds;
-};
-
-// Starts `world` copies of this binary as ranks of `scenario` and waits for them.
-Ranks launch(const std::string& scenario, const std::string& out, int world = 2, double limit = 60) {
-  static int next_port = 0;
-  const int port = 20000 + static_cast<int>(getpid() % 20000) + (next_port++) * 7 % 500;
-  Ranks r;
-  std::vector<pid_t> pids;
-  const auto start = std::chrono::steady_clock::now();
-  for (int rank = 0; rank < world; ++rank) {
-    std::vector<std::string> vars;
-    for (char** e = environ; *e; ++e) vars.emplace_back(*e);
-    vars.push_back("BIGBATCH_DIST_WORKER=" + scenario);
-    vars.push_back("BIGBATCH_DIST_OUT=" + out);
-    vars.push_back("RANK=" + std::to_string(rank));
-    vars.push_back("LOCAL_RANK=" + std::to_string(rank));
-    vars.push_back("WORLD_SIZE=" + std::to_string(world));
-    vars.push_back("MASTER_ADDR=127.0.0.1");
-    vars.push_back("MASTER_PORT=" + std::to_string(port));
-    vars.push_back("OMP_NUM_THREADS=1");
-    const std::string log = out + ".log." + std::to_string(rank);
-    r.logs.push_back(log);
-    std::vector<char*> envp;
-    for (auto& v : vars) envp.push_back(v.data());
-    envp.push_back(nullptr);
-    char* argv[] = {const_cast<char*>("/proc/self/exe"), nullptr};
-    const pid_t pid = fork();
-    if (pid == 0) {
-      if (!std::freopen(log.c_str(), "w", stderr)) std::_Exit(126);
-      execve("/proc/self/exe", argv, envp.data());
-      std::_Exit(127);
-    }
-    pids.push_back(pid);
-  }
-  r.status.assign(world, -2);
-  int left = world;
-  while (left > 0) {
-    for (int i = 0; i < world; ++i) {
-      int st = 0;
-      if (r.status[i] != -2 || waitpid(pids[i], &st, WNOHANG) != pids[i]) continue;
-      r.status[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      --left;
-    }
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (elapsed > limit) {
-      for (int i = 0; i < world; ++i) {
-        if (r.status[i] == -2) {
-          kill(pids[i], SIGKILL);
-          waitpid(pids[i], nullptr, 0);
-          r.status[i] = -1;
-        }
-      }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return r;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::string tmp(const std::string& name) {
-  return (testing::TempDir().empty() ? std::string("/tmp/") : testing::TempDir()) + "bigbatch_dist_" +
-         std::to_string(getpid()) + "_" + name;
-}
 
 class TwoRanks : public testing::TestWithParam<const char*> {};
 

@@ -1,0 +1,514 @@
+// The compressed gradient exchange (compression.h). Selection, norms and
+// PowerSGD's products are ATen's; the packing and unpacking loops are
+// kernels/compress.h's (the CPU loops, or the CUDA kernels for CUDA tensors in
+// a CUDA build).
+#include "compression.h"
+
+#include "../kernels/compress.h"
+#include "../noise/noise_scale.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#if defined(BIGBATCH_WITH_CUDA)
+#include "../kernels/cuda/compress.cuh"
+
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+namespace bigbatch::distributed {
+namespace {
+
+namespace kc = kernels::compress;
+
+#if defined(BIGBATCH_WITH_CUDA)
+cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+// A pack or unpack loop on the tensor's device.
+#define BIGBATCH_COMPRESS(tensor, loop, ...)                                      \
+  do {                                                                            \
+    if ((tensor).is_cuda()) {                                                     \
+      kc::cuda::loop(__VA_ARGS__, stream_of(tensor));                             \
+    } else {                                                                      \
+      kc::cpu::loop(__VA_ARGS__);                                                 \
+    }                                                                             \
+  } while (false)
+#else
+#define BIGBATCH_COMPRESS(tensor, loop, ...)                                                      \
+  do {                                                                                            \
+    TORCH_CHECK((tensor).is_cpu(), "gradient compression: ", (tensor).device(),                  \
+                " tensors need a CUDA build of bigbatch (-DBIGBATCH_CUDA=ON)");                   \
+    kc::cpu::loop(__VA_ARGS__);                                                                   \
+  } while (false)
+#endif
+
+struct Named {
+  Compression method;
+  const char* name;
+};
+constexpr Named kNames[] = {{Compression::kNone, "none"},       {Compression::kFp16, "fp16"},
+                            {Compression::kBf16, "bf16"},       {Compression::kTopK, "topk"},
+                            {Compression::kRandomK, "randomk"}, {Compression::kDgc, "dgc"},
+                            {Compression::kSign, "sign"},       {Compression::kTernGrad, "terngrad"},
+                            {Compression::kQsgd, "qsgd"},       {Compression::kPowerSgd, "powersgd"}};
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// A stream of draws for (seed, step, bucket, rank): rank -1 for one the ranks share.
+std::uint64_t stream_seed(std::uint64_t seed, std::int64_t step, std::size_t bucket, int rank) {
+  std::uint64_t h = kc::mix64(seed + 0x632BE59BD9B4E019ull);
+  h = kc::mix64(h ^ static_cast<std::uint64_t>(step));
+  h = kc::mix64(h ^ (static_cast<std::uint64_t>(bucket) << 20));
+  return kc::mix64(h ^ static_cast<std::uint64_t>(static_cast<std::int64_t>(rank) + 1));
+}
+
+std::uint32_t* words(at::Tensor& t) { return reinterpret_cast<std::uint32_t*>(t.data_ptr<std::int32_t>()); }
+const std::uint32_t* words(const at::Tensor& t) {
+  return reinterpret_cast<const std::uint32_t*>(t.data_ptr<std::int32_t>());
+}
+
+// A float stored in the last int32 word of a packed code (the scale travels with the words).
+void put_float(at::Tensor& packed, float value) {
+  std::int32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  packed[packed.numel() - 1].fill_(bits);
+}
+float get_float(const at::Tensor& packed) {
+  const std::int32_t bits = packed[packed.numel() - 1].item<std::int32_t>();
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+// The fraction DGC sends at `step`: geometric from 0.25 down to ratio over warmup steps.
+double dgc_ratio(const CompressionSpec& s, std::int64_t step) {
+  if (s.ratio >= 0.25 || step >= s.warmup_steps) return s.ratio;
+  const double t = static_cast<double>(step) / static_cast<double>(s.warmup_steps);
+  return 0.25 * std::pow(s.ratio / 0.25, t);
+}
+
+std::int64_t kept(double ratio, std::int64_t n) {
+  return std::clamp<std::int64_t>(static_cast<std::int64_t>(std::llround(ratio * static_cast<double>(n))), 1, n);
+}
+
+// Orthonormal columns of p (in place), by Gram-Schmidt; a column that falls to
+// zero stays zero.
+void orthogonalize(at::Tensor& p) {
+  for (std::int64_t j = 0; j < p.size(1); ++j) {
+    at::Tensor col = p.select(1, j);
+    for (std::int64_t i = 0; i < j; ++i) {
+      const at::Tensor prev = p.select(1, i);
+      col.sub_(prev * (col * prev).sum());
+    }
+    col.div_(col.norm().add_(1e-8));
+  }
+}
+
+}  // namespace
+
+const char* compression_name(Compression method) {
+  for (const auto& n : kNames) {
+    if (n.method == method) return n.name;
+  }
+  return "?";
+}
+
+std::optional<Compression> compression_from_name(const std::string& name) {
+  for (const auto& n : kNames) {
+    if (name == n.name) return n.method;
+  }
+  return std::nullopt;
+}
+
+std::string compression_names() {
+  std::string out;
+  for (const auto& n : kNames) out += std::string(out.empty() ? "" : ", ") + n.name;
+  return out;
+}
+
+void check_spec(const CompressionSpec& s) {
+  const char* name = compression_name(s.method);
+  TORCH_CHECK(s.bucket_bytes > 0, "compression ", name, ": bucket_bytes must be > 0, got ", s.bucket_bytes);
+  TORCH_CHECK(s.start_steps >= 0, "compression ", name, ": start_steps must be >= 0, got ", s.start_steps);
+  switch (s.method) {
+    case Compression::kTopK:
+    case Compression::kRandomK:
+    case Compression::kDgc:
+      TORCH_CHECK(s.ratio > 0 && s.ratio <= 1, "compression ", name, ": ratio must be in (0, 1], got ", s.ratio);
+      break;
+    case Compression::kQsgd:
+      TORCH_CHECK(s.levels >= 1 && s.levels <= 127, "compression ", name, ": levels must be in [1, 127], got ",
+                  s.levels);
+      break;
+    case Compression::kPowerSgd:
+      TORCH_CHECK(s.rank >= 1, "compression ", name, ": rank must be >= 1, got ", s.rank);
+      break;
+    default:
+      break;
+  }
+  if (s.method == Compression::kDgc) {
+    TORCH_CHECK(s.momentum >= 0 && s.momentum < 1, "compression dgc: momentum must be in [0, 1), got ", s.momentum);
+    TORCH_CHECK(s.warmup_steps >= 0, "compression dgc: warmup_steps must be >= 0, got ", s.warmup_steps);
+  }
+}
+
+GradientExchange::GradientExchange(CompressionSpec spec) : spec_(spec) { check_spec(spec_); }
+
+void GradientExchange::allreduce(ProcessGroup& group, at::Tensor& t) {
+  const double w = group.size();
+  const double bytes = static_cast<double>(t.numel() * t.element_size()) * 2 * (w - 1) / w;
+  last_.bytes_sent += bytes;
+  last_.bytes_received += bytes;
+  const auto start = Clock::now();
+  std::vector<at::Tensor> one{t};
+  group.allreduce_sum(one);  // a world of one too: a group asked for runs its backend
+  last_.communicate_seconds += seconds_since(start);
+}
+
+std::vector<at::Tensor> GradientExchange::allgather(ProcessGroup& group, const at::Tensor& t) {
+  const double bytes = static_cast<double>(t.numel() * t.element_size()) * (group.size() - 1);
+  last_.bytes_sent += bytes;
+  last_.bytes_received += bytes;
+  const auto start = Clock::now();
+  auto out = group.allgather(t);
+  last_.communicate_seconds += seconds_since(start);
+  return out;
+}
+
+void GradientExchange::plan(const std::vector<at::Tensor>& grads) {
+  std::vector<std::vector<std::int64_t>> shapes;
+  for (const auto& g : grads) shapes.push_back(g.sizes().vec());
+  if (planned_) {
+    TORCH_CHECK(shapes == shapes_, "gradient compression: the gradients changed since the first exchange (",
+                shapes_.size(), " tensors then, ", shapes.size(),
+                " now, or other shapes); a GradientExchange serves one set of parameters");
+    return;
+  }
+  shapes_ = shapes;
+  planned_ = true;
+  if (!grads.empty()) device_ = grads[0].device();
+  // PowerSGD: the matrices whose rank-r factors are smaller than they are.
+  std::vector<bool> dense(grads.size(), true);
+  if (spec_.method == Compression::kPowerSgd) {
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      if (grads[i].dim() < 2) continue;
+      const std::int64_t rows = grads[i].size(0), cols = grads[i].numel() / std::max<std::int64_t>(rows, 1);
+      const std::int64_t r = std::min({spec_.rank, rows, cols});
+      if ((rows + cols) * r >= rows * cols) continue;
+      matrices_.push_back(Matrix{i, rows, cols, r, {}, {}});
+      dense[i] = false;
+    }
+  }
+  // Consecutive gradients up to bucket_bytes of fp32 (at least one each).
+  std::size_t begin = 0;
+  while (begin < grads.size()) {
+    Bucket b;
+    std::int64_t bytes = 0;
+    std::size_t end = begin;
+    for (; end < grads.size(); ++end) {
+      if (!dense[end]) continue;
+      const std::int64_t add = grads[end].numel() * 4;
+      if (!b.members.empty() && bytes + add > spec_.bucket_bytes) break;
+      b.members.push_back(end);
+      bytes += add;
+      b.numel += grads[end].numel();
+    }
+    if (!b.members.empty()) buckets_.push_back(std::move(b));
+    begin = end;
+  }
+}
+
+GradientNorms GradientExchange::exchange(ProcessGroup& group, const std::vector<at::Tensor>& params) {
+  at::NoGradGuard no_grad;
+  GradientNorms norms;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  norms.local_sq = noise::grad_sq_norm(params);
+  plan(grads);
+  if (!pending_.empty()) apply_state();
+  last_ = ExchangeStats{};
+  last_.steps = 1;
+  const auto start = Clock::now();
+  const bool dense = spec_.method == Compression::kNone || steps_ < spec_.start_steps;
+  const double w = group.size();
+  for (const auto& g : grads) last_.dense_bytes += static_cast<double>(g.numel()) * 4 * 2 * (w - 1) / w;
+  if (spec_.method == Compression::kPowerSgd && !dense && !matrices_.empty()) exchange_powersgd(group, grads);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    std::vector<at::Tensor> parts;
+    for (const std::size_t i : bucket.members) parts.push_back(grads[i].reshape({-1}).to(at::kFloat));
+    at::Tensor flat = at::cat(parts);
+    exchange_bucket(group, bucket, b, flat, dense || spec_.method == Compression::kPowerSgd);
+    std::int64_t offset = 0;
+    for (const std::size_t i : bucket.members) {
+      const std::int64_t n = grads[i].numel();
+      grads[i].copy_(flat.slice(0, offset, offset + n).view(grads[i].sizes()));
+      offset += n;
+    }
+  }
+  if (dense && spec_.method == Compression::kPowerSgd) {
+    for (const Matrix& m : matrices_) {  // the compressed matrices, uncompressed during the start
+      at::Tensor flat = grads[m.member].reshape({-1}).to(at::kFloat);
+      allreduce(group, flat);
+      flat.div_(w);
+      grads[m.member].copy_(flat.view(grads[m.member].sizes()));
+    }
+  }
+  last_.compress_seconds = std::max(0.0, seconds_since(start) - last_.communicate_seconds);
+  ++steps_;
+  totals_.steps += 1;
+  totals_.bytes_sent += last_.bytes_sent;
+  totals_.bytes_received += last_.bytes_received;
+  totals_.dense_bytes += last_.dense_bytes;
+  totals_.compress_seconds += last_.compress_seconds;
+  totals_.communicate_seconds += last_.communicate_seconds;
+  norms.global_sq = noise::grad_sq_norm(params);
+  return norms;
+}
+
+void GradientExchange::exchange_bucket(ProcessGroup& group, Bucket& bucket, std::size_t index, at::Tensor& flat,
+                                       bool dense) {
+  const double w = group.size();
+  const std::int64_t n = flat.numel();
+  const auto opts = flat.options();
+  if (dense) {  // allreduce_gradients' exchange, operation for operation
+    allreduce(group, flat);
+    flat.div_(w);
+    return;
+  }
+  const auto memory = [&]() -> at::Tensor& {
+    if (!bucket.memory.defined()) bucket.memory = at::zeros({n}, opts);
+    return bucket.memory;
+  };
+  switch (spec_.method) {
+    case Compression::kFp16:
+    case Compression::kBf16: {
+      const auto type = spec_.method == Compression::kFp16 ? at::kHalf : at::kBFloat16;
+      at::Tensor half = flat.div(w).to(type);
+      // Gloo (LibTorch 1.13 at least) has no bf16 collectives: bf16 travels
+      // there as the bits of fp16 values (copied, never added), all-gathered,
+      // and is added in fp32 (for 2 ranks the bytes of an all-reduce).
+      if (spec_.method == Compression::kBf16 && group.backend() == Backend::kGloo) {
+        at::Tensor sum = at::zeros({n}, opts);
+        for (const auto& part : allgather(group, half.view(at::kHalf))) sum.add_(part.view(at::kBFloat16).to(at::kFloat));
+        flat.copy_(sum);
+      } else {
+        allreduce(group, half);
+        flat.copy_(half);
+      }
+      return;
+    }
+    case Compression::kTopK:
+    case Compression::kDgc: {
+      at::Tensor& acc = memory();
+      double ratio = spec_.ratio;
+      if (spec_.method == Compression::kDgc) {
+        // Momentum correction: u = m u + g; v = v + u; v is what is selected and sent.
+        if (!bucket.velocity.defined()) bucket.velocity = at::zeros({n}, opts);
+        bucket.velocity.mul_(spec_.momentum).add_(flat);
+        acc.add_(bucket.velocity);
+        ratio = dgc_ratio(spec_, steps_);
+      } else {
+        acc.add_(flat);
+      }
+      const std::int64_t k = kept(ratio, n);
+      at::Tensor index = std::get<1>(acc.abs().topk(k, 0, true, false)).to(at::kInt);
+      at::Tensor values = at::empty({k}, opts);
+      const bool clear = spec_.method == Compression::kDgc || spec_.error_feedback;
+      BIGBATCH_COMPRESS(acc, sparse_pack, acc.data_ptr<float>(), index.data_ptr<std::int32_t>(), k, clear,
+                        values.data_ptr<float>());
+      if (spec_.method == Compression::kDgc) {
+        bucket.velocity.index_fill_(0, index.to(at::kLong), 0.0);  // momentum-factor masking
+      } else if (!spec_.error_feedback) {
+        acc.zero_();
+      }
+      const auto all_values = allgather(group, values);
+      const auto all_index = allgather(group, index);
+      flat.zero_();
+      for (std::size_t r = 0; r < all_values.size(); ++r) {
+        BIGBATCH_COMPRESS(flat, sparse_unpack_add, all_index[r].data_ptr<std::int32_t>(),
+                          all_values[r].data_ptr<float>(), k, static_cast<float>(1.0 / w), flat.data_ptr<float>());
+      }
+      return;
+    }
+    case Compression::kRandomK: {
+      const std::int64_t k = kept(spec_.ratio, n);
+      auto gen = at::detail::createCPUGenerator(stream_seed(spec_.seed, steps_, index, -1));
+      at::Tensor coords = at::randperm(n, gen, at::kLong).slice(0, 0, k).to(at::kInt).to(flat.device());
+      at::Tensor values = at::empty({k}, opts);
+      at::Tensor& source = spec_.error_feedback ? memory() : flat;
+      if (spec_.error_feedback) source.add_(flat);
+      BIGBATCH_COMPRESS(source, sparse_pack, source.data_ptr<float>(), coords.data_ptr<std::int32_t>(), k,
+                        spec_.error_feedback, values.data_ptr<float>());
+      allreduce(group, values);  // the same coordinates on every rank: the values add up
+      const double scale = spec_.error_feedback ? 1.0 / w : static_cast<double>(n) / static_cast<double>(k) / w;
+      flat.zero_();
+      BIGBATCH_COMPRESS(flat, sparse_unpack_add, coords.data_ptr<std::int32_t>(), values.data_ptr<float>(), k,
+                        static_cast<float>(scale), flat.data_ptr<float>());
+      return;
+    }
+    case Compression::kSign: {
+      at::Tensor& p = spec_.error_feedback ? memory() : flat;
+      if (spec_.error_feedback) p.add_(flat);
+      const float scale = static_cast<float>(p.abs().sum().item<double>() / static_cast<double>(n));
+      at::Tensor packed = at::empty({kc::words_for(n, kc::kSignPerWord) + 1}, opts.dtype(at::kInt));
+      BIGBATCH_COMPRESS(p, sign_pack, p.data_ptr<float>(), n, scale, spec_.error_feedback, words(packed));
+      put_float(packed, scale);
+      flat.zero_();
+      for (const auto& part : allgather(group, packed)) {
+        BIGBATCH_COMPRESS(flat, sign_unpack_add, words(part), n, static_cast<float>(get_float(part) / w),
+                          flat.data_ptr<float>());
+      }
+      return;
+    }
+    case Compression::kTernGrad: {
+      const float scale = flat.abs().max().item<float>();
+      at::Tensor packed = at::empty({kc::words_for(n, kc::kTernaryPerWord) + 1}, opts.dtype(at::kInt));
+      BIGBATCH_COMPRESS(flat, ternary_pack, flat.data_ptr<float>(), n, scale,
+                        stream_seed(spec_.seed, steps_, index, group.rank()), words(packed));
+      put_float(packed, scale);
+      flat.zero_();
+      for (const auto& part : allgather(group, packed)) {
+        BIGBATCH_COMPRESS(flat, ternary_unpack_add, words(part), n, static_cast<float>(get_float(part) / w),
+                          flat.data_ptr<float>());
+      }
+      return;
+    }
+    case Compression::kQsgd: {
+      const float norm = static_cast<float>(flat.norm().item<double>());
+      // n levels as bytes, then the norm's 4 bytes.
+      at::Tensor packed = at::empty({n + 4}, opts.dtype(at::kChar));
+      BIGBATCH_COMPRESS(flat, qsgd_pack, flat.data_ptr<float>(), n, norm, static_cast<int>(spec_.levels),
+                        stream_seed(spec_.seed, steps_, index, group.rank()), packed.data_ptr<std::int8_t>());
+      at::Tensor norm_bytes = at::empty({4}, at::kChar);
+      std::memcpy(norm_bytes.data_ptr(), &norm, sizeof norm);
+      packed.slice(0, n).copy_(norm_bytes);
+      flat.zero_();
+      for (const auto& part : allgather(group, packed)) {
+        const at::Tensor norm_bytes = part.slice(0, n).cpu();
+        float part_norm;
+        std::memcpy(&part_norm, norm_bytes.data_ptr(), sizeof part_norm);
+        BIGBATCH_COMPRESS(flat, qsgd_unpack_add, part.data_ptr<std::int8_t>(), n,
+                          static_cast<float>(part_norm / static_cast<double>(spec_.levels) / w),
+                          flat.data_ptr<float>());
+      }
+      return;
+    }
+    default:
+      TORCH_CHECK(false, "gradient compression: ", compression_name(spec_.method), " has no bucket exchange");
+  }
+}
+
+void GradientExchange::exchange_powersgd(ProcessGroup& group, const std::vector<at::Tensor>& grads) {
+  const double w = group.size();
+  std::vector<at::Tensor> m(matrices_.size()), p(matrices_.size());
+  std::int64_t p_size = 0, q_size = 0;
+  for (std::size_t i = 0; i < matrices_.size(); ++i) {
+    Matrix& x = matrices_[i];
+    const at::Tensor& g = grads[x.member];
+    m[i] = g.reshape({x.rows, x.cols}).to(at::kFloat);
+    if (spec_.error_feedback) {
+      if (!x.error.defined()) x.error = at::zeros_like(m[i]);
+      m[i] = m[i] + x.error;
+    }
+    if (!x.q.defined()) {  // the same first Q on every rank: drawn from the shared seed
+      auto gen = at::detail::createCPUGenerator(stream_seed(spec_.seed, 0, (1u << 20) + i, -1));
+      x.q = at::randn({x.cols, x.r}, gen, at::kFloat).to(g.device());
+    }
+    p_size += x.rows * x.r;
+    q_size += x.cols * x.r;
+  }
+  // P = M Q, summed over the ranks, orthonormalized.
+  at::Tensor ps = at::empty({p_size}, m[0].options());
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < matrices_.size(); ++i) {
+    const Matrix& x = matrices_[i];
+    p[i] = ps.slice(0, offset, offset + x.rows * x.r).view({x.rows, x.r});
+    at::mm_out(p[i], m[i], x.q);
+    offset += x.rows * x.r;
+  }
+  allreduce(group, ps);
+  for (auto& pi : p) orthogonalize(pi);
+  // Q = M^T P, averaged over the ranks: P Q^T is the mean of the ranks' projections.
+  at::Tensor qs = at::empty({q_size}, m[0].options());
+  offset = 0;
+  for (std::size_t i = 0; i < matrices_.size(); ++i) {
+    Matrix& x = matrices_[i];
+    at::Tensor qi = qs.slice(0, offset, offset + x.cols * x.r).view({x.cols, x.r});
+    at::mm_out(qi, m[i].t(), p[i]);
+    offset += x.cols * x.r;
+  }
+  allreduce(group, qs);
+  qs.div_(w);
+  offset = 0;
+  for (std::size_t i = 0; i < matrices_.size(); ++i) {
+    Matrix& x = matrices_[i];
+    x.q = qs.slice(0, offset, offset + x.cols * x.r).view({x.cols, x.r}).clone();
+    offset += x.cols * x.r;
+    const at::Tensor approx = at::mm(p[i], x.q.t());
+    if (spec_.error_feedback) x.error = m[i] - approx;
+    grads[x.member].copy_(approx.view(grads[x.member].sizes()));
+  }
+}
+
+std::vector<at::Tensor> GradientExchange::state() const {
+  // The step and the compressor, then per bucket (memory, velocity) and per matrix (q, error),
+  // each an empty tensor where not yet made.
+  std::vector<at::Tensor> out{at::tensor({steps_, static_cast<std::int64_t>(spec_.method)}, at::kLong)};
+  const auto cpu = [](const at::Tensor& t) { return t.defined() ? t.to(at::kCPU, false, true) : at::empty({0}, at::kFloat); };
+  for (const auto& b : buckets_) {
+    out.push_back(cpu(b.memory));
+    out.push_back(cpu(b.velocity));
+  }
+  for (const auto& x : matrices_) {
+    out.push_back(cpu(x.q));
+    out.push_back(cpu(x.error));
+  }
+  return out;
+}
+
+void GradientExchange::load_state(const std::vector<at::Tensor>& state) {
+  TORCH_CHECK(!state.empty() && state[0].numel() == 2 && state[0].scalar_type() == at::kLong,
+              "gradient compression: a state without its step count and compressor");
+  const auto method = static_cast<Compression>(state[0][1].item<std::int64_t>());
+  TORCH_CHECK(method == spec_.method, "gradient compression: a state of ", compression_name(method), " given to ",
+              compression_name(spec_.method));
+  pending_ = state;
+  if (planned_) apply_state();
+}
+
+void GradientExchange::apply_state() {
+  const std::vector<at::Tensor> state = std::move(pending_);
+  pending_.clear();
+  const std::int64_t steps = state[0][0].item<std::int64_t>();
+  const std::size_t expected = 1 + 2 * (buckets_.size() + matrices_.size());
+  TORCH_CHECK(state.size() == expected || (steps == 0 && state.size() == 1), "gradient compression: a state of ",
+              state.size(), " tensors for ", expected, " (another compressor or other parameters)");
+  const at::Device device = device_;
+  const auto restore = [&](at::Tensor& into, const at::Tensor& from) {
+    into = from.numel() == 0 ? at::Tensor() : from.to(device).clone();
+  };
+  std::size_t k = 1;
+  for (auto& b : buckets_) {
+    if (k >= state.size()) break;
+    restore(b.memory, state[k++]);
+    restore(b.velocity, state[k++]);
+  }
+  for (auto& x : matrices_) {
+    if (k >= state.size()) break;
+    restore(x.q, state[k++]);
+    restore(x.error, state[k++]);
+  }
+  steps_ = steps;
+}
+
+}  // namespace bigbatch::distributed

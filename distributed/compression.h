@@ -1,0 +1,164 @@
+// Gradient compression for data-parallel training: the gradient exchange of
+// allreduce_gradients with a compressor in it. Each step the ranks' gradients
+// (flattened into fp32 buckets, as allreduce_gradients does) are compressed,
+// exchanged in compressed form, decompressed and averaged, so that every rank
+// ends the step with the same averaged gradient. The math of each compressor,
+// with its paper, is in docs/formulas.md ("Gradient compression"); how to
+// use it and what it does to steps-to-target, in docs/distributed.md.
+//
+//   none      fp32 all-reduce (allreduce_gradients, bit for bit)
+//   fp16,bf16 divided by the world size, cast, all-reduced in 16 bits (bf16
+//             over Gloo: all-gathered, added in fp32)
+//   topk      the k = ratio * n largest |g + e| with error feedback; values
+//             and int32 indices all-gathered
+//   randomk   k = ratio * n coordinates drawn from a seed shared by the ranks
+//             (the same on every rank, so the values are all-reduced and no
+//             index is sent); with error feedback, or unbiased (scaled by
+//             n / k) without
+//   dgc       Deep Gradient Compression: top-k of the accumulated velocity
+//             with momentum correction, momentum-factor masking and a
+//             sparsity warmup
+//   sign      EF-signSGD: sign(g + e) scaled by |g + e|_1 / n, 1 bit per
+//             element and one fp32 scale per bucket, error feedback
+//   terngrad  TernGrad: {-s, 0, +s} with s = max|g|, unbiased, 2 bits
+//   qsgd      QSGD with `levels` levels and stochastic rounding, unbiased,
+//             one byte per element and the bucket's norm
+//   powersgd  PowerSGD of rank r: one power iteration per step (warm start),
+//             P and Q all-reduced, error feedback; matrices where rank r
+//             saves nothing, and vectors, are all-reduced uncompressed
+//
+// Every compressor can start with `start_steps` steps of plain fp32
+// all-reduce (PowerSGD's recommended start). The random draws (randomk's
+// coordinates, TernGrad's and QSGD's rounding, PowerSGD's first Q) come from
+// (seed, step, bucket): reproducible, and the same on every rank where the
+// ranks must agree (randomk, PowerSGD), independent across ranks where they
+// must not (TernGrad, QSGD).
+#pragma once
+
+#include "process_group.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace bigbatch::distributed {
+
+enum class Compression { kNone, kFp16, kBf16, kTopK, kRandomK, kDgc, kSign, kTernGrad, kQsgd, kPowerSgd };
+
+/// The config name of a compressor ("none", "fp16", "bf16", "topk", "randomk",
+/// "dgc", "sign", "terngrad", "qsgd", "powersgd").
+const char* compression_name(Compression method);
+/// The compressor of a config name; nullopt for an unknown one.
+std::optional<Compression> compression_from_name(const std::string& name);
+/// Every config name, comma-separated (for error messages).
+std::string compression_names();
+
+struct CompressionSpec {
+  Compression method = Compression::kNone;
+  /// topk, randomk, dgc: the fraction of each bucket's elements sent, in (0, 1].
+  double ratio = 0.01;
+  /// topk, randomk, sign, powersgd: keep what was not sent and add it to the
+  /// next step's gradient. randomk without it is scaled by n / k (unbiased).
+  bool error_feedback = true;
+  /// dgc: the momentum of the momentum correction, in [0, 1). Use the
+  /// optimizer without momentum: DGC's exchange carries it.
+  double momentum = 0.9;
+  /// dgc: steps of sparsity warmup: the fraction sent falls geometrically
+  /// from 0.25 to `ratio` over them (none when ratio >= 0.25).
+  std::int64_t warmup_steps = 0;
+  /// qsgd: the number of levels s, in [1, 127].
+  std::int64_t levels = 16;
+  /// powersgd: the rank r, >= 1.
+  std::int64_t rank = 2;
+  /// Steps of plain fp32 all-reduce before compressing.
+  std::int64_t start_steps = 0;
+  /// The size of the fp32 buckets the gradients are flattened into (DDP's 25 MB).
+  std::int64_t bucket_bytes = 25 << 20;
+  /// The random draws' seed (bigbatch's trials use the trial's seed).
+  std::uint64_t seed = 0;
+};
+
+/// Checks every field the method uses; throws c10::Error naming the field
+/// and its value ("compression topk: ratio must be in (0, 1], got 0").
+void check_spec(const CompressionSpec& spec);
+
+/// Bytes and seconds of the exchange, summed over steps. Bytes are counted
+/// from the tensors handed to the collectives, as a ring algorithm moves
+/// them: an all-reduce of N bytes sends and receives 2 (W - 1) / W * N per
+/// rank, an all-gather of N bytes a rank sends and receives (W - 1) * N.
+struct ExchangeStats {
+  std::int64_t steps = 0;
+  double bytes_sent = 0;
+  double bytes_received = 0;
+  /// What the fp32 all-reduce of the same gradients would have sent.
+  double dense_bytes = 0;
+  /// Wall time compressing and decompressing (everything but the collectives),
+  /// and in the collectives. On CUDA tensors: host time (launches and waits).
+  double compress_seconds = 0;
+  double communicate_seconds = 0;
+  /// dense_bytes / bytes_sent (1 before any exchange).
+  double ratio() const { return bytes_sent > 0 ? dense_bytes / bytes_sent : 1.0; }
+};
+
+/// The gradient exchange of a data-parallel run with its compressor's state
+/// (error memories, DGC's velocities, PowerSGD's Q). Construct one per run
+/// and call exchange() after every backward, on every rank, with the same
+/// parameters in the same order.
+class GradientExchange {
+ public:
+  explicit GradientExchange(CompressionSpec spec = {});
+
+  /// Replaces each parameter's gradient by the average over the ranks as the
+  /// compressor transmits it (the exact average for none). Returns the
+  /// squared gradient norms before and after (the noise scale's two batch
+  /// sizes). Parameters without a gradient on every rank must be the same
+  /// parameters; their shapes may not change between calls.
+  GradientNorms exchange(ProcessGroup& group, const std::vector<at::Tensor>& params);
+
+  const CompressionSpec& spec() const { return spec_; }
+  std::int64_t steps() const { return steps_; }
+  const ExchangeStats& totals() const { return totals_; }
+  const ExchangeStats& last() const { return last_; }
+
+  /// The compressor's state, for a checkpoint: the step count and every
+  /// memory tensor, on the CPU. load_state() of the same spec over the same
+  /// parameters continues where it was taken (applied at the next exchange
+  /// when none ran yet; a state that does not fit throws there).
+  std::vector<at::Tensor> state() const;
+  void load_state(const std::vector<at::Tensor>& state);
+
+ private:
+  struct Bucket {
+    std::vector<std::size_t> members;  ///< indices into the gradient list
+    std::int64_t numel = 0;
+    at::Tensor memory;    ///< error feedback (topk, randomk, sign), DGC's accumulated velocity
+    at::Tensor velocity;  ///< DGC's momentum
+  };
+  struct Matrix {  ///< PowerSGD: a gradient compressed as rows x cols at rank r
+    std::size_t member;
+    std::int64_t rows, cols, r;
+    at::Tensor q, error;
+  };
+
+  void plan(const std::vector<at::Tensor>& grads);
+  void apply_state();
+  void exchange_bucket(ProcessGroup& group, Bucket& bucket, std::size_t index, at::Tensor& flat, bool dense);
+  void exchange_powersgd(ProcessGroup& group, const std::vector<at::Tensor>& grads);
+  void allreduce(ProcessGroup& group, at::Tensor& t);
+  std::vector<at::Tensor> allgather(ProcessGroup& group, const at::Tensor& t);
+
+  CompressionSpec spec_;
+  std::int64_t steps_ = 0;
+  bool planned_ = false;
+  at::Device device_{at::kCPU};
+  std::vector<at::Tensor> pending_;                 ///< a loaded state not yet applied
+  std::vector<std::vector<std::int64_t>> shapes_;  ///< the gradients' shapes, fixed at the first call
+  std::vector<Bucket> buckets_;                     ///< over the gradients PowerSGD leaves dense (all, otherwise)
+  std::vector<Matrix> matrices_;                    ///< powersgd
+  ExchangeStats totals_, last_;
+};
+
+}  // namespace bigbatch::distributed
