@@ -48,16 +48,6 @@ cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDASt
   } while (false)
 #endif
 
-struct Named {
-  Compression method;
-  const char* name;
-};
-constexpr Named kNames[] = {{Compression::kNone, "none"},       {Compression::kFp16, "fp16"},
-                            {Compression::kBf16, "bf16"},       {Compression::kTopK, "topk"},
-                            {Compression::kRandomK, "randomk"}, {Compression::kDgc, "dgc"},
-                            {Compression::kSign, "sign"},       {Compression::kTernGrad, "terngrad"},
-                            {Compression::kQsgd, "qsgd"},       {Compression::kPowerSgd, "powersgd"}};
-
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -72,19 +62,6 @@ std::uint64_t stream_seed(std::uint64_t seed, std::int64_t step, std::size_t buc
 std::uint32_t* words(at::Tensor& t) { return reinterpret_cast<std::uint32_t*>(t.data_ptr<std::int32_t>()); }
 const std::uint32_t* words(const at::Tensor& t) {
   return reinterpret_cast<const std::uint32_t*>(t.data_ptr<std::int32_t>());
-}
-
-// A float stored in the last int32 word of a packed code (the scale travels with the words).
-void put_float(at::Tensor& packed, float value) {
-  std::int32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  packed[packed.numel() - 1].fill_(bits);
-}
-float get_float(const at::Tensor& packed) {
-  const std::int32_t bits = packed[packed.numel() - 1].item<std::int32_t>();
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
 }
 
 // The fraction DGC sends at `step`: geometric from 0.25 down to ratio over warmup steps.
@@ -114,23 +91,17 @@ void orthogonalize(at::Tensor& p) {
 }  // namespace
 
 const char* compression_name(Compression method) {
-  for (const auto& n : kNames) {
-    if (n.method == method) return n.name;
+  for (const auto& n : kCompressionNames) {
+    if (n.value == method) return n.name;
   }
   return "?";
 }
 
 std::optional<Compression> compression_from_name(const std::string& name) {
-  for (const auto& n : kNames) {
-    if (name == n.name) return n.method;
+  for (const auto& n : kCompressionNames) {
+    if (name == n.name) return n.value;
   }
   return std::nullopt;
-}
-
-std::string compression_names() {
-  std::string out;
-  for (const auto& n : kNames) out += std::string(out.empty() ? "" : ", ") + n.name;
-  return out;
 }
 
 void check_spec(const CompressionSpec& s) {
@@ -146,6 +117,7 @@ void check_spec(const CompressionSpec& s) {
     case Compression::kQsgd:
       TORCH_CHECK(s.levels >= 1 && s.levels <= 127, "compression ", name, ": levels must be in [1, 127], got ",
                   s.levels);
+      TORCH_CHECK(s.chunk >= 1, "compression ", name, ": chunk must be >= 1, got ", s.chunk);
       break;
     case Compression::kPowerSgd:
       TORCH_CHECK(s.rank >= 1, "compression ", name, ": rank must be >= 1, got ", s.rank);
@@ -217,6 +189,7 @@ void GradientExchange::plan(const std::vector<at::Tensor>& grads) {
       const std::int64_t add = grads[end].numel() * 4;
       if (!b.members.empty() && bytes + add > spec_.bucket_bytes) break;
       b.members.push_back(end);
+      b.sizes.push_back(grads[end].numel());
       bytes += add;
       b.numel += grads[end].numel();
     }
@@ -239,6 +212,7 @@ GradientNorms GradientExchange::exchange(ProcessGroup& group, const std::vector<
   last_.steps = 1;
   const auto start = Clock::now();
   const bool dense = spec_.method == Compression::kNone || steps_ < spec_.start_steps;
+  last_average_ = dense || spec_.method == Compression::kFp16 || spec_.method == Compression::kBf16;
   const double w = group.size();
   for (const auto& g : grads) last_.dense_bytes += static_cast<double>(g.numel()) * 4 * 2 * (w - 1) / w;
   if (spec_.method == Compression::kPowerSgd && !dense && !matrices_.empty()) exchange_powersgd(group, grads);
@@ -356,50 +330,76 @@ void GradientExchange::exchange_bucket(ProcessGroup& group, Bucket& bucket, std:
                         static_cast<float>(scale), flat.data_ptr<float>());
       return;
     }
-    case Compression::kSign: {
-      at::Tensor& p = spec_.error_feedback ? memory() : flat;
-      if (spec_.error_feedback) p.add_(flat);
-      const float scale = static_cast<float>(p.abs().sum().item<double>() / static_cast<double>(n));
-      at::Tensor packed = at::empty({kc::words_for(n, kc::kSignPerWord) + 1}, opts.dtype(at::kInt));
-      BIGBATCH_COMPRESS(p, sign_pack, p.data_ptr<float>(), n, scale, spec_.error_feedback, words(packed));
-      put_float(packed, scale);
-      flat.zero_();
-      for (const auto& part : allgather(group, packed)) {
-        BIGBATCH_COMPRESS(flat, sign_unpack_add, words(part), n, static_cast<float>(get_float(part) / w),
-                          flat.data_ptr<float>());
-      }
-      return;
-    }
+    case Compression::kSign:
     case Compression::kTernGrad: {
-      const float scale = flat.abs().max().item<float>();
-      at::Tensor packed = at::empty({kc::words_for(n, kc::kTernaryPerWord) + 1}, opts.dtype(at::kInt));
-      BIGBATCH_COMPRESS(flat, ternary_pack, flat.data_ptr<float>(), n, scale,
-                        stream_seed(spec_.seed, steps_, index, group.rank()), words(packed));
-      put_float(packed, scale);
+      // One code per tensor of the bucket, each with its own scale (the
+      // papers' layer-wise scales): the tensors' words, then their scales.
+      const bool sign = spec_.method == Compression::kSign;
+      const std::int64_t per_word = sign ? kc::kSignPerWord : kc::kTernaryPerWord;
+      at::Tensor& x = sign && spec_.error_feedback ? memory() : flat;
+      if (sign && spec_.error_feedback) x.add_(flat);
+      std::int64_t words_total = 0;
+      for (const std::int64_t size : bucket.sizes) words_total += kc::words_for(size, per_word);
+      const auto segments = static_cast<std::int64_t>(bucket.sizes.size());
+      at::Tensor packed = at::empty({words_total + segments}, opts.dtype(at::kInt));
+      const at::Tensor scales = at::empty({segments}, opts);
+      std::int64_t begin = 0, word = 0;
+      for (std::int64_t j = 0; j < segments; ++j) {
+        const std::int64_t size = bucket.sizes[static_cast<std::size_t>(j)];
+        at::Tensor part = x.slice(0, begin, begin + size);
+        std::uint32_t* out = words(packed) + word;
+        if (sign) {
+          // The scale that brings c sign(x) closest to x: the mean magnitude.
+          const float scale = static_cast<float>(part.abs().sum().item<double>() / static_cast<double>(size));
+          scales[j].fill_(scale);
+          BIGBATCH_COMPRESS(part, sign_pack, part.data_ptr<float>(), size, scale, spec_.error_feedback, out);
+        } else {
+          const float scale = part.abs().max().item<float>();
+          scales[j].fill_(scale);
+          const std::uint64_t seed = kc::mix64(stream_seed(spec_.seed, steps_, index, group.rank()) + j);
+          BIGBATCH_COMPRESS(part, ternary_pack, part.data_ptr<float>(), size, scale, seed, out);
+        }
+        begin += size;
+        word += kc::words_for(size, per_word);
+      }
+      packed.slice(0, words_total).copy_(scales.view(at::kInt));
       flat.zero_();
-      for (const auto& part : allgather(group, packed)) {
-        BIGBATCH_COMPRESS(flat, ternary_unpack_add, words(part), n, static_cast<float>(get_float(part) / w),
-                          flat.data_ptr<float>());
+      for (const auto& received : allgather(group, packed)) {
+        const at::Tensor their_scales = received.slice(0, words_total).view(at::kFloat).cpu();
+        begin = word = 0;
+        for (std::int64_t j = 0; j < segments; ++j) {
+          const std::int64_t size = bucket.sizes[static_cast<std::size_t>(j)];
+          at::Tensor part = flat.slice(0, begin, begin + size);
+          const float scale = static_cast<float>(their_scales[j].item<float>() / w);
+          const std::uint32_t* in = words(received) + word;
+          if (sign) {
+            BIGBATCH_COMPRESS(part, sign_unpack_add, in, size, scale, part.data_ptr<float>());
+          } else {
+            BIGBATCH_COMPRESS(part, ternary_unpack_add, in, size, scale, part.data_ptr<float>());
+          }
+          begin += size;
+          word += kc::words_for(size, per_word);
+        }
       }
       return;
     }
     case Compression::kQsgd: {
-      const float norm = static_cast<float>(flat.norm().item<double>());
-      // n levels as bytes, then the norm's 4 bytes.
-      at::Tensor packed = at::empty({n + 4}, opts.dtype(at::kChar));
-      BIGBATCH_COMPRESS(flat, qsgd_pack, flat.data_ptr<float>(), n, norm, static_cast<int>(spec_.levels),
-                        stream_seed(spec_.seed, steps_, index, group.rank()), packed.data_ptr<std::int8_t>());
-      at::Tensor norm_bytes = at::empty({4}, at::kChar);
-      std::memcpy(norm_bytes.data_ptr(), &norm, sizeof norm);
-      packed.slice(0, n).copy_(norm_bytes);
+      // The norm of each chunk of `chunk` elements (QSGD's buckets), then n levels as bytes.
+      const std::int64_t chunks = (n + spec_.chunk - 1) / spec_.chunk;
+      at::Tensor padded = at::zeros({chunks * spec_.chunk}, opts);
+      padded.slice(0, 0, n).copy_(flat);
+      const at::Tensor norms = padded.view({chunks, spec_.chunk}).norm(2, 1).contiguous();
+      at::Tensor packed = at::empty({4 * chunks + n}, opts.dtype(at::kChar));
+      packed.slice(0, 0, 4 * chunks).copy_(norms.view(at::kChar));
+      BIGBATCH_COMPRESS(flat, qsgd_pack, flat.data_ptr<float>(), n, norms.data_ptr<float>(), spec_.chunk,
+                        static_cast<int>(spec_.levels), stream_seed(spec_.seed, steps_, index, group.rank()),
+                        packed.data_ptr<std::int8_t>() + 4 * chunks);
       flat.zero_();
-      for (const auto& part : allgather(group, packed)) {
-        const at::Tensor norm_bytes = part.slice(0, n).cpu();
-        float part_norm;
-        std::memcpy(&part_norm, norm_bytes.data_ptr(), sizeof part_norm);
-        BIGBATCH_COMPRESS(flat, qsgd_unpack_add, part.data_ptr<std::int8_t>(), n,
-                          static_cast<float>(part_norm / static_cast<double>(spec_.levels) / w),
-                          flat.data_ptr<float>());
+      const float scale = static_cast<float>(1.0 / static_cast<double>(spec_.levels) / w);
+      for (const auto& received : allgather(group, packed)) {
+        const at::Tensor their_norms = received.slice(0, 0, 4 * chunks).view(at::kFloat);
+        BIGBATCH_COMPRESS(flat, qsgd_unpack_add, received.data_ptr<std::int8_t>() + 4 * chunks, n,
+                          their_norms.data_ptr<float>(), spec_.chunk, scale, flat.data_ptr<float>());
       }
       return;
     }
@@ -461,9 +461,13 @@ void GradientExchange::exchange_powersgd(ProcessGroup& group, const std::vector<
 }
 
 std::vector<at::Tensor> GradientExchange::state() const {
-  // The step and the compressor, then per bucket (memory, velocity) and per matrix (q, error),
+  // The step and the compressor, the totals, then per bucket (memory, velocity) and per matrix (q, error),
   // each an empty tensor where not yet made.
-  std::vector<at::Tensor> out{at::tensor({steps_, static_cast<std::int64_t>(spec_.method)}, at::kLong)};
+  std::vector<at::Tensor> out{at::tensor({steps_, static_cast<std::int64_t>(spec_.method)}, at::kLong),
+                              at::tensor({static_cast<double>(totals_.steps), totals_.bytes_sent,
+                                          totals_.bytes_received, totals_.dense_bytes, totals_.compress_seconds,
+                                          totals_.communicate_seconds},
+                                         at::kDouble)};
   const auto cpu = [](const at::Tensor& t) { return t.defined() ? t.to(at::kCPU, false, true) : at::empty({0}, at::kFloat); };
   for (const auto& b : buckets_) {
     out.push_back(cpu(b.memory));
@@ -490,14 +494,19 @@ void GradientExchange::apply_state() {
   const std::vector<at::Tensor> state = std::move(pending_);
   pending_.clear();
   const std::int64_t steps = state[0][0].item<std::int64_t>();
-  const std::size_t expected = 1 + 2 * (buckets_.size() + matrices_.size());
-  TORCH_CHECK(state.size() == expected || (steps == 0 && state.size() == 1), "gradient compression: a state of ",
+  const std::size_t expected = 2 + 2 * (buckets_.size() + matrices_.size());
+  TORCH_CHECK(state.size() == expected || (steps == 0 && state.size() == 2), "gradient compression: a state of ",
               state.size(), " tensors for ", expected, " (another compressor or other parameters)");
   const at::Device device = device_;
   const auto restore = [&](at::Tensor& into, const at::Tensor& from) {
     into = from.numel() == 0 ? at::Tensor() : from.to(device).clone();
   };
-  std::size_t k = 1;
+  TORCH_CHECK(state[1].numel() == 6, "gradient compression: a state whose totals have ", state[1].numel(),
+              " values, not 6");
+  const at::Tensor t = state[1].to(at::kDouble).contiguous();
+  const double* v = t.data_ptr<double>();
+  totals_ = ExchangeStats{static_cast<std::int64_t>(v[0]), v[1], v[2], v[3], v[4], v[5]};
+  std::size_t k = 2;
   for (auto& b : buckets_) {
     if (k >= state.size()) break;
     restore(b.memory, state[k++]);

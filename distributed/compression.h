@@ -18,11 +18,11 @@
 //   dgc       Deep Gradient Compression: top-k of the accumulated velocity
 //             with momentum correction, momentum-factor masking and a
 //             sparsity warmup
-//   sign      EF-signSGD: sign(g + e) scaled by |g + e|_1 / n, 1 bit per
-//             element and one fp32 scale per bucket, error feedback
-//   terngrad  TernGrad: {-s, 0, +s} with s = max|g|, unbiased, 2 bits
+//   sign      EF-signSGD: sign(g + e) scaled by |g + e|_1 / n per tensor,
+//             1 bit per element and one fp32 scale per tensor, error feedback
+//   terngrad  TernGrad: {-s, 0, +s} with s = max|g| per tensor, unbiased, 2 bits
 //   qsgd      QSGD with `levels` levels and stochastic rounding, unbiased,
-//             one byte per element and the bucket's norm
+//             one byte per element and one fp32 norm per `chunk` elements
 //   powersgd  PowerSGD of rank r: one power iteration per step (warm start),
 //             P and Q all-reduced, error feedback; matrices where rank r
 //             saves nothing, and vectors, are all-reduced uncompressed
@@ -48,13 +48,22 @@ namespace bigbatch::distributed {
 
 enum class Compression { kNone, kFp16, kBf16, kTopK, kRandomK, kDgc, kSign, kTernGrad, kQsgd, kPowerSgd };
 
-/// The config name of a compressor ("none", "fp16", "bf16", "topk", "randomk",
-/// "dgc", "sign", "terngrad", "qsgd", "powersgd").
+/// How configs and result files spell each compressor, in the order error
+/// messages list them (a table config::enum_value reads).
+struct CompressionName {
+  Compression value;
+  const char* name;
+};
+inline constexpr CompressionName kCompressionNames[] = {
+    {Compression::kNone, "none"},         {Compression::kFp16, "fp16"},   {Compression::kBf16, "bf16"},
+    {Compression::kTopK, "topk"},         {Compression::kRandomK, "randomk"}, {Compression::kDgc, "dgc"},
+    {Compression::kSign, "sign"},         {Compression::kTernGrad, "terngrad"}, {Compression::kQsgd, "qsgd"},
+    {Compression::kPowerSgd, "powersgd"}};
+
+/// The config name of a compressor.
 const char* compression_name(Compression method);
 /// The compressor of a config name; nullopt for an unknown one.
 std::optional<Compression> compression_from_name(const std::string& name);
-/// Every config name, comma-separated (for error messages).
-std::string compression_names();
 
 struct CompressionSpec {
   Compression method = Compression::kNone;
@@ -71,6 +80,9 @@ struct CompressionSpec {
   std::int64_t warmup_steps = 0;
   /// qsgd: the number of levels s, in [1, 127].
   std::int64_t levels = 16;
+  /// qsgd: elements per norm (the paper's bucket size d): each chunk of a
+  /// bucket is quantized against its own norm.
+  std::int64_t chunk = 512;
   /// powersgd: the rank r, >= 1.
   std::int64_t rank = 2;
   /// Steps of plain fp32 all-reduce before compressing.
@@ -122,6 +134,10 @@ class GradientExchange {
   std::int64_t steps() const { return steps_; }
   const ExchangeStats& totals() const { return totals_; }
   const ExchangeStats& last() const { return last_; }
+  /// Whether the last exchange gave the ranks' average itself (fp32, or
+  /// rounded to 16 bits) rather than a compressed estimate of it: what the
+  /// noise scale's big-batch norm needs.
+  bool last_was_average() const { return last_average_; }
 
   /// The compressor's state, for a checkpoint: the step count and every
   /// memory tensor, on the CPU. load_state() of the same spec over the same
@@ -133,6 +149,7 @@ class GradientExchange {
  private:
   struct Bucket {
     std::vector<std::size_t> members;  ///< indices into the gradient list
+    std::vector<std::int64_t> sizes;   ///< each member's elements
     std::int64_t numel = 0;
     at::Tensor memory;    ///< error feedback (topk, randomk, sign), DGC's accumulated velocity
     at::Tensor velocity;  ///< DGC's momentum
@@ -159,6 +176,7 @@ class GradientExchange {
   std::vector<Bucket> buckets_;                     ///< over the gradients PowerSGD leaves dense (all, otherwise)
   std::vector<Matrix> matrices_;                    ///< powersgd
   ExchangeStats totals_, last_;
+  bool last_average_ = true;
 };
 
 }  // namespace bigbatch::distributed

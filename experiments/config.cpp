@@ -256,6 +256,52 @@ void gns_fields(Io& io, Spec& g) {
   io.check("beta", g.beta >= 0 && g.beta < 1, "must be in [0, 1), got " + num(g.beta));
 }
 
+// One compressor's parameters: only those it uses (distributed/compression.h).
+template <typename Io, typename Spec>
+void compression_fields(Io& io, Spec& c) {
+  using distributed::Compression;
+  io.choice("name", c.method, distributed::kCompressionNames);
+  const Compression m = c.method;
+  if (m == Compression::kTopK || m == Compression::kRandomK || m == Compression::kDgc) {
+    io.field("ratio", c.ratio);
+    io.check("ratio", c.ratio > 0 && c.ratio <= 1, "must be in (0, 1], got " + num(c.ratio));
+  }
+  if (m == Compression::kTopK || m == Compression::kRandomK || m == Compression::kSign ||
+      m == Compression::kPowerSgd) {
+    io.field("error_feedback", c.error_feedback);
+  }
+  if (m == Compression::kDgc) {
+    io.field("momentum", c.momentum);
+    io.check("momentum", c.momentum >= 0 && c.momentum < 1, "must be in [0, 1), got " + num(c.momentum));
+    io.field("warmup_steps", c.warmup_steps);
+    io.check("warmup_steps", c.warmup_steps >= 0, "must be >= 0, got " + std::to_string(c.warmup_steps));
+  }
+  if (m == Compression::kQsgd) {
+    io.field("levels", c.levels);
+    io.check("levels", c.levels >= 1 && c.levels <= 127, "must be in [1, 127], got " + std::to_string(c.levels));
+    io.field("chunk", c.chunk);
+    io.check("chunk", c.chunk >= 1, "must be >= 1, got " + std::to_string(c.chunk));
+  }
+  if (m == Compression::kPowerSgd) {
+    io.field("rank", c.rank);
+    io.check("rank", c.rank >= 1, "must be >= 1, got " + std::to_string(c.rank));
+  }
+  if (m != Compression::kNone) {
+    io.field("start_steps", c.start_steps);
+    io.check("start_steps", c.start_steps >= 0, "must be >= 0, got " + std::to_string(c.start_steps));
+  }
+}
+
+template <typename Io, typename Spec>
+void distributed_fields(Io& io, Spec& d) {
+  io.object("compression", d.compression, [](auto& q, auto& c) { compression_fields(q, c); });
+  io.field("bucket_mb", d.bucket_mb);
+  io.check("bucket_mb", d.bucket_mb > 0 && d.bucket_mb <= 4096, "must be in (0, 4096], got " + num(d.bucket_mb));
+  if constexpr (Io::kReading) {
+    d.compression.bucket_bytes = static_cast<std::int64_t>(d.bucket_mb * (1 << 20));
+  }
+}
+
 // The schedule has its own field list (schedules/schedule.h); the search sets
 // its base rate, so a sweep's schedule has none.
 template <typename Io, typename Spec>
@@ -375,6 +421,9 @@ void common_fields(Io& io, Spec& t, bool with_rate) {
   need(io, "budget", true, "an object with steps or epochs");
   nested("budget", t.budget, [](auto& q, auto& b) { budget_fields(q, b); });
   nested("gns", t.gns, [](auto& q, auto& g) { gns_fields(q, g); });
+  if (io.given("distributed", !t.distributed.is_default())) {
+    nested("distributed", t.distributed, [](auto& q, auto& d) { distributed_fields(q, d); });
+  }
   io.choice("device", t.device, kDeviceTypes);
   io.field("checkpoint_every", t.checkpoint_every);
   io.field("tensorboard", t.tensorboard);
@@ -429,6 +478,14 @@ void trial_fields(Io& io, Spec& t) {
   io.field("seed", t.seed);
   common_fields(io, t, /*with_rate=*/true);
 }
+
+}  // namespace
+
+bool DistributedSpec::is_default() const {
+  return compression.method == distributed::Compression::kNone && bucket_mb == 25;
+}
+
+namespace {
 
 // Van der Corput radical inverse: the Halton sequence's coordinate in `base`.
 double radical_inverse(std::int64_t i, std::int64_t base) {

@@ -6,6 +6,7 @@
 
 #include "data.h"
 #include "models.h"
+#include "../distributed/compression.h"
 #include "../config/json_reader.h"
 #include "../schedules/schedule.h"
 
@@ -99,6 +100,18 @@ WorkloadPart model_part(const ModelSpec& spec);
 DataSpec data_spec(const WorkloadPart& part);
 ModelSpec model_spec(const WorkloadPart& part);
 
+/// "distributed": how the ranks of a data-parallel trial exchange their
+/// gradients (distributed/compression.h). Left out of resolved configs when
+/// it is the default (fp32 all-reduce in 25 MiB buckets), so that folders
+/// written before it existed keep their identity.
+struct DistributedSpec {
+  /// "compression": {"name": ..., its parameters}; bucket_bytes comes from
+  /// bucket_mb and the seed from the trial's seed.
+  distributed::CompressionSpec compression;
+  double bucket_mb = 25;
+  bool is_default() const;
+};
+
 /// How a trial's batches are fetched (loader.h), not what they hold: the
 /// batches are the same whatever these are.
 struct LoaderSpec {
@@ -121,6 +134,7 @@ struct TrialConfig {
   TargetSpec target;
   BudgetSpec budget;
   GnsSpec gns;
+  DistributedSpec distributed;
   std::int64_t batch_size = 0;
   std::uint64_t seed = 0;
   DeviceType device = DeviceType::kCpu;  ///< cuda: each rank its cuda:LOCAL_RANK

@@ -10,6 +10,7 @@
 #include "data.h"
 #include "trial.h"
 #include "workload.h"
+#include "../distributed/compression.h"
 #include "../distributed/process_group.h"
 
 #include <torch/nn/modules/container/sequential.h>
@@ -68,6 +69,9 @@ class LaneModel {
   virtual torch::nn::Sequential* sequential() { return nullptr; }
   /// Whether this is a single trial's model (not a stacked group's, even of one lane).
   virtual bool single() const { return false; }
+  /// A data-parallel trial's gradient exchange (its compressor and counts); null otherwise.
+  virtual distributed::GradientExchange* exchange() { return nullptr; }
+  const distributed::GradientExchange* exchange() const { return const_cast<LaneModel*>(this)->exchange(); }
 
   /// Leaves in each active lane's parameters' .grad its mean gradient over
   /// `batch` (the sum over the examples of a weighted batch) and returns
@@ -90,7 +94,8 @@ class LaneModel {
 /// One trial's model, moved to `device`; with a process group, rank 0's
 /// weights broadcast and the gradients averaged over the ranks.
 std::unique_ptr<LaneModel> single_model(Model model, const WorkloadData& data, const at::Device& device,
-                                        distributed::ProcessGroup* group);
+                                        distributed::ProcessGroup* group,
+                                        const distributed::CompressionSpec& compression = {});
 /// The model of `lanes` lanes that start from `model`'s weights (batched.h).
 std::unique_ptr<LaneModel> stacked_model(const torch::nn::Sequential& model, std::int64_t lanes,
                                          const WorkloadData& data, const at::Device& device);

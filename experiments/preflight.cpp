@@ -18,6 +18,12 @@
 namespace bigbatch::experiments {
 
 void check_world(const SweepConfig& sweep, int world_size) {
+  const auto method = sweep.base.distributed.compression.method;
+  if (method != distributed::Compression::kNone && world_size < 2) {
+    throw ConfigError(std::string("distributed.compression: ") + distributed::compression_name(method) +
+                      " compresses the gradient exchange of a data-parallel run, and this run has a world of "
+                      "one; run it with --nproc 2 or more (or under torchrun, mpirun, srun)");
+  }
   for (const auto b : sweep.batch_sizes) {
     if (b % world_size != 0) {
       throw ConfigError("batch_sizes: " + std::to_string(b) + " is not divisible by the world size " +

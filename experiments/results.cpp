@@ -84,6 +84,7 @@ json summary_json(const TrialConfig& t, const TrialResult& r) {
   json data = {{"loader_threads", r.loader_threads}, {"wait_fraction", finite_or_null(r.data_wait_fraction)}};
   if (r.data_report.is_object()) data.update(r.data_report);
   j["data"] = data;
+  if (r.exchange.is_object()) j["exchange"] = r.exchange;
   if (!r.rows.empty()) {
     const EvalRow& last = r.rows.back();
     j["final"] = {{"val_loss", finite_or_null(last.val_loss)},
@@ -111,6 +112,7 @@ TrialResult result_from_summary(const json& summary) {
   r.peak_lr = summary.value("peak_lr", 0.0);
   r.wall_time = summary.value("wall_time", 0.0);
   if (summary.contains("error") && summary["error"].is_string()) r.error = summary["error"].get<std::string>();
+  if (summary.contains("exchange") && summary["exchange"].is_object()) r.exchange = summary["exchange"];
   return r;
 }
 
@@ -143,16 +145,24 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int kResamples = 2000;
 
 // A seed's steps and examples to target: +infinity unless it reached.
+// bytes: what rank 0 sent to reach it (a data-parallel trial's exchange), NaN
+// when the trial did not count them.
 struct SeedResult {
   json summary;
   double steps = kInf, examples = kInf;
+  double bytes = std::numeric_limits<double>::quiet_NaN();
 };
 
 SeedResult seed_result(const fs::path& dir, const TrialConfig& t) {
   SeedResult r{read_json((dir / t.name / "summary.json").string())};
+  const bool counted = r.summary.contains("exchange") && r.summary["exchange"].is_object();
+  if (counted) r.bytes = kInf;
   if (r.summary["status"] == to_string(TrialStatus::kReached)) {
     r.steps = static_cast<double>(r.summary["steps_to_target"].get<std::int64_t>());
     r.examples = static_cast<double>(r.summary["examples_to_target"].get<std::int64_t>());
+    if (counted && r.summary["exchange"].value("bytes_to_target", json()).is_number()) {
+      r.bytes = r.summary["exchange"]["bytes_to_target"].get<double>();
+    }
   }
   return r;
 }
@@ -181,7 +191,7 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
 
   std::ostringstream csv;
   csv << "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,"
-         "steps_low,steps_high,seed_steps\n";
+         "steps_low,steps_high,seed_steps,bytes\n";
   std::vector<std::pair<double, double>> points;
   std::vector<std::pair<double, std::vector<double>>> seed_points;
   std::size_t most_seeds = 0;
@@ -209,10 +219,11 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
     const std::vector<std::size_t>& rate = best ? rates[*best] : *std::find_if(rates.begin(), rates.end(), [&](const auto& q) {
       return std::find(q.begin(), q.end(), *closest) != q.end();
     });
-    std::vector<double> steps, examples;
+    std::vector<double> steps, examples, bytes;
     for (const auto i : rate) {
       steps.push_back(results[i].steps);
       examples.push_back(results[i].examples);
+      if (!std::isnan(results[i].bytes)) bytes.push_back(results[i].bytes);
     }
     row.seeds = static_cast<std::int64_t>(rate.size());
     row.seeds_reached = std::count_if(steps.begin(), steps.end(), [](double x) { return std::isfinite(x); });
@@ -227,6 +238,7 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
       row.reached = true;
       row.steps = best_median;
       row.examples = noise::median_steps(examples);
+      if (bytes.size() == steps.size()) row.bytes = noise::median_steps(bytes);
       row.steps_min = *std::min_element(steps.begin(), steps.end());
       row.steps_max = *std::max_element(steps.begin(), steps.end());
       if (steps.size() > 1) {
@@ -249,7 +261,7 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
         << ',' << row.trial << ',' << (row.reached ? 1 : 0) << ',' << search_edge(trials, row.trial) << ','
         << row.failed << ',' << row.seeds << ',' << row.seeds_reached << ',' << cell(row.steps_min) << ','
         << cell(row.steps_max) << ',' << cell(row.steps_low) << ',' << cell(row.steps_high) << ',' << seed_cells
-        << "\n";
+        << ',' << (row.bytes ? csv_number(*row.bytes) : std::string()) << "\n";
   }
   write_file_atomic((dir / "steps_to_target.csv").string(), csv.str());
   json fit = {{"batch_sizes", fit_batches}, {"steps", fit_steps}};
@@ -283,6 +295,7 @@ std::vector<TargetRow> target_rows(const CsvTable& csv) {
   const bool has_edge = std::find(csv.header().begin(), csv.header().end(), "edge") != csv.header().end();
   const bool has_failed = std::find(csv.header().begin(), csv.header().end(), "failed") != csv.header().end();
   const bool has_seeds = std::find(csv.header().begin(), csv.header().end(), "seed_steps") != csv.header().end();
+  const bool has_bytes = std::find(csv.header().begin(), csv.header().end(), "bytes") != csv.header().end();
   std::vector<TargetRow> rows;
   for (std::size_t i = 0; i < csv.rows(); ++i) {
     TargetRow r;
@@ -292,6 +305,7 @@ std::vector<TargetRow> target_rows(const CsvTable& csv) {
     r.best_lr = csv.number(i, "best_lr").value_or(std::numeric_limits<double>::quiet_NaN());
     r.trial = csv.at(i, "trial");
     r.reached = csv.at(i, "reached") == "1";
+    if (has_bytes) r.bytes = csv.number(i, "bytes");
     if (has_edge) r.edge = csv.at(i, "edge");  // files from before the edge column have none
     if (has_failed) r.failed = csv.integer(i, "failed").value_or(0);
     if (has_seeds) {  // nor from before the seeds' columns
@@ -493,6 +507,22 @@ std::string compare_report(const std::vector<LabelledSweep>& sweeps, TableFormat
   return out;
 }
 
+std::string bytes_text(double bytes) {
+  if (std::isinf(bytes)) return "inf";
+  std::ostringstream s;
+  s << std::setprecision(3);
+  if (bytes >= 1e9) {
+    s << bytes / 1e9 << " GB";
+  } else if (bytes >= 1e6) {
+    s << bytes / 1e6 << " MB";
+  } else if (bytes >= 1e3) {
+    s << bytes / 1e3 << " kB";
+  } else {
+    s << bytes << " B";
+  }
+  return s.str();
+}
+
 std::string report(const std::string& sweep_dir) {
   const fs::path dir(sweep_dir);
   const auto opt = [](const std::optional<double>& x) { return x ? steps_text(*x) : std::string("-"); };
@@ -501,6 +531,7 @@ std::string report(const std::string& sweep_dir) {
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> edges, failed;
   bool one_seed = true;
+  const bool counted = std::any_of(table.begin(), table.end(), [](const TargetRow& r) { return r.bytes.has_value(); });
   for (const TargetRow& r : table) {
     if (r.failed > 0) failed.push_back(std::to_string(r.batch_size) + " (" + std::to_string(r.failed) + ")");
     if (!r.edge.empty()) edges.push_back(std::to_string(r.batch_size) + " (" + r.edge + ")");
@@ -512,10 +543,17 @@ std::string report(const std::string& sweep_dir) {
                     r.reached && r.steps_min ? opt(r.steps_min) + "-" + opt(r.steps_max) : "-",
                     std::to_string(r.seeds_reached) + "/" + std::to_string(r.seeds), opt(r.examples),
                     std::isfinite(r.best_lr) ? lr.str() : "-", r.edge.empty() ? "-" : r.edge, r.trial});
+    if (counted) rows.back().insert(rows.back().begin() + 6, r.bytes ? bytes_text(*r.bytes) : "-");
   }
+  std::vector<std::string> header{"batch", "steps", level + " interval", "min-max", "reached", "examples",
+                                  "best lr", "edge", "trial"};
+  if (counted) header.insert(header.begin() + 6, "bytes sent");
   std::ostringstream out;
-  out << format_table({"batch", "steps", level + " interval", "min-max", "reached", "examples", "best lr", "edge", "trial"},
-                      rows, TableFormat::kText);
+  out << format_table(header, rows, TableFormat::kText);
+  if (counted) {
+    out << "bytes sent: by each rank in the gradient exchange until the target (the median seed's), "
+           "counted from what the collectives carried (docs/distributed.md)\n";
+  }
   out << (one_seed ? "one seed per rate: the rows carry no spread (\"seeds\": [0, 1, 2] gives each a median, a "
                      "range and an interval)\n"
                    : "steps: the best rate's median over its seeds; interval: bootstrap over those seeds; "

@@ -75,7 +75,14 @@ struct TargetRow {
   /// The seeds' min and max, and the bootstrap interval of the median (empty
   /// with one seed); the max and the interval's high end may be +infinity.
   std::optional<double> steps_min, steps_max, steps_low, steps_high;
+  /// Bytes each rank sent in the gradient exchange to reach the target, the
+  /// median over the row's seeds (+infinity: not reached); empty when the
+  /// trials did not count them (no data-parallel exchange) or before the column.
+  std::optional<double> bytes;
 };
+
+/// "12.3 MB": bytes in decimal units, 3 significant digits.
+std::string bytes_text(double bytes);
 
 /// A finished sweep folder's steps_to_target.csv. Throws ConfigError when the
 /// folder holds no finished sweep, std::runtime_error naming the file when a

@@ -42,13 +42,17 @@ namespace F = torch::nn::functional;
 
 class SingleModel final : public LaneModel {
  public:
-  SingleModel(Model model, const WorkloadData& data, const at::Device& device, distributed::ProcessGroup* group)
+  SingleModel(Model model, const WorkloadData& data, const at::Device& device, distributed::ProcessGroup* group,
+              const distributed::CompressionSpec& compression)
       : LaneModel(1), model_(std::move(model)), sequential_(model_.sequential()), data_(data), device_(device),
         group_(group) {
     model_.module().to(device_);
     if (group_) distributed::broadcast_module(*group_, model_.module());
+    if (group_ && group_->size() > 1) exchange_.emplace(compression);
     params_ = model_.module().parameters();
   }
+
+  distributed::GradientExchange* exchange() override { return exchange_ ? &*exchange_ : nullptr; }
 
   torch::nn::Module& lane(std::size_t) override { return model_.module(); }
   torch::nn::Sequential* sequential() override { return sequential_ ? &sequential_ : nullptr; }
@@ -109,11 +113,13 @@ class SingleModel final : public LaneModel {
                              std::int64_t local, std::int64_t global) {
     const at::Tensor l = loss(x, y, weights);
     l.backward();
-    const auto norms = distributed::allreduce_gradients(*group_, params_);
+    const auto norms = exchange_->exchange(*group_, params_);
     std::vector<at::Tensor> mean{l.detach().reshape({1}).to(at::kDouble)};
     group_->allreduce_sum(mean);
     LaneGradient g{mean[0].item<double>() / static_cast<double>(group_->size()), std::nullopt};
-    if (std::isfinite(norms.local_sq) && std::isfinite(norms.global_sq)) {
+    // A compressed exchange gives an estimate of the average, whose norm is
+    // not the big batch's: no noise-scale sample from it.
+    if (exchange_->last_was_average() && std::isfinite(norms.local_sq) && std::isfinite(norms.global_sq)) {
       g.noise = NoiseSample{norms.local_sq, norms.global_sq, local, global};
     }
     return g;
@@ -147,14 +153,16 @@ class SingleModel final : public LaneModel {
   const WorkloadData& data_;
   at::Device device_;
   distributed::ProcessGroup* group_;
+  std::optional<distributed::GradientExchange> exchange_;  ///< world > 1
   std::vector<at::Tensor> params_;
 };
 
 }  // namespace
 
 std::unique_ptr<LaneModel> single_model(Model model, const WorkloadData& data, const at::Device& device,
-                                        distributed::ProcessGroup* group) {
-  return std::make_unique<SingleModel>(std::move(model), data, device, group);
+                                        distributed::ProcessGroup* group,
+                                        const distributed::CompressionSpec& compression) {
+  return std::make_unique<SingleModel>(std::move(model), data, device, group, compression);
 }
 
 std::vector<ValidationMetrics> evaluate_split(const WorkloadData& data, const at::Device& device, std::int64_t lanes,
@@ -240,7 +248,9 @@ Trainer::Trainer(const TrialConfig& config, const WorkloadData& data, distribute
       group_(group),
       device_(trial_device(config.device, group)),
       sampler_(data.train_size(), sampler_seed(config)) {
-  model_ = single_model(initial_model(config, data), data, device_, group);
+  distributed::CompressionSpec compression = config.distributed.compression;
+  compression.seed = config.seed;
+  model_ = single_model(initial_model(config, data), data, device_, group, compression);
   add_lanes({config});
 }
 
@@ -383,6 +393,26 @@ std::vector<std::string> Trainer::metric_names() const {
   return out;
 }
 
+nlohmann::json exchange_report(const distributed::GradientExchange& exchange, const TrialResult& r) {
+  const distributed::ExchangeStats& t = exchange.totals();
+  const double steps = std::max<double>(1, static_cast<double>(t.steps));
+  nlohmann::json j = {{"compression", distributed::compression_name(exchange.spec().method)},
+                      {"steps", t.steps},
+                      {"bytes_sent", t.bytes_sent},
+                      {"bytes_received", t.bytes_received},
+                      {"bytes_sent_per_step", t.bytes_sent / steps},
+                      {"dense_bytes_per_step", t.dense_bytes / steps},
+                      {"compression_ratio", t.ratio()},
+                      {"compress_seconds", t.compress_seconds},
+                      {"comm_seconds", t.communicate_seconds},
+                      {"bytes_to_target", nullptr}};
+  // The bytes sent up to the evaluation that reached the target.
+  if (r.steps_to_target && !r.rows.empty() && std::isfinite(r.rows.back().bytes_sent)) {
+    j["bytes_to_target"] = r.rows.back().bytes_sent;
+  }
+  return j;
+}
+
 void Trainer::leave(std::size_t i, TrialStatus status, double seconds, const Hooks& hooks) {
   Lane& lane = *lanes_[i];
   lane.active = false;
@@ -395,6 +425,9 @@ void Trainer::leave(std::size_t i, TrialStatus status, double seconds, const Hoo
   if (loader_) r.loader_threads = loader_->threads();
   r.data_wait_fraction = data_wait_fraction();
   if (data_.report) r.data_report = data_.report();
+  if (const distributed::GradientExchange* exchange = model_->exchange()) {
+    r.exchange = exchange_report(*exchange, r);
+  }
   if (hooks.finished) hooks.finished(i, r);
 }
 
@@ -415,6 +448,13 @@ void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& 
     row.batch_size = lane.adapter->schedule().batch_size(step_ - 1);
     row.wall_time = seconds();
     row.gns = b_simple(i);
+    if (const distributed::GradientExchange* exchange = model_->exchange()) {
+      const distributed::ExchangeStats& t = exchange->totals();
+      row.bytes_sent = t.bytes_sent;
+      row.bytes_received = t.bytes_received;
+      row.compress_seconds = t.compress_seconds;
+      row.comm_seconds = t.communicate_seconds;
+    }
     row.extra = metrics[i].extra;
     lane.rows.push_back(row);
     if (hooks.on_eval) hooks.on_eval(i, row);

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "data.h"
 #include "workload.h"
+#include "../distributed/compression.h"
 #include "../distributed/process_group.h"
 #include "../noise/gradient_noise.h"
 #include "../noise/noise_scale.h"
@@ -47,6 +48,13 @@ struct EvalRow {
   std::int64_t batch_size = 0;
   double wall_time = 0;         ///< seconds since the trial started
   double gns = 0;               ///< B_simple so far (NaN when not measured)
+  /// A data-parallel trial's gradient exchange so far, on rank 0 (NaN
+  /// without one): bytes this rank sent and received (ring counts,
+  /// distributed/compression.h), seconds compressing and communicating.
+  double bytes_sent = kNaN;
+  double bytes_received = kNaN;
+  double compress_seconds = kNaN;
+  double comm_seconds = kNaN;
   /// The workload's further validation metrics (WorkloadData::metrics, in
   /// its order): metrics.csv's columns after the fields below.
   std::vector<double> extra;
@@ -76,6 +84,10 @@ void for_each_field(Row&& row, Visit&& visit) {
   visit("batch_size", row.batch_size);
   visit("wall_time", row.wall_time);
   visit("gns", row.gns);
+  visit("bytes_sent", row.bytes_sent);
+  visit("bytes_received", row.bytes_received);
+  visit("compress_seconds", row.compress_seconds);
+  visit("comm_seconds", row.comm_seconds);
 }
 
 /// kFailed: the workload (its data, model or loss) threw during the run;
@@ -106,7 +118,16 @@ struct TrialResult {
   int loader_threads = 0;
   double data_wait_fraction = kNaN;
   nlohmann::json data_report;  ///< WorkloadData::report's, when it has one
+  /// A data-parallel trial's exchange (exchange_report): summary.json's "exchange".
+  nlohmann::json exchange;
 };
+
+/// The summary of a data-parallel trial's gradient exchange: the compressor,
+/// bytes sent and received by rank 0 (in all and per step), what fp32
+/// all-reduce would have sent per step, the compression ratio, seconds
+/// compressing and communicating, and the bytes sent to reach the target
+/// (null when it was not reached).
+nlohmann::json exchange_report(const distributed::GradientExchange& exchange, const TrialResult& result);
 
 /// The loader threads (loader.h) a trial of `data` runs with: spec.threads,
 /// or for -1 (auto) 1 when fetching its training batches is costly, else 0.

@@ -47,6 +47,10 @@ std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const s
   add("examples", static_cast<double>(row.examples));
   add("epoch", row.epoch);
   add("gns/b_simple", row.gns);
+  add("exchange/bytes_sent", row.bytes_sent);
+  add("exchange/bytes_received", row.bytes_received);
+  add("exchange/compress_seconds", row.compress_seconds);
+  add("exchange/comm_seconds", row.comm_seconds);
   for (std::size_t i = 0; i < extra.size() && i < row.extra.size(); ++i) {
     if (!std::isnan(row.extra[i])) out.push_back({"val/" + extra[i], static_cast<float>(row.extra[i])});
   }

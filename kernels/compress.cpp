@@ -32,14 +32,16 @@ void ternary_unpack_add(const std::uint32_t* words, std::int64_t n, float scale,
   for (std::int64_t i = 0; i < n; ++i) out[i] += ternary_value(words, i, scale);
 }
 
-void qsgd_pack(const float* x, std::int64_t n, float norm, int levels, std::uint64_t seed, std::int8_t* levels_out) {
+void qsgd_pack(const float* x, std::int64_t n, const float* norms, std::int64_t chunk, int levels,
+               std::uint64_t seed, std::int8_t* levels_out) {
 #pragma omp parallel for schedule(static) if (n >= kParallelFrom)
-  for (std::int64_t i = 0; i < n; ++i) levels_out[i] = qsgd_level(x[i], i, norm, levels, seed);
+  for (std::int64_t i = 0; i < n; ++i) levels_out[i] = qsgd_level(x[i], i, norms[i / chunk], levels, seed);
 }
 
-void qsgd_unpack_add(const std::int8_t* levels, std::int64_t n, float step, float* out) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelFrom)
-  for (std::int64_t i = 0; i < n; ++i) out[i] += static_cast<float>(levels[i]) * step;
+void qsgd_unpack_add(const std::int8_t* levels, std::int64_t n, const float* norms, std::int64_t chunk, float scale,
+                     float* out) {
+#pragma omp parallel for schedule(static) if (n >= kParallelFrom)
+  for (std::int64_t i = 0; i < n; ++i) out[i] += static_cast<float>(levels[i]) * (norms[i / chunk] * scale);
 }
 
 void sparse_pack(float* x, const std::int32_t* index, std::int64_t k, bool clear, float* values) {

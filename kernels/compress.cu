@@ -40,13 +40,18 @@ __global__ void ternary_unpack_kernel(const std::uint32_t* words, std::int64_t n
   for (std::int64_t i = first_index(); i < n; i += grid_stride()) out[i] += ternary_value(words, i, scale);
 }
 
-__global__ void qsgd_pack_kernel(const float* x, std::int64_t n, float norm, int levels, std::uint64_t seed,
-                                 std::int8_t* levels_out) {
-  for (std::int64_t i = first_index(); i < n; i += grid_stride()) levels_out[i] = qsgd_level(x[i], i, norm, levels, seed);
+__global__ void qsgd_pack_kernel(const float* x, std::int64_t n, const float* norms, std::int64_t chunk, int levels,
+                                 std::uint64_t seed, std::int8_t* levels_out) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    levels_out[i] = qsgd_level(x[i], i, norms[i / chunk], levels, seed);
+  }
 }
 
-__global__ void qsgd_unpack_kernel(const std::int8_t* levels, std::int64_t n, float step, float* out) {
-  for (std::int64_t i = first_index(); i < n; i += grid_stride()) out[i] += static_cast<float>(levels[i]) * step;
+__global__ void qsgd_unpack_kernel(const std::int8_t* levels, std::int64_t n, const float* norms, std::int64_t chunk,
+                                   float scale, float* out) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    out[i] += static_cast<float>(levels[i]) * (norms[i / chunk] * scale);
+  }
 }
 
 __global__ void sparse_pack_kernel(float* x, const std::int32_t* index, std::int64_t k, bool clear, float* values) {
@@ -84,12 +89,13 @@ void ternary_pack(const float* x, std::int64_t n, float scale, std::uint64_t see
 void ternary_unpack_add(const std::uint32_t* words, std::int64_t n, float scale, float* out, cudaStream_t stream) {
   run(ternary_unpack_kernel, n, stream, words, n, scale, out);
 }
-void qsgd_pack(const float* x, std::int64_t n, float norm, int levels, std::uint64_t seed, std::int8_t* levels_out,
-               cudaStream_t stream) {
-  run(qsgd_pack_kernel, n, stream, x, n, norm, levels, seed, levels_out);
+void qsgd_pack(const float* x, std::int64_t n, const float* norms, std::int64_t chunk, int levels,
+               std::uint64_t seed, std::int8_t* levels_out, cudaStream_t stream) {
+  run(qsgd_pack_kernel, n, stream, x, n, norms, chunk, levels, seed, levels_out);
 }
-void qsgd_unpack_add(const std::int8_t* levels, std::int64_t n, float step, float* out, cudaStream_t stream) {
-  run(qsgd_unpack_kernel, n, stream, levels, n, step, out);
+void qsgd_unpack_add(const std::int8_t* levels, std::int64_t n, const float* norms, std::int64_t chunk, float scale,
+                     float* out, cudaStream_t stream) {
+  run(qsgd_unpack_kernel, n, stream, levels, n, norms, chunk, scale, out);
 }
 void sparse_pack(float* x, const std::int32_t* index, std::int64_t k, bool clear, float* values, cudaStream_t stream) {
   run(sparse_pack_kernel, k, stream, x, index, k, clear, values);

@@ -9,7 +9,8 @@
 // - ternary (TernGrad): 2 bits per element, 16 to a word; 1 is +scale, 2 is
 //   -scale, 0 is 0. Element i is nonzero with probability |x_i| / scale.
 // - qsgd: one signed byte per element, the level l in [-s, s]; decoded as
-//   l * norm / s. |x_i| / norm * s is rounded down or up at random, up with
+//   l * norm / s, with the norm of the element's chunk (QSGD's buckets of d
+//   elements). |x_i| / norm * s is rounded down or up at random, up with
 //   probability its fractional part.
 // - sparse: values gathered at int32 indices (and cleared there: what was
 //   sent leaves the error memory), scattered back with a scale.
@@ -115,10 +116,12 @@ void sign_unpack_add(const std::uint32_t* words, std::int64_t n, float scale, fl
 void ternary_pack(const float* x, std::int64_t n, float scale, std::uint64_t seed, std::uint32_t* words);
 /// out[i] += ternary_i * scale.
 void ternary_unpack_add(const std::uint32_t* words, std::int64_t n, float scale, float* out);
-/// levels_out <- qsgd levels of x over norm.
-void qsgd_pack(const float* x, std::int64_t n, float norm, int levels, std::uint64_t seed, std::int8_t* levels_out);
-/// out[i] += level_i * step (step = norm / levels).
-void qsgd_unpack_add(const std::int8_t* levels, std::int64_t n, float step, float* out);
+/// levels_out <- qsgd levels of x, element i over norms[i / chunk].
+void qsgd_pack(const float* x, std::int64_t n, const float* norms, std::int64_t chunk, int levels,
+               std::uint64_t seed, std::int8_t* levels_out);
+/// out[i] += level_i * (norms[i / chunk] * scale) (scale = 1 / levels, over the ranks).
+void qsgd_unpack_add(const std::int8_t* levels, std::int64_t n, const float* norms, std::int64_t chunk, float scale,
+                     float* out);
 /// values[j] <- x[index[j]]; with clear, x[index[j]] <- 0. Indices distinct.
 void sparse_pack(float* x, const std::int32_t* index, std::int64_t k, bool clear, float* values);
 /// out[index[j]] += scale * values[j]. Indices distinct.

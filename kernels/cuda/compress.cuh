@@ -14,9 +14,10 @@ void sign_unpack_add(const std::uint32_t* words, std::int64_t n, float scale, fl
 void ternary_pack(const float* x, std::int64_t n, float scale, std::uint64_t seed, std::uint32_t* words,
                   cudaStream_t stream);
 void ternary_unpack_add(const std::uint32_t* words, std::int64_t n, float scale, float* out, cudaStream_t stream);
-void qsgd_pack(const float* x, std::int64_t n, float norm, int levels, std::uint64_t seed, std::int8_t* levels_out,
-               cudaStream_t stream);
-void qsgd_unpack_add(const std::int8_t* levels, std::int64_t n, float step, float* out, cudaStream_t stream);
+void qsgd_pack(const float* x, std::int64_t n, const float* norms, std::int64_t chunk, int levels,
+               std::uint64_t seed, std::int8_t* levels_out, cudaStream_t stream);
+void qsgd_unpack_add(const std::int8_t* levels, std::int64_t n, const float* norms, std::int64_t chunk, float scale,
+                     float* out, cudaStream_t stream);
 void sparse_pack(float* x, const std::int32_t* index, std::int64_t k, bool clear, float* values, cudaStream_t stream);
 void sparse_unpack_add(const std::int32_t* index, const float* values, std::int64_t k, float scale, float* out,
                        cudaStream_t stream);

@@ -101,10 +101,17 @@ at::Tensor topk_ref(const at::Tensor& g, at::Tensor& e, double ratio) {
   return sent;
 }
 
-at::Tensor sign_ref(const at::Tensor& g, at::Tensor& e) {
+// Each tensor (of `sizes`, in order) its own scale.
+at::Tensor sign_ref(const at::Tensor& g, at::Tensor& e, const std::vector<std::int64_t>& sizes) {
   const at::Tensor a = g + e;
-  const double scale = a.abs().mean().item<double>();
-  const at::Tensor sent = at::where(a >= 0, at::full_like(a, scale), at::full_like(a, -scale));
+  at::Tensor sent = at::empty_like(a);
+  std::int64_t begin = 0;
+  for (const std::int64_t size : sizes) {
+    const at::Tensor part = a.slice(0, begin, begin + size);
+    const double scale = part.abs().mean().item<double>();
+    sent.slice(0, begin, begin + size) = at::where(part >= 0, at::full_like(part, scale), at::full_like(part, -scale));
+    begin += size;
+  }
   e = a - sent;
   return sent;
 }
@@ -188,7 +195,7 @@ TEST(Compression, SignSendsTheMeanMagnitudeTimesTheSign) {
   at::Tensor e = at::zeros({163}, at::kDouble);
   for (int step = 0; step < 3; ++step) {
     const auto g = random_grads({{100}, {7, 9}}, 30 + step);
-    const at::Tensor want = sign_ref(flat(g), e);  // one bucket
+    const at::Tensor want = sign_ref(flat(g), e, {100, 63});  // one bucket, two scales
     EXPECT_LT(rel(flat(p.exchange(ex, g)), want), 1e-6) << "step " << step;
   }
 }
@@ -213,12 +220,12 @@ TEST(Compression, PowerSgdIsOnePowerIterationFromTheLastQ) {
   for (int step = 1; step < 4; ++step) {
     // The state after the last step: Q and the error of each compressed matrix.
     const auto st = ex.state();
-    ASSERT_EQ(st.size(), 1u + 2 * 1 + 2 * 2);  // step; one dense bucket; two matrices
+    ASSERT_EQ(st.size(), 2u + 2 * 1 + 2 * 2);  // step, totals; one dense bucket; two matrices
     const auto g = random_grads(shapes, 40 + step);
     const auto out = p.exchange(ex, g);
     for (std::size_t m = 0; m < 2; ++m) {
       const std::size_t param = m == 0 ? 0 : 2;
-      const at::Tensor q = st[3 + 2 * m].to(at::kDouble), err = st[4 + 2 * m].to(at::kDouble);
+      const at::Tensor q = st[4 + 2 * m].to(at::kDouble), err = st[5 + 2 * m].to(at::kDouble);
       const at::Tensor mat = g[param].reshape({q.size(0) == 12 ? 16 : 4, -1}).to(at::kDouble) + err;
       const at::Tensor ph = orthonormal(at::mm(mat, q));
       const at::Tensor want = at::mm(ph, at::mm(mat.t(), ph).t());
@@ -258,9 +265,9 @@ TEST(Compression, ErrorFeedbackLosesNothing) {
     const auto st = ex.state();
     at::Tensor left = at::zeros({530}, at::kDouble);
     if (c == Compression::kPowerSgd) {
-      left.slice(0, 0, 480) += st[4].reshape({-1}).to(at::kDouble);  // the matrix's error (the vector is dense)
+      left.slice(0, 0, 480) += st[5].reshape({-1}).to(at::kDouble);  // the matrix's error (the vector is dense)
     } else {
-      left += st[1].to(at::kDouble);  // one bucket's memory
+      left += st[2].to(at::kDouble);  // one bucket's memory
     }
     EXPECT_LT(rel(sent + left, total), 1e-6) << bd::compression_name(c);
     EXPECT_GT(rel(sent, total), 1e-3) << bd::compression_name(c) << ": something must have been held back";
@@ -318,6 +325,7 @@ TEST(Compression, AStateLoadedContinuesTheRun) {
     const auto b = flat(q.exchange(resumed, g));
     EXPECT_TRUE(at::equal(a, b)) << bd::compression_name(c);
     EXPECT_EQ(resumed.steps(), 4);
+    EXPECT_EQ(resumed.totals().steps, 4) << "the totals go on";
     bd::GradientExchange other(spec_of(Compression::kSign));
     EXPECT_THROW(other.load_state(first.state()), c10::Error) << bd::compression_name(c) << "'s state in sign";
   }
@@ -364,7 +372,7 @@ TEST(CompressKernels, TernaryAndQsgdRoundByTheirDraws) {
   bigbatch::kernels::compress::cpu::ternary_unpack_add(words.data(), 1000, scale, back.data());
   std::vector<std::int8_t> levels(1000);
   const float norm = g[0].norm().item<float>();
-  bigbatch::kernels::compress::cpu::qsgd_pack(x, 1000, norm, 8, 99, levels.data());
+  bigbatch::kernels::compress::cpu::qsgd_pack(x, 1000, &norm, 1000, 8, 99, levels.data());
   int nonzero = 0;
   for (int i = 0; i < 1000; ++i) {
     const double u = bigbatch::kernels::compress::uniform(77, i);
@@ -419,9 +427,10 @@ int fail(int code, const std::string& what) {
   return code;
 }
 
-// Bytes one rank sends in one step for a net of matrices `mats` (rows, cols)
-// and `n` elements in all, over 2 ranks, as compression.h counts them.
-double expected_bytes(const bd::CompressionSpec& s, std::int64_t n,
+// Bytes one rank sends in one step for a net of tensors of `sizes` elements,
+// `n` in all, whose matrices are `mats` (rows, cols), over 2 ranks, as
+// compression.h counts them.
+double expected_bytes(const bd::CompressionSpec& s, std::int64_t n, const std::vector<std::int64_t>& sizes,
                       const std::vector<std::pair<std::int64_t, std::int64_t>>& mats) {
   switch (s.method) {
     case Compression::kNone: return 4.0 * n;
@@ -430,9 +439,14 @@ double expected_bytes(const bd::CompressionSpec& s, std::int64_t n,
     case Compression::kTopK:
     case Compression::kDgc: return 8.0 * kept(s.ratio, n);
     case Compression::kRandomK: return 4.0 * kept(s.ratio, n);
-    case Compression::kSign: return 4.0 * ((n + 31) / 32 + 1);
-    case Compression::kTernGrad: return 4.0 * ((n + 15) / 16 + 1);
-    case Compression::kQsgd: return n + 4.0;
+    case Compression::kSign:
+    case Compression::kTernGrad: {  // per tensor: its words and its scale
+      const std::int64_t per_word = s.method == Compression::kSign ? 32 : 16;
+      double bytes = 0;
+      for (const std::int64_t size : sizes) bytes += 4.0 * ((size + per_word - 1) / per_word + 1);
+      return bytes;
+    }
+    case Compression::kQsgd: return n + 4.0 * ((n + s.chunk - 1) / s.chunk);
     case Compression::kPowerSgd: {
       std::int64_t dense = n, factors = 0;
       for (const auto& [rows, cols] : mats) {
@@ -460,6 +474,7 @@ int compression_worker(const std::string& name) {
   torch::nn::Sequential net(torch::nn::Linear(20, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
   bd::broadcast_module(group, *net);
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+  const std::vector<std::int64_t> sizes{20 * 16, 16, 16 * 4, 4};
   const std::int64_t n = 20 * 16 + 16 + 16 * 4 + 4;
   const std::vector<std::pair<std::int64_t, std::int64_t>> mats{{16, 20}, {4, 16}};
   // Both ranks' memories, re-derived in float64 from both ranks' gradients.
@@ -497,7 +512,7 @@ int compression_worker(const std::string& name) {
         want = (topk_ref(g0, e[0], spec.ratio) + topk_ref(g1, e[1], spec.ratio)) / 2;
         break;
       case Compression::kSign:
-        want = (sign_ref(g0, e[0]) + sign_ref(g1, e[1])) / 2;
+        want = (sign_ref(g0, e[0], sizes) + sign_ref(g1, e[1], sizes)) / 2;
         tolerance = 1e-5;
         break;
       case Compression::kDgc:
@@ -509,7 +524,7 @@ int compression_worker(const std::string& name) {
     if (want.defined() && rel(got, want) > tolerance) {
       return fail(6, name + " step " + std::to_string(step) + ": relative error " + std::to_string(rel(got, want)));
     }
-    const double bytes = expected_bytes(spec, n, mats);
+    const double bytes = expected_bytes(spec, n, sizes, mats);
     if (exchange.last().bytes_sent != bytes || exchange.last().bytes_received != bytes) {
       return fail(7, name + ": " + std::to_string(exchange.last().bytes_sent) + " bytes sent, expected " +
                          std::to_string(bytes));

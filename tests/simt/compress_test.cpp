@@ -49,12 +49,15 @@ TEST(SimtCompress, TernaryAndQsgdDrawTheSameCodes) {
   kc::cuda::ternary_unpack_add(device_words.data(), kN, 2.0f, device_out.data(), nullptr);
   EXPECT_EQ(host_out, device_out);
 
+  // Chunks of 512 with norms 20, 21, ...: the last chunk is short.
+  std::vector<float> norms((kN + 511) / 512);
+  for (std::size_t c = 0; c < norms.size(); ++c) norms[c] = 20.0f + static_cast<float>(c);
   std::vector<std::int8_t> host_levels(kN), device_levels(kN);
-  kc::cpu::qsgd_pack(x.data(), kN, 100.0f, 127, 23, host_levels.data());
-  kc::cuda::qsgd_pack(x.data(), kN, 100.0f, 127, 23, device_levels.data(), nullptr);
+  kc::cpu::qsgd_pack(x.data(), kN, norms.data(), 512, 127, 23, host_levels.data());
+  kc::cuda::qsgd_pack(x.data(), kN, norms.data(), 512, 127, 23, device_levels.data(), nullptr);
   EXPECT_EQ(host_levels, device_levels);
-  kc::cpu::qsgd_unpack_add(host_levels.data(), kN, 0.5f, host_out.data());
-  kc::cuda::qsgd_unpack_add(device_levels.data(), kN, 0.5f, device_out.data(), nullptr);
+  kc::cpu::qsgd_unpack_add(host_levels.data(), kN, norms.data(), 512, 0.5f, host_out.data());
+  kc::cuda::qsgd_unpack_add(device_levels.data(), kN, norms.data(), 512, 0.5f, device_out.data(), nullptr);
   EXPECT_EQ(host_out, device_out);
 }
 
