@@ -39,53 +39,8 @@ void cuda_check(cudaError_t err) {
   if (err != cudaSuccess) throw std::runtime_error(cudaGetErrorString(err));
 }
 
-// BERT-large: embeddings (30522 + 512 + 2) x 1024 with a LayerNorm, 24 layers
-// of Q, K, V, O (1024x1024 + bias), two LayerNorms, 1024x4096 and 4096x1024
-// with biases; the pooler and the MLM head transform: 336M in 396 tensors.
-ParamList bert_large() {
-  ParamList p{"bert_large_335M", {30522 * 1024, 512 * 1024, 2 * 1024, 1024, 1024}};
-  for (int layer = 0; layer < 24; ++layer) {
-    for (int k = 0; k < 4; ++k) {
-      p.sizes.push_back(1024 * 1024);
-      p.sizes.push_back(1024);
-    }
-    for (int k = 0; k < 4; ++k) p.sizes.push_back(1024);  // two LayerNorms
-    p.sizes.push_back(1024 * 4096);
-    p.sizes.push_back(4096);
-    p.sizes.push_back(4096 * 1024);
-    p.sizes.push_back(1024);
-  }
-  for (std::int64_t n : {1024 * 1024, 1024, 1024 * 1024, 1024, 1024, 1024, 30522}) p.sizes.push_back(n);
-  return p;
-}
-
-// ResNet-50: the 53 convolutions with their BatchNorm weight and bias, and the
-// 2048x1000 classifier: ~25.5M in 161 tensors.
-ParamList resnet50() {
-  ParamList p{"resnet50_25M", {}};
-  auto conv_bn = [&](std::int64_t in, std::int64_t out, std::int64_t k) {
-    p.sizes.push_back(out * in * k * k);
-    p.sizes.push_back(out);
-    p.sizes.push_back(out);
-  };
-  conv_bn(3, 64, 7);
-  std::int64_t in = 64;
-  const std::int64_t widths[] = {64, 128, 256, 512};
-  const int blocks[] = {3, 4, 6, 3};
-  for (int stage = 0; stage < 4; ++stage) {
-    const std::int64_t w = widths[stage];
-    for (int b = 0; b < blocks[stage]; ++b) {
-      conv_bn(in, w, 1);
-      conv_bn(w, w, 3);
-      conv_bn(w, 4 * w, 1);
-      if (b == 0) conv_bn(in, 4 * w, 1);  // the projection shortcut
-      in = 4 * w;
-    }
-  }
-  p.sizes.push_back(2048 * 1000);
-  p.sizes.push_back(1000);
-  return p;
-}
+ParamList bert_large() { return bigbatch::bench::bert_large().sizes(); }
+ParamList resnet50() { return bigbatch::bench::resnet50().sizes(); }
 
 // 10,000 tensors of 64 to 1,024 elements: launch and table overhead.
 ParamList many_small() {

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <sstream>
 
 namespace bigbatch::distributed {
@@ -69,6 +70,23 @@ double dgc_ratio(const CompressionSpec& s, std::int64_t step) {
   if (s.ratio >= 0.25 || step >= s.warmup_steps) return s.ratio;
   const double t = static_cast<double>(step) / static_cast<double>(s.warmup_steps);
   return 0.25 * std::pow(s.ratio / 0.25, t);
+}
+
+// k distinct coordinates of [0, n), each k-subset equally likely (Floyd's
+// algorithm: O(k) draws, where a permutation of n costs O(n)); int32, on the CPU.
+at::Tensor draw_subset(std::int64_t n, std::int64_t k, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::vector<bool> taken(static_cast<std::size_t>(n), false);
+  at::Tensor out = at::empty({k}, at::kInt);
+  std::int32_t* p = out.data_ptr<std::int32_t>();
+  std::int64_t m = 0;
+  for (std::int64_t j = n - k; j < n; ++j) {
+    const auto t = static_cast<std::int64_t>(std::uniform_int_distribution<std::int64_t>(0, j)(gen));
+    const std::int64_t pick = taken[static_cast<std::size_t>(t)] ? j : t;
+    taken[static_cast<std::size_t>(pick)] = true;
+    p[m++] = static_cast<std::int32_t>(pick);
+  }
+  return out;
 }
 
 std::int64_t kept(double ratio, std::int64_t n) {
@@ -267,7 +285,9 @@ void GradientExchange::exchange_bucket(ProcessGroup& group, Bucket& bucket, std:
     case Compression::kFp16:
     case Compression::kBf16: {
       const auto type = spec_.method == Compression::kFp16 ? at::kHalf : at::kBFloat16;
-      at::Tensor half = flat.div(w).to(type);
+      // g / W cast to 16 bits in one pass (the product in fp32, then rounded once).
+      at::Tensor half = at::empty({n}, opts.dtype(type));
+      at::mul_out(half, flat, at::scalar_tensor(1.0 / w, opts));
       // Gloo (LibTorch 1.13 at least) has no bf16 collectives: bf16 travels
       // there as the bits of fp16 values (copied, never added), all-gathered,
       // and is added in fp32 (for 2 ranks the bytes of an all-reduce).
@@ -316,8 +336,7 @@ void GradientExchange::exchange_bucket(ProcessGroup& group, Bucket& bucket, std:
     }
     case Compression::kRandomK: {
       const std::int64_t k = kept(spec_.ratio, n);
-      auto gen = at::detail::createCPUGenerator(stream_seed(spec_.seed, steps_, index, -1));
-      at::Tensor coords = at::randperm(n, gen, at::kLong).slice(0, 0, k).to(at::kInt).to(flat.device());
+      at::Tensor coords = draw_subset(n, k, stream_seed(spec_.seed, steps_, index, -1)).to(flat.device());
       at::Tensor values = at::empty({k}, opts);
       at::Tensor& source = spec_.error_feedback ? memory() : flat;
       if (spec_.error_feedback) source.add_(flat);
@@ -350,7 +369,7 @@ void GradientExchange::exchange_bucket(ProcessGroup& group, Bucket& bucket, std:
         std::uint32_t* out = words(packed) + word;
         if (sign) {
           // The scale that brings c sign(x) closest to x: the mean magnitude.
-          const float scale = static_cast<float>(part.abs().sum().item<double>() / static_cast<double>(size));
+          const float scale = static_cast<float>(part.norm(1).item<double>() / static_cast<double>(size));
           scales[j].fill_(scale);
           BIGBATCH_COMPRESS(part, sign_pack, part.data_ptr<float>(), size, scale, spec_.error_feedback, out);
         } else {

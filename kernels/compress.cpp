@@ -10,15 +10,25 @@ namespace {
 constexpr std::int64_t kParallelFrom = 1 << 14;
 }  // namespace
 
-void sign_pack(float* x, std::int64_t n, float scale, bool feedback, std::uint32_t* words) {
+// The sign loops gather and scatter bits lane by lane, which x86-64's
+// baseline (SSE2) cannot vectorize and AVX2 can: on x86-64 they are compiled
+// for both and the loader picks (GCC's target_clones), 5x faster with AVX2.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define BIGBATCH_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
+#else
+#define BIGBATCH_AVX2_CLONE
+#endif
+
+BIGBATCH_AVX2_CLONE void sign_pack(float* x, std::int64_t n, float scale, bool feedback, std::uint32_t* words) {
   const std::int64_t w = words_for(n, kSignPerWord);
 #pragma omp parallel for schedule(static) if (w >= kParallelFrom / kSignPerWord)
   for (std::int64_t i = 0; i < w; ++i) words[i] = sign_word(x, n, i, scale, feedback);
 }
 
-void sign_unpack_add(const std::uint32_t* words, std::int64_t n, float scale, float* out) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelFrom)
-  for (std::int64_t i = 0; i < n; ++i) out[i] += sign_value(words, i, scale);
+BIGBATCH_AVX2_CLONE void sign_unpack_add(const std::uint32_t* words, std::int64_t n, float scale, float* out) {
+  const std::int64_t w = words_for(n, kSignPerWord);
+#pragma omp parallel for schedule(static) if (w >= kParallelFrom / kSignPerWord)
+  for (std::int64_t i = 0; i < w; ++i) sign_unpack_word(words, n, i, scale, out);
 }
 
 void ternary_pack(const float* x, std::int64_t n, float scale, std::uint64_t seed, std::uint32_t* words) {

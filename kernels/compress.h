@@ -52,21 +52,43 @@ BIGBATCH_HD inline std::int64_t words_for(std::int64_t n, std::int64_t per_word)
 }
 
 /// Word w of the sign code of x[0, n); with feedback, x becomes x - scale * sign(x).
+/// (A full word is a loop of fixed length that masks and selects rather than
+/// shifts by a variable, so that the CPU loop vectorizes.)
 BIGBATCH_HD inline std::uint32_t sign_word(float* x, std::int64_t n, std::int64_t w, float scale, bool feedback) {
   std::uint32_t word = 0;
-  const std::int64_t begin = w * kSignPerWord;
-  const std::int64_t end = begin + kSignPerWord < n ? begin + kSignPerWord : n;
-  for (std::int64_t i = begin; i < end; ++i) {
-    const bool positive = x[i] >= 0.0f;
-    word |= static_cast<std::uint32_t>(positive) << (i - begin);
-    if (feedback) x[i] -= positive ? scale : -scale;
+  float* p = x + w * kSignPerWord;
+  const std::int64_t left = n - w * kSignPerWord;
+  if (left >= kSignPerWord) {
+    for (int j = 0; j < 32; ++j) word |= p[j] >= 0.0f ? (1u << j) : 0u;
+    if (feedback) {
+      for (int j = 0; j < 32; ++j) p[j] -= p[j] >= 0.0f ? scale : -scale;
+    }
+    return word;
+  }
+  for (int j = 0; j < static_cast<int>(left); ++j) {
+    const bool positive = p[j] >= 0.0f;
+    word |= positive ? (1u << j) : 0u;
+    if (feedback) p[j] -= positive ? scale : -scale;
   }
   return word;
 }
 
 /// Element i of a sign code.
 BIGBATCH_HD inline float sign_value(const std::uint32_t* words, std::int64_t i, float scale) {
-  return (words[i / kSignPerWord] >> (i % kSignPerWord)) & 1u ? scale : -scale;
+  return (words[i / kSignPerWord] & (1u << (i % kSignPerWord))) != 0u ? scale : -scale;
+}
+
+/// out[32w + j] += scale * sign_j for the elements of word w.
+BIGBATCH_HD inline void sign_unpack_word(const std::uint32_t* words, std::int64_t n, std::int64_t w, float scale,
+                                         float* out) {
+  const std::uint32_t word = words[w];
+  float* p = out + w * kSignPerWord;
+  const std::int64_t left = n - w * kSignPerWord;
+  if (left >= kSignPerWord) {
+    for (int j = 0; j < 32; ++j) p[j] += (word & (1u << j)) != 0u ? scale : -scale;
+    return;
+  }
+  for (int j = 0; j < static_cast<int>(left); ++j) p[j] += (word & (1u << j)) != 0u ? scale : -scale;
 }
 
 /// Word w of the ternary code of x[0, n) at `scale` (>= every |x_i|; 0: all zero).
