@@ -143,6 +143,8 @@ void check_spec(const CompressionSpec& s) {
     default:
       break;
   }
+  TORCH_CHECK(!s.overlap || s.method == Compression::kNone || s.method == Compression::kFp16, "compression ", name,
+              ": overlap is for the all-reduce exchanges (none, fp16); ", name, " exchanges after backward");
   if (s.method == Compression::kDgc) {
     TORCH_CHECK(s.momentum >= 0 && s.momentum < 1, "compression dgc: momentum must be in [0, 1), got ", s.momentum);
     TORCH_CHECK(s.warmup_steps >= 0, "compression dgc: warmup_steps must be >= 0, got ", s.warmup_steps);
@@ -150,6 +152,10 @@ void check_spec(const CompressionSpec& s) {
 }
 
 GradientExchange::GradientExchange(CompressionSpec spec) : spec_(spec) { check_spec(spec_); }
+
+GradientExchange::~GradientExchange() {
+  for (auto& [param, hook] : hooks_) param.remove_hook(hook);
+}
 
 void GradientExchange::allreduce(ProcessGroup& group, at::Tensor& t) {
   const double w = group.size();
@@ -172,7 +178,7 @@ std::vector<at::Tensor> GradientExchange::allgather(ProcessGroup& group, const a
   return out;
 }
 
-void GradientExchange::plan(const std::vector<at::Tensor>& grads) {
+void GradientExchange::plan(const std::vector<at::Tensor>& grads, bool reverse) {
   std::vector<std::vector<std::int64_t>> shapes;
   for (const auto& g : grads) shapes.push_back(g.sizes().vec());
   if (planned_) {
@@ -196,20 +202,24 @@ void GradientExchange::plan(const std::vector<at::Tensor>& grads) {
       dense[i] = false;
     }
   }
-  // Consecutive gradients up to bucket_bytes of fp32 (at least one each).
+  // Consecutive gradients up to bucket_bytes of fp32 (at least one each),
+  // from the last when overlapping (backward produces them in that order).
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < grads.size(); ++i) order.push_back(reverse ? grads.size() - 1 - i : i);
   std::size_t begin = 0;
-  while (begin < grads.size()) {
+  while (begin < order.size()) {
     Bucket b;
     std::int64_t bytes = 0;
     std::size_t end = begin;
-    for (; end < grads.size(); ++end) {
-      if (!dense[end]) continue;
-      const std::int64_t add = grads[end].numel() * 4;
+    for (; end < order.size(); ++end) {
+      const std::size_t i = order[end];
+      if (!dense[i]) continue;
+      const std::int64_t add = grads[i].numel() * 4;
       if (!b.members.empty() && bytes + add > spec_.bucket_bytes) break;
-      b.members.push_back(end);
-      b.sizes.push_back(grads[end].numel());
+      b.members.push_back(i);
+      b.sizes.push_back(grads[i].numel());
       bytes += add;
-      b.numel += grads[end].numel();
+      b.numel += grads[i].numel();
     }
     if (!b.members.empty()) buckets_.push_back(std::move(b));
     begin = end;
@@ -224,11 +234,18 @@ GradientNorms GradientExchange::exchange(ProcessGroup& group, const std::vector<
     if (p.grad().defined()) grads.push_back(p.grad());
   }
   norms.local_sq = noise::grad_sq_norm(params);
+  const auto start = Clock::now();
+  if (overlap_group_) {
+    TORCH_CHECK(overlap_group_ == &group, "gradient compression: exchange() on another group than begin()'s");
+    finish_overlap(grads);
+    ++steps_;
+    norms.global_sq = noise::grad_sq_norm(params);
+    return norms;
+  }
   plan(grads);
   if (!pending_.empty()) apply_state();
   last_ = ExchangeStats{};
   last_.steps = 1;
-  const auto start = Clock::now();
   const bool dense = spec_.method == Compression::kNone || steps_ < spec_.start_steps;
   last_average_ = dense || spec_.method == Compression::kFp16 || spec_.method == Compression::kBf16;
   const double w = group.size();
@@ -257,14 +274,110 @@ GradientNorms GradientExchange::exchange(ProcessGroup& group, const std::vector<
   }
   last_.compress_seconds = std::max(0.0, seconds_since(start) - last_.communicate_seconds);
   ++steps_;
+  add_to_totals();
+  norms.global_sq = noise::grad_sq_norm(params);
+  return norms;
+}
+
+void GradientExchange::add_to_totals() {
   totals_.steps += 1;
   totals_.bytes_sent += last_.bytes_sent;
   totals_.bytes_received += last_.bytes_received;
   totals_.dense_bytes += last_.dense_bytes;
   totals_.compress_seconds += last_.compress_seconds;
   totals_.communicate_seconds += last_.communicate_seconds;
-  norms.global_sq = noise::grad_sq_norm(params);
-  return norms;
+}
+
+void GradientExchange::begin(ProcessGroup& group, const std::vector<at::Tensor>& params) {
+  TORCH_CHECK(spec_.method == Compression::kNone || spec_.method == Compression::kFp16, "gradient compression: ",
+              compression_name(spec_.method), " cannot overlap with backward (none and fp16 can)");
+  TORCH_CHECK(!overlap_group_, "gradient compression: begin() twice without exchange() between");
+  if (!planned_) plan(params, /*reverse=*/true);
+  if (hooks_.empty()) {
+    bucket_of_.assign(params.size(), 0);
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      for (const std::size_t i : buckets_[b].members) bucket_of_[i] = b;
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      at::Tensor p = params[i];
+      const unsigned hook = p.register_hook([this, i](const at::Tensor& grad) { on_gradient(i, grad); });
+      hooks_.emplace_back(p, hook);
+    }
+  }
+  TORCH_CHECK(hooks_.size() == params.size(), "gradient compression: begin() over ", params.size(),
+              " parameters, the hooks are on ", hooks_.size());
+  missing_.assign(buckets_.size(), 0);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) missing_[b] = buckets_[b].members.size();
+  incoming_.assign(params.size(), at::Tensor());
+  launched_.clear();
+  last_ = ExchangeStats{};
+  last_.steps = 1;
+  last_average_ = true;
+  overlap_group_ = &group;
+}
+
+void GradientExchange::on_gradient(std::size_t i, const at::Tensor& grad) {
+  if (!overlap_group_ || i >= incoming_.size() || incoming_[i].defined()) return;
+  incoming_[i] = grad;
+  const std::size_t b = bucket_of_[i];
+  if (--missing_[b] == 0) {
+    const auto start = Clock::now();
+    launch(b, incoming_);
+    last_.compress_seconds += seconds_since(start);
+  }
+}
+
+void GradientExchange::launch(std::size_t b, const std::vector<at::Tensor>& grads) {
+  ProcessGroup& group = *overlap_group_;
+  std::vector<at::Tensor> parts;
+  for (const std::size_t i : buckets_[b].members) parts.push_back(grads[i].reshape({-1}).to(at::kFloat));
+  at::Tensor data = at::cat(parts);
+  const bool dense = spec_.method == Compression::kNone || steps_ < spec_.start_steps;
+  if (!dense) {  // fp16
+    at::Tensor half = at::empty({data.numel()}, data.options().dtype(at::kHalf));
+    at::mul_out(half, data, at::scalar_tensor(1.0 / group.size(), data.options()));
+    data = half;
+  }
+  const double w = group.size();
+  const double bytes = static_cast<double>(data.numel() * data.element_size()) * 2 * (w - 1) / w;
+  last_.bytes_sent += bytes;
+  last_.bytes_received += bytes;
+  last_.dense_bytes += static_cast<double>(buckets_[b].numel) * 4 * 2 * (w - 1) / w;
+  launched_.push_back(Launched{b, data, group.allreduce_sum_async({data})});
+  missing_[b] = 0;
+}
+
+void GradientExchange::finish_overlap(const std::vector<at::Tensor>& grads) {
+  ProcessGroup& group = *overlap_group_;
+  overlap_group_ = nullptr;  // whatever happens below, the next step starts afresh
+  TORCH_CHECK(grads.size() == incoming_.size(), "gradient compression: ", incoming_.size(),
+              " parameters at begin(), ", grads.size(), " with a gradient after backward (with overlap, every "
+              "parameter needs one)");
+  plan(grads);  // the shapes must not have changed
+  overlap_group_ = &group;
+  const auto start = Clock::now();
+  last_overlapped_ = launched_.size();
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {  // backward did not reach them (no hook fired)
+    if (missing_[b] > 0) launch(b, grads);
+  }
+  overlap_group_ = nullptr;
+  const double w = group.size();
+  for (Launched& l : launched_) {
+    const auto waited = Clock::now();
+    l.wait();
+    last_.communicate_seconds += seconds_since(waited);
+    at::Tensor data = l.data.scalar_type() == at::kFloat ? l.data.div_(w) : l.data.to(at::kFloat);
+    std::int64_t offset = 0;
+    for (const std::size_t i : buckets_[l.bucket].members) {
+      const std::int64_t n = grads[i].numel();
+      grads[i].copy_(data.slice(0, offset, offset + n).view(grads[i].sizes()));
+      offset += n;
+    }
+  }
+  launched_.clear();
+  incoming_.assign(incoming_.size(), at::Tensor());
+  last_.compress_seconds += std::max(0.0, seconds_since(start) - last_.communicate_seconds);
+  add_to_totals();
 }
 
 void GradientExchange::exchange_bucket(ProcessGroup& group, Bucket& bucket, std::size_t index, at::Tensor& flat,

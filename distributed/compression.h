@@ -40,6 +40,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -89,6 +90,9 @@ struct CompressionSpec {
   std::int64_t start_steps = 0;
   /// The size of the fp32 buckets the gradients are flattened into (DDP's 25 MB).
   std::int64_t bucket_bytes = 25 << 20;
+  /// none and fp16: start each bucket's all-reduce during backward, as soon
+  /// as its gradients exist (GradientExchange::begin), instead of after it.
+  bool overlap = false;
   /// The random draws' seed (bigbatch's trials use the trial's seed).
   std::uint64_t seed = 0;
 };
@@ -122,6 +126,19 @@ struct ExchangeStats {
 class GradientExchange {
  public:
   explicit GradientExchange(CompressionSpec spec = {});
+  ~GradientExchange();
+  GradientExchange(const GradientExchange&) = delete;  // its hooks point at it
+  GradientExchange& operator=(const GradientExchange&) = delete;
+
+  /// Overlap with backward (none and fp16; throws for the others): call
+  /// before backward. The first call registers a hook on each parameter;
+  /// from then on, during each backward that follows a begin(), a bucket's
+  /// all-reduce starts as soon as backward has produced all its gradients
+  /// (the buckets are made in reverse parameter order, the order backward
+  /// produces them), and exchange() after backward waits for them. The
+  /// gradients must have been zeroed (or set to none) before backward, and
+  /// every parameter must get one.
+  void begin(ProcessGroup& group, const std::vector<at::Tensor>& params);
 
   /// Replaces each parameter's gradient by the average over the ranks as the
   /// compressor transmits it (the exact average for none). Returns the
@@ -138,6 +155,10 @@ class GradientExchange {
   /// rounded to 16 bits) rather than a compressed estimate of it: what the
   /// noise scale's big-batch norm needs.
   bool last_was_average() const { return last_average_; }
+  /// With overlap: how many of the last step's buckets started their
+  /// all-reduce during backward (the rest started after it), and how many there are.
+  std::size_t last_overlapped() const { return last_overlapped_; }
+  std::size_t buckets() const { return buckets_.size(); }
 
   /// The compressor's state, for a checkpoint: the step count and every
   /// memory tensor, on the CPU. load_state() of the same spec over the same
@@ -160,8 +181,12 @@ class GradientExchange {
     at::Tensor q, error;
   };
 
-  void plan(const std::vector<at::Tensor>& grads);
+  void plan(const std::vector<at::Tensor>& grads, bool reverse = false);
   void apply_state();
+  void on_gradient(std::size_t i, const at::Tensor& grad);
+  void launch(std::size_t bucket, const std::vector<at::Tensor>& grads);
+  void finish_overlap(const std::vector<at::Tensor>& grads);
+  void add_to_totals();
   void exchange_bucket(ProcessGroup& group, Bucket& bucket, std::size_t index, at::Tensor& flat, bool dense);
   void exchange_powersgd(ProcessGroup& group, const std::vector<at::Tensor>& grads);
   void allreduce(ProcessGroup& group, at::Tensor& t);
@@ -177,6 +202,20 @@ class GradientExchange {
   std::vector<Matrix> matrices_;                    ///< powersgd
   ExchangeStats totals_, last_;
   bool last_average_ = true;
+  // Overlap: the hooks, each gradient's bucket, what backward has produced
+  // since begin(), and the all-reduces under way.
+  struct Launched {
+    std::size_t bucket;
+    at::Tensor data;
+    std::function<void()> wait;
+  };
+  std::vector<std::pair<at::Tensor, unsigned>> hooks_;
+  std::vector<std::size_t> bucket_of_;
+  std::vector<std::size_t> missing_;
+  std::vector<at::Tensor> incoming_;
+  std::vector<Launched> launched_;
+  ProcessGroup* overlap_group_ = nullptr;  ///< set between begin() and exchange()
+  std::size_t last_overlapped_ = 0;
 };
 
 }  // namespace bigbatch::distributed

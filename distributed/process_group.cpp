@@ -192,6 +192,17 @@ std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& input) {
   return out[0];
 }
 
+std::function<void()> ProcessGroup::allreduce_sum_async(std::vector<at::Tensor> tensors) {
+  for (const auto& t : tensors) {
+    TORCH_CHECK(t.is_cuda() == impl_->nccl_device.is_cuda(), "allreduce_sum_async: a ", t.device(),
+                " tensor for a group on ", impl_->nccl_device, " (it does not stage)");
+  }
+  auto work = impl_->with_backend([&](auto& pg) { return pg.allreduce(tensors); });
+  // The work handle's class is ProcessGroup::Work in LibTorch 1.13 and Work in
+  // 2.x: the closure keeps it whatever it is called.
+  return [work, tensors]() mutable { work->wait(); };
+}
+
 void ProcessGroup::broadcast(std::vector<at::Tensor>& tensors, int root) {
   c10d::BroadcastOptions o;
   o.rootRank = root;

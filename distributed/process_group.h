@@ -8,6 +8,7 @@
 #include <torch/nn/module.h>
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -70,6 +71,11 @@ class ProcessGroup {
 
   /// In place: every tensor becomes the sum over ranks.
   void allreduce_sum(std::vector<at::Tensor>& tensors);
+  /// allreduce_sum started, not waited for: the backend works on it while the
+  /// caller goes on (Gloo on its own threads, NCCL on its stream). Call the
+  /// returned function to wait; the tensors (on the group's device) must live
+  /// until then.
+  std::function<void()> allreduce_sum_async(std::vector<at::Tensor> tensors);
   /// Every rank's `input` (the same shape and dtype on every rank) in rank
   /// order: element r is rank r's (this rank's a copy).
   std::vector<at::Tensor> allgather(const at::Tensor& input);

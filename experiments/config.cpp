@@ -297,6 +297,11 @@ void distributed_fields(Io& io, Spec& d) {
   io.object("compression", d.compression, [](auto& q, auto& c) { compression_fields(q, c); });
   io.field("bucket_mb", d.bucket_mb);
   io.check("bucket_mb", d.bucket_mb > 0 && d.bucket_mb <= 4096, "must be in (0, 4096], got " + num(d.bucket_mb));
+  io.field("overlap", d.compression.overlap);
+  const auto m = d.compression.method;
+  io.check("overlap", !d.compression.overlap || m == distributed::Compression::kNone || m == distributed::Compression::kFp16,
+           std::string("only the all-reduce exchanges (none, fp16) overlap with backward; ") +
+               distributed::compression_name(m) + " exchanges after it");
   if constexpr (Io::kReading) {
     d.compression.bucket_bytes = static_cast<std::int64_t>(d.bucket_mb * (1 << 20));
   }
@@ -482,7 +487,7 @@ void trial_fields(Io& io, Spec& t) {
 }  // namespace
 
 bool DistributedSpec::is_default() const {
-  return compression.method == distributed::Compression::kNone && bucket_mb == 25;
+  return compression.method == distributed::Compression::kNone && bucket_mb == 25 && !compression.overlap;
 }
 
 namespace {

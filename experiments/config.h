@@ -102,11 +102,11 @@ ModelSpec model_spec(const WorkloadPart& part);
 
 /// "distributed": how the ranks of a data-parallel trial exchange their
 /// gradients (distributed/compression.h). Left out of resolved configs when
-/// it is the default (fp32 all-reduce in 25 MiB buckets), so that folders
+/// it is the default (fp32 all-reduce in 25 MiB buckets after backward), so that folders
 /// written before it existed keep their identity.
 struct DistributedSpec {
   /// "compression": {"name": ..., its parameters}; bucket_bytes comes from
-  /// bucket_mb and the seed from the trial's seed.
+  /// bucket_mb, overlap from "overlap" and the seed from the trial's seed.
   distributed::CompressionSpec compression;
   double bucket_mb = 25;
   bool is_default() const;

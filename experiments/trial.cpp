@@ -112,6 +112,7 @@ class SingleModel final : public LaneModel {
   LaneGradient data_parallel(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weights,
                              std::int64_t local, std::int64_t global) {
     const at::Tensor l = loss(x, y, weights);
+    if (exchange_->spec().overlap) exchange_->begin(*group_, params_);  // all-reduces start during backward
     l.backward();
     const auto norms = exchange_->exchange(*group_, params_);
     std::vector<at::Tensor> mean{l.detach().reshape({1}).to(at::kDouble)};

@@ -18,6 +18,9 @@ compared on one set of figures in OUT_DIR:
   compare_steps_to_target   steps to target against batch size, a line per
                             sweep, its fit where it has one, perfect scaling
   compare_examples_to_target  examples to target against batch size
+  compare_bytes_to_target   bytes each rank sent in the gradient exchange to
+                            reach the target (data-parallel sweeps: the
+                            tables' bytes column), when every sweep has them
   compare_best_lr           best rate against batch size per sweep
   compare_validation        per batch size, each sweep's best trial's
                             validation curve against examples seen
@@ -233,10 +236,14 @@ def compare(out, labelled):
     def reached(s, key):
         return [(int(r["batch_size"]), float(r[key])) for r in s["table"] if r["reached"] == "1"]
 
-    # Steps and examples to target, best rate: one line per sweep.
-    for name, key, ylabel in (("compare_steps_to_target", "steps", f"steps to {metric} <= {threshold}"),
-                              ("compare_examples_to_target", "examples", f"examples to {metric} <= {threshold}"),
-                              ("compare_best_lr", "best_lr", "best learning rate")):
+    # Steps, examples and bytes to target, best rate: one line per sweep.
+    figures = [("compare_steps_to_target", "steps", f"steps to {metric} <= {threshold}"),
+               ("compare_examples_to_target", "examples", f"examples to {metric} <= {threshold}"),
+               ("compare_best_lr", "best_lr", "best learning rate")]
+    counted = all(any(r.get("bytes") for r in s["table"] if r["reached"] == "1") for _, s in sweeps)
+    if counted:
+        figures.insert(2, ("compare_bytes_to_target", "bytes", f"bytes sent per rank to {metric} <= {threshold}"))
+    for name, key, ylabel in figures:
         fig, ax = plt.subplots(figsize=(7, 5))
         points = {}
         first = None
@@ -268,7 +275,7 @@ def compare(out, labelled):
             all_b = sorted({b for _, s in sweeps for b, _ in reached(s, key)})
             ax.plot(all_b, [s0 * b0 / b for b in all_b], "k:", label="perfect scaling")
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2 if key != "best_lr" else 10)
+        ax.set_yscale("log", base=2 if key not in ("best_lr", "bytes") else 10)
         ax.set_xlabel("batch size")
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)
@@ -303,7 +310,7 @@ def compare(out, labelled):
     axes[0][0].legend(fontsize=8)
     save(fig, out, "compare_validation", points)
     print(f"comparison plots in {out}: compare_steps_to_target, compare_examples_to_target, "
-          f"compare_best_lr, compare_validation (.png, .svg, .json)")
+          f"{'compare_bytes_to_target, ' if counted else ''}compare_best_lr, compare_validation (.png, .svg, .json)")
 
 
 if __name__ == "__main__":

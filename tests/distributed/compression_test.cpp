@@ -401,6 +401,24 @@ TEST(CompressionTwoRanks, NoneIsTheAllReduceBitForBit) {
   EXPECT_EQ(r.status, (std::vector<int>{0, 0})) << bigbatch::test::slurp(r.logs[0]) << bigbatch::test::slurp(r.logs[1]);
 }
 
+TEST(CompressionTwoRanks, OverlappedExchangesEqualTheExchangeAfterBackward) {
+  for (const char* name : {"none", "fp16"}) {
+    const bigbatch::test::Ranks r =
+        bigbatch::test::launch(std::string("compress:overlap_") + name, bigbatch::test::tmp(std::string("c_ov_") + name));
+    EXPECT_EQ(r.status, (std::vector<int>{0, 0})) << bigbatch::test::slurp(r.logs[0]) << bigbatch::test::slurp(r.logs[1]);
+  }
+}
+
+TEST(Compression, OnlyTheAllReduceExchangesOverlap) {
+  auto s = spec_of(Compression::kTopK);
+  s.overlap = true;
+  EXPECT_THROW(bd::check_spec(s), c10::Error);
+  s.overlap = false;
+  bd::GradientExchange ex(s);
+  Params p(Shapes{{4}});
+  EXPECT_THROW(ex.begin(solo(), p.p), c10::Error);
+}
+
 class CompressedRanks : public testing::TestWithParam<const char*> {};
 
 TEST_P(CompressedRanks, MatchTheReferenceAgreeAndCountTheirBytes) {
@@ -459,11 +477,60 @@ double expected_bytes(const bd::CompressionSpec& s, std::int64_t n, const std::v
   return -1;
 }
 
+// The same net trained twice from the same start on the same rows, its
+// exchange after backward and overlapped with it (small buckets: several
+// all-reduces under way at once): the same averaged gradients, bit for bit,
+// and the same bytes.
+int overlap_worker(bd::ProcessGroup& group, const std::string& name, int rank) {
+  bd::CompressionSpec spec = spec_of(*bd::compression_from_name(name));
+  spec.bucket_bytes = 256;
+  bd::CompressionSpec with = spec;
+  with.overlap = true;
+  bd::GradientExchange after(spec), during(with);
+  std::vector<torch::nn::Sequential> nets;
+  for (int k = 0; k < 2; ++k) {
+    at::manual_seed(7);
+    nets.emplace_back(torch::nn::Linear(20, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                      torch::nn::Linear(16, 4));
+  }
+  auto gen = at::detail::createCPUGenerator(5);
+  const at::Tensor x = at::randn({8 * 16, 20}, gen, at::kFloat), y = at::randint(4, {8 * 16}, gen, at::kLong);
+  for (int step = 0; step < 8; ++step) {
+    const std::int64_t begin = step * 16 + rank * 8;
+    for (int k = 0; k < 2; ++k) {
+      for (auto& p : nets[k]->parameters()) {
+        if (p.grad().defined()) p.mutable_grad().zero_();
+      }
+      if (k == 1) during.begin(group, nets[k]->parameters());
+      torch::nn::functional::cross_entropy(nets[k]->forward(x.slice(0, begin, begin + 8)),
+                                           y.slice(0, begin, begin + 8))
+          .backward();
+      (k == 0 ? after : during).exchange(group, nets[k]->parameters());
+    }
+    const auto a = nets[0]->parameters(), b = nets[1]->parameters();
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (!at::equal(a[i].grad(), b[i].grad())) return fail(9, name + ": overlapped gradient " + std::to_string(i) + " differs at step " + std::to_string(step));
+      at::NoGradGuard no_grad;
+      a[i].sub_(0.1 * a[i].grad());
+      b[i].sub_(0.1 * b[i].grad());
+    }
+    if (after.last().bytes_sent != during.last().bytes_sent) return fail(7, name + ": overlapped bytes differ");
+    if (during.buckets() < 3 || during.last_overlapped() != during.buckets()) {
+      return fail(10, name + ": " + std::to_string(during.last_overlapped()) + " of " +
+                          std::to_string(during.buckets()) + " buckets started during backward");
+    }
+  }
+  std::cerr << name << " overlapped: " << during.totals().communicate_seconds << " s waiting, "
+            << after.totals().communicate_seconds << " s without overlap\n";
+  return 0;
+}
+
 }  // namespace
 
 int compression_worker(const std::string& name) {
   const bd::WorldInfo world = bd::world_from_env();
   bd::ProcessGroup group(world, std::chrono::seconds(10));
+  if (name.rfind("overlap_", 0) == 0) return overlap_worker(group, name.substr(8), world.rank);
   const auto method = bd::compression_from_name(name);
   if (!method) return fail(2, "unknown compressor " + name);
   bd::CompressionSpec spec = spec_of(*method);
