@@ -15,6 +15,11 @@
 // Run without arguments: it measures the world of one, then re-executes
 // itself as 2 ranks (rank 0 prints). Iteration counts are fixed in world 2 so
 // that the ranks stay in step.
+//
+// --device=cuda (scripts/gpu.sh bench, a BIGBATCH_CUDA build): the codecs
+// and the copy on the GPU, in an NCCL world of one, each iteration timed
+// from the host to a device synchronization (the world of one's all-reduce,
+// a device copy, included); no passes, no world 2.
 #include "optimizer_bench.h"
 
 #include "../distributed/compression.h"
@@ -23,11 +28,13 @@
 
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
+#include <torch/cuda.h>
 
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -39,14 +46,19 @@ namespace bd = bigbatch::distributed;
 using bd::Compression;
 using bigbatch::bench::ShapeList;
 std::unique_ptr<bd::ProcessGroup> group;
+at::Device device = at::kCPU;
+
+void sync() {
+  if (device.is_cuda()) torch::cuda::synchronize();
+}
 
 // Parameters of the list's shapes with random gradients.
 struct Grads {
   std::vector<at::Tensor> params;
   explicit Grads(const ShapeList& list) {
     for (const auto& s : list.shapes) {
-      at::Tensor p = at::zeros(s).requires_grad_(true);
-      p.mutable_grad() = at::randn(s);
+      at::Tensor p = at::zeros(s, at::TensorOptions().device(device)).requires_grad_(true);
+      p.mutable_grad() = at::randn(s, at::TensorOptions().device(device));
       params.push_back(p);
     }
   }
@@ -69,17 +81,28 @@ void codec(benchmark::State& state, const ShapeList& list, Compression c) {
   Grads g(list);
   bd::GradientExchange ex(spec_of(c));
   for (auto _ : state) {
-    ex.exchange(*group, g.params);
-    state.SetIterationTime(ex.last().compress_seconds);
+    if (device.is_cuda()) {  // host time to the device's end
+      sync();
+      const auto start = std::chrono::steady_clock::now();
+      ex.exchange(*group, g.params);
+      sync();
+      state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    } else {
+      ex.exchange(*group, g.params);
+      state.SetIterationTime(ex.last().compress_seconds);
+    }
   }
   state.counters["GB/s"] = benchmark::Counter(g.bytes() * static_cast<double>(state.iterations()) / 1e9,
                                               benchmark::Counter::kIsRate);
 }
 
 void copy(benchmark::State& state, const ShapeList& list) {
-  const at::Tensor src = at::randn({list.sizes().total()});
+  const at::Tensor src = at::randn({list.sizes().total()}, at::TensorOptions().device(device));
   at::Tensor dst = at::zeros_like(src);  // its pages touched before the timing
-  for (auto _ : state) dst.copy_(src);
+  for (auto _ : state) {
+    dst.copy_(src);
+    sync();
+  }
   state.counters["GB/s"] = benchmark::Counter(static_cast<double>(src.numel()) * 4 *
                                                   static_cast<double>(state.iterations()) / 1e9,
                                               benchmark::Counter::kIsRate);
@@ -190,11 +213,24 @@ constexpr Compression kAll[] = {Compression::kNone, Compression::kFp16,    Compr
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--device=cuda") == 0) {
+      device = at::Device(at::kCUDA, 0);
+      for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
+      --argc;
+      break;
+    }
+  }
+  if (device.is_cuda() && (!torch::cuda::is_available() || !bd::nccl_available())) {
+    std::fprintf(stderr, "bm_compression: --device=cuda needs a GPU and a build with NCCL\n");
+    return 2;
+  }
   const auto world = bd::world_from_env();
   const bool launched = bigbatch::experiments::launched_by_bigbatch();
   bd::WorldInfo info = world;
   if (world.world_size == 1) info.master_port = 29000 + static_cast<int>((getpid() + 500) % 1000);
-  group = std::make_unique<bd::ProcessGroup>(info, std::chrono::seconds(300));
+  group = std::make_unique<bd::ProcessGroup>(info, std::chrono::seconds(300),
+                                             device.is_cuda() ? bd::Backend::kNccl : bd::Backend::kGloo);
   if (world.world_size > 1) {
     at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.world_size));
     const ShapeList r = bigbatch::bench::resnet50();
@@ -209,6 +245,7 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark(("copy/" + name).c_str(), [list](benchmark::State& st) { copy(st, list); })
           ->Unit(benchmark::kMillisecond)->UseRealTime();
       for (const char* what : {"fp16", "sign", "topk_select"}) {
+        if (device.is_cuda()) break;  // the CPU loops
         benchmark::RegisterBenchmark((std::string("pass/") + what + "/" + name).c_str(),
                                      [list, what](benchmark::State& st) { pass(st, list, what); })
             ->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -225,7 +262,7 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   group.reset();
-  if (launched || world.world_size > 1) return 0;
+  if (launched || world.world_size > 1 || device.is_cuda()) return 0;
   std::fflush(stdout);
   bigbatch::experiments::LaunchOptions two;  // now the same as 2 ranks
   two.nproc = 2;

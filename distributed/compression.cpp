@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -90,6 +91,7 @@ at::Tensor draw_subset(std::int64_t n, std::int64_t k, std::uint64_t seed) {
 }
 
 std::int64_t kept(double ratio, std::int64_t n) {
+  if (n <= 0) return 0;
   return std::clamp<std::int64_t>(static_cast<std::int64_t>(std::llround(ratio * static_cast<double>(n))), 1, n);
 }
 
@@ -213,7 +215,7 @@ void GradientExchange::plan(const std::vector<at::Tensor>& grads, bool reverse) 
     std::size_t end = begin;
     for (; end < order.size(); ++end) {
       const std::size_t i = order[end];
-      if (!dense[i]) continue;
+      if (!dense[i] || grads[i].numel() == 0) continue;  // (an empty gradient has nothing to exchange)
       const std::int64_t add = grads[i].numel() * 4;
       if (!b.members.empty() && bytes + add > spec_.bucket_bytes) break;
       b.members.push_back(i);
@@ -221,7 +223,11 @@ void GradientExchange::plan(const std::vector<at::Tensor>& grads, bool reverse) 
       bytes += add;
       b.numel += grads[i].numel();
     }
-    if (!b.members.empty()) buckets_.push_back(std::move(b));
+    if (!b.members.empty()) {
+      TORCH_CHECK(b.numel <= std::numeric_limits<std::int32_t>::max(), "gradient compression: a bucket of ", b.numel,
+                  " elements (one tensor alone) is past the int32 indices and counts of the codes");
+      buckets_.push_back(std::move(b));
+    }
     begin = end;
   }
 }
@@ -293,6 +299,7 @@ void GradientExchange::begin(ProcessGroup& group, const std::vector<at::Tensor>&
               compression_name(spec_.method), " cannot overlap with backward (none and fp16 can)");
   TORCH_CHECK(!overlap_group_, "gradient compression: begin() twice without exchange() between");
   if (!planned_) plan(params, /*reverse=*/true);
+  if (!pending_.empty()) apply_state();
   if (hooks_.empty()) {
     bucket_of_.assign(params.size(), 0);
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -309,6 +316,8 @@ void GradientExchange::begin(ProcessGroup& group, const std::vector<at::Tensor>&
   missing_.assign(buckets_.size(), 0);
   for (std::size_t b = 0; b < buckets_.size(); ++b) missing_[b] = buckets_[b].members.size();
   incoming_.assign(params.size(), at::Tensor());
+  fired_.assign(params.size(), false);
+  next_bucket_ = 0;
   launched_.clear();
   last_ = ExchangeStats{};
   last_.steps = 1;
@@ -317,14 +326,19 @@ void GradientExchange::begin(ProcessGroup& group, const std::vector<at::Tensor>&
 }
 
 void GradientExchange::on_gradient(std::size_t i, const at::Tensor& grad) {
-  if (!overlap_group_ || i >= incoming_.size() || incoming_[i].defined()) return;
+  if (!overlap_group_ || i >= incoming_.size()) return;
+  TORCH_CHECK(!fired_[i], "gradient compression: parameter ", i, " got a second gradient in one backward (a "
+              "second backward or reentrant checkpointing before exchange()): with overlap, its bucket was sent "
+              "with the first; call begin() and exchange() around each backward");
+  fired_[i] = true;
   incoming_[i] = grad;
   const std::size_t b = bucket_of_[i];
-  if (--missing_[b] == 0) {
-    const auto start = Clock::now();
-    launch(b, incoming_);
-    last_.compress_seconds += seconds_since(start);
-  }
+  if (b < missing_.size() && missing_[b] > 0) --missing_[b];
+  // Buckets start in their order only, whatever order backward finishes
+  // them in, so that every rank issues the same collectives in the same order.
+  const auto start = Clock::now();
+  while (next_bucket_ < buckets_.size() && missing_[next_bucket_] == 0) launch(next_bucket_++, incoming_);
+  last_.compress_seconds += seconds_since(start);
 }
 
 void GradientExchange::launch(std::size_t b, const std::vector<at::Tensor>& grads) {
@@ -345,6 +359,9 @@ void GradientExchange::launch(std::size_t b, const std::vector<at::Tensor>& grad
   last_.dense_bytes += static_cast<double>(buckets_[b].numel) * 4 * 2 * (w - 1) / w;
   launched_.push_back(Launched{b, data, group.allreduce_sum_async({data})});
   missing_[b] = 0;
+  for (const std::size_t i : buckets_[b].members) {
+    if (i < incoming_.size()) incoming_[i] = at::Tensor();  // copied into the bucket: backward may free it
+  }
 }
 
 void GradientExchange::finish_overlap(const std::vector<at::Tensor>& grads) {
@@ -357,9 +374,8 @@ void GradientExchange::finish_overlap(const std::vector<at::Tensor>& grads) {
   overlap_group_ = &group;
   const auto start = Clock::now();
   last_overlapped_ = launched_.size();
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {  // backward did not reach them (no hook fired)
-    if (missing_[b] > 0) launch(b, grads);
-  }
+  // The buckets backward did not finish (no hook fired for some member): from .grad, in order.
+  while (next_bucket_ < buckets_.size()) launch(next_bucket_++, grads);
   overlap_group_ = nullptr;
   const double w = group.size();
   for (Launched& l : launched_) {
@@ -376,6 +392,7 @@ void GradientExchange::finish_overlap(const std::vector<at::Tensor>& grads) {
   }
   launched_.clear();
   incoming_.assign(incoming_.size(), at::Tensor());
+  fired_.assign(fired_.size(), false);
   last_.compress_seconds += std::max(0.0, seconds_since(start) - last_.communicate_seconds);
   add_to_totals();
 }
@@ -517,13 +534,14 @@ void GradientExchange::exchange_bucket(ProcessGroup& group, Bucket& bucket, std:
     }
     case Compression::kQsgd: {
       // The norm of each chunk of `chunk` elements (QSGD's buckets), then n levels as bytes.
-      const std::int64_t chunks = (n + spec_.chunk - 1) / spec_.chunk;
-      at::Tensor padded = at::zeros({chunks * spec_.chunk}, opts);
+      const std::int64_t chunk = std::min(spec_.chunk, n);  // one norm for the bucket at most
+      const std::int64_t chunks = (n + chunk - 1) / chunk;
+      at::Tensor padded = at::zeros({chunks * chunk}, opts);
       padded.slice(0, 0, n).copy_(flat);
-      const at::Tensor norms = padded.view({chunks, spec_.chunk}).norm(2, 1).contiguous();
+      const at::Tensor norms = padded.view({chunks, chunk}).norm(2, 1).contiguous();
       at::Tensor packed = at::empty({4 * chunks + n}, opts.dtype(at::kChar));
       packed.slice(0, 0, 4 * chunks).copy_(norms.view(at::kChar));
-      BIGBATCH_COMPRESS(flat, qsgd_pack, flat.data_ptr<float>(), n, norms.data_ptr<float>(), spec_.chunk,
+      BIGBATCH_COMPRESS(flat, qsgd_pack, flat.data_ptr<float>(), n, norms.data_ptr<float>(), chunk,
                         static_cast<int>(spec_.levels), stream_seed(spec_.seed, steps_, index, group.rank()),
                         packed.data_ptr<std::int8_t>() + 4 * chunks);
       flat.zero_();
@@ -531,7 +549,7 @@ void GradientExchange::exchange_bucket(ProcessGroup& group, Bucket& bucket, std:
       for (const auto& received : allgather(group, packed)) {
         const at::Tensor their_norms = received.slice(0, 0, 4 * chunks).view(at::kFloat);
         BIGBATCH_COMPRESS(flat, qsgd_unpack_add, received.data_ptr<std::int8_t>() + 4 * chunks, n,
-                          their_norms.data_ptr<float>(), spec_.chunk, scale, flat.data_ptr<float>());
+                          their_norms.data_ptr<float>(), chunk, scale, flat.data_ptr<float>());
       }
       return;
     }
@@ -592,22 +610,24 @@ void GradientExchange::exchange_powersgd(ProcessGroup& group, const std::vector<
   }
 }
 
-std::vector<at::Tensor> GradientExchange::state() const {
+std::vector<at::Tensor> GradientExchange::state(bool shared_only) const {
+  if (!pending_.empty()) return pending_;  // loaded, not yet applied: still the state
   // The step and the compressor, the totals, then per bucket (memory, velocity) and per matrix (q, error),
-  // each an empty tensor where not yet made.
+  // each an empty tensor where not yet made (or, shared_only, where it is this rank's own).
   std::vector<at::Tensor> out{at::tensor({steps_, static_cast<std::int64_t>(spec_.method)}, at::kLong),
                               at::tensor({static_cast<double>(totals_.steps), totals_.bytes_sent,
                                           totals_.bytes_received, totals_.dense_bytes, totals_.compress_seconds,
                                           totals_.communicate_seconds},
                                          at::kDouble)};
   const auto cpu = [](const at::Tensor& t) { return t.defined() ? t.to(at::kCPU, false, true) : at::empty({0}, at::kFloat); };
+  const at::Tensor none = at::empty({0}, at::kFloat);
   for (const auto& b : buckets_) {
-    out.push_back(cpu(b.memory));
-    out.push_back(cpu(b.velocity));
+    out.push_back(shared_only ? none : cpu(b.memory));
+    out.push_back(shared_only ? none : cpu(b.velocity));
   }
   for (const auto& x : matrices_) {
-    out.push_back(cpu(x.q));
-    out.push_back(cpu(x.error));
+    out.push_back(cpu(x.q));  // all-reduced: the same on every rank
+    out.push_back(shared_only ? none : cpu(x.error));
   }
   return out;
 }

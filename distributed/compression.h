@@ -160,11 +160,15 @@ class GradientExchange {
   std::size_t last_overlapped() const { return last_overlapped_; }
   std::size_t buckets() const { return buckets_.size(); }
 
-  /// The compressor's state, for a checkpoint: the step count and every
-  /// memory tensor, on the CPU. load_state() of the same spec over the same
-  /// parameters continues where it was taken (applied at the next exchange
-  /// when none ran yet; a state that does not fit throws there).
-  std::vector<at::Tensor> state() const;
+  /// The compressor's state, for a checkpoint: the step count, the totals
+  /// and every memory tensor, on the CPU. load_state() of the same spec over
+  /// the same parameters continues where it was taken (applied at the next
+  /// begin() or exchange() when none ran yet; a state that does not fit
+  /// throws there). shared_only leaves out what differs between ranks (the
+  /// error memories, DGC's velocities), keeping the step, the totals and
+  /// PowerSGD's Q: what one rank's checkpoint can give every rank; the
+  /// memories left out restart at zero.
+  std::vector<at::Tensor> state(bool shared_only = false) const;
   void load_state(const std::vector<at::Tensor>& state);
 
  private:
@@ -213,6 +217,8 @@ class GradientExchange {
   std::vector<std::size_t> bucket_of_;
   std::vector<std::size_t> missing_;
   std::vector<at::Tensor> incoming_;
+  std::vector<bool> fired_;
+  std::size_t next_bucket_ = 0;  ///< the next bucket to start: they start in order
   std::vector<Launched> launched_;
   ProcessGroup* overlap_group_ = nullptr;  ///< set between begin() and exchange()
   std::size_t last_overlapped_ = 0;

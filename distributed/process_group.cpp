@@ -194,8 +194,8 @@ std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& input) {
 
 std::function<void()> ProcessGroup::allreduce_sum_async(std::vector<at::Tensor> tensors) {
   for (const auto& t : tensors) {
-    TORCH_CHECK(t.is_cuda() == impl_->nccl_device.is_cuda(), "allreduce_sum_async: a ", t.device(),
-                " tensor for a group on ", impl_->nccl_device, " (it does not stage)");
+    TORCH_CHECK(!impl_->nccl_device.is_cuda() || t.is_cuda(), "allreduce_sum_async: a ", t.device(),
+                " tensor for an nccl group (it does not stage CPU tensors)");
   }
   auto work = impl_->with_backend([&](auto& pg) { return pg.allreduce(tensors); });
   // The work handle's class is ProcessGroup::Work in LibTorch 1.13 and Work in

@@ -173,8 +173,10 @@ std::string Trainer::checkpoint() const {
   put(archive, "gns/updates", g.updates);
   put_rows(archive, lane.rows);
   if (const distributed::GradientExchange* exchange = model_->exchange()) {
-    // The compressor's memories (error feedback, PowerSGD's Q) and the byte counts.
-    const auto state = exchange->state();
+    // The compressor's step, counts and PowerSGD's Q: what is the same on
+    // every rank. Only rank 0 writes, and every rank restores its bytes, so
+    // the ranks' own error memories are left out (they restart at zero).
+    const auto state = exchange->state(/*shared_only=*/true);
     put(archive, "exchange/count", static_cast<std::int64_t>(state.size()));
     for (std::size_t k = 0; k < state.size(); ++k) archive.write("exchange/" + std::to_string(k), state[k]);
   }

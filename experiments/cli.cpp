@@ -34,6 +34,7 @@
 #include <memory>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -451,6 +452,14 @@ struct TrainCommand {
                         : std::string())
               << trial.name << ": " << bx::to_string(r.status) << " after " << r.steps << " steps, best "
               << bx::to_string(trial.target.metric) << " " << r.best_metric << "; results in " << tdir << "\n";
+    if (r.exchange.is_object()) {  // what the gradient exchange sent (rank 0's counts)
+      const auto& x = r.exchange;
+      std::cout << "gradient exchange: " << x["compression"].get<std::string>() << ", "
+                << bx::bytes_text(x["bytes_sent_per_step"].get<double>()) << " sent a step per rank (fp32: "
+                << bx::bytes_text(x["dense_bytes_per_step"].get<double>()) << ", ratio " << std::setprecision(3)
+                << x["compression_ratio"].get<double>() << "), " << bx::bytes_text(x["bytes_sent"].get<double>())
+                << " in all\n";
+    }
     return 0;
   }
 };

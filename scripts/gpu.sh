@@ -11,7 +11,9 @@
 #             kernels' _CUDA tests
 #   bench     bm_cuda_optimizers (CUDA events, medians of 5), PyTorch's
 #             AdamW(fused=True) on the same lists, the table of docs/cuda.md,
-#             and an ncu summary of LAMB's passes on the BERT-large list
+#             an ncu summary of LAMB's passes on the BERT-large list, and
+#             bm_compression --device=cuda (each gradient compressor's codec
+#             on the GPU against a device copy)
 #   sweeps    the quickstart sweep on the CPU (all cores), on the GPU with
 #             --no-batch-trials, and on the GPU with --batch-trials: wall times and the three
 #             steps-to-target tables side by side; ResNet-20 on generated
@@ -207,6 +209,10 @@ json.dump({"benchmarks": runs}, open(sys.argv[1], "w"), indent=1)' "$res/bm_cuda
     echo "ncu_lamb: no kernel was profiled" >> "$log"
     failed=1
   fi
+  # Gradient compression's codecs on the GPU (docs/distributed.md).
+  step bm_compression 120 "$build/benchmarks/bm_compression" --device=cuda --benchmark_min_time=0.2 \
+    --benchmark_out="$res/bm_compression.json" --benchmark_out_format=json &&
+    { echo; echo "bm_compression --device=cuda:"; grep -E '^(copy|codec)/' "$res/bm_compression.txt"; } >> "$md"
 }
 
 stage_sweeps() {
@@ -276,7 +282,7 @@ run_stage() {
   local targets=()
   case $s in
     sanitize) targets=(optimizers_tests) ;;
-    bench) targets=(bm_cuda_optimizers) ;;
+    bench) targets=(bm_cuda_optimizers bm_compression) ;;
     sweeps) targets=(bigbatch_cli) ;;
   esac
   step build 0 build "${targets[@]}"

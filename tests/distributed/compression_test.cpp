@@ -328,6 +328,18 @@ TEST(Compression, AStateLoadedContinuesTheRun) {
     EXPECT_EQ(resumed.totals().steps, 4) << "the totals go on";
     bd::GradientExchange other(spec_of(Compression::kSign));
     EXPECT_THROW(other.load_state(first.state()), c10::Error) << bd::compression_name(c) << "'s state in sign";
+    // What a checkpoint of rank 0 can give every rank: no error memory, the
+    // step, the totals and PowerSGD's Q (the same on every rank).
+    const auto shared = first.state(/*shared_only=*/true);
+    EXPECT_EQ(shared[2].numel(), 0) << bd::compression_name(c);
+    if (c == Compression::kPowerSgd) EXPECT_GT(shared[4].numel(), 0) << "Q";
+    bd::GradientExchange restarted(s);
+    restarted.load_state(shared);
+    EXPECT_EQ(restarted.state()[0][0].item<std::int64_t>(), 4) << "a loaded state is the state before it applies";
+    Params r(shapes);
+    r.exchange(restarted, g);
+    EXPECT_EQ(restarted.steps(), 5);
+    EXPECT_EQ(restarted.totals().steps, 5);
   }
 }
 

@@ -1034,6 +1034,7 @@ PY
 if '$optimizer' != '-': c['optimizer'] = json.loads('$optimizer')" "$src/experiments/configs/quickstart.json"
     "$bigbatch" train "q_$name.json" --batch-size 256 --lr "$lr" --out q --nproc 2 --master-port $((port + 10 + i)) > "q_$name.txt" 2>&1 \
       || fail "$name: $(tail -3 "q_$name.txt")"
+    grep -q "^gradient exchange: $name, .* sent a step per rank" "q_$name.txt" || fail "no exchange line: $(tail -2 "q_$name.txt")"
     $py - "q/q_$name.train/b256_p0_s0" "$name" <<'PY'
 import csv, json, os, sys
 d, name = sys.argv[1:3]
