@@ -139,7 +139,7 @@ e2e=$src/tests/experiments/e2e_sweep.json
 srun -n 2 --cpus-per-task=1 "$bigbatch" train "$e2e" --batch-size 512 --lr 0.03 --steps 40 --out srun \
   > srun.txt 2>&1 || fail "srun -n 2: $(tail -5 srun.txt)"
 grep -q "data-parallel over 2 ranks" srun.txt || fail "srun's tasks did not form a group: $(cat srun.txt)"
-cmp <(cut -d, -f1-8,10- nproc/e2e.train/b512_p0_s0/metrics.csv) <(cut -d, -f1-8,10- srun/e2e.train/b512_p0_s0/metrics.csv) \
+cmp <(cut -d, -f1-8,10-12 nproc/e2e.train/b512_p0_s0/metrics.csv) <(cut -d, -f1-8,10-12 srun/e2e.train/b512_p0_s0/metrics.csv) \
   || fail "srun -n 2 differs from --nproc 2"
 echo "4. srun -n 2 bigbatch train: the metrics of --nproc 2"
 

@@ -332,14 +332,16 @@ TEST_F(Workloads, AWorkloadsOwnMetricsAreRecordedByName) {
   std::ifstream in(dir_ / "w" / "b32_p0_s0" / "metrics.csv");
   std::string header, row;
   std::getline(in, header);
-  EXPECT_EQ(header, "step,epoch,examples,train_loss,val_loss,val_error,lr,batch_size,wall_time,gns,val_error_again");
+  EXPECT_EQ(header,
+            "step,epoch,examples,train_loss,val_loss,val_error,lr,batch_size,wall_time,gns,bytes_sent,bytes_received,"
+            "compress_seconds,comm_seconds,val_error_again");
   int rows = 0;
   while (std::getline(in, row)) {
     std::vector<std::string> cells;
     std::stringstream cut(row);
     for (std::string c; std::getline(cut, c, ',');) cells.push_back(c);
-    ASSERT_EQ(cells.size(), 11u) << row;
-    EXPECT_DOUBLE_EQ(std::stod(cells[5]), std::stod(cells[10])) << row;
+    ASSERT_EQ(cells.size(), 15u) << row;
+    EXPECT_DOUBLE_EQ(std::stod(cells[5]), std::stod(cells[14])) << row;
     ++rows;
   }
   EXPECT_EQ(rows, 4);
