@@ -40,7 +40,7 @@ bd::ProcessGroup& solo() {
   static bd::ProcessGroup group(
       [] {
         bd::WorldInfo w;
-        w.master_port = 20000 + static_cast<int>((getpid() + 4099) % 20000);
+        w.master_port = bigbatch::testing_support::free_port();
         return w;
       }(),
       std::chrono::seconds(30));

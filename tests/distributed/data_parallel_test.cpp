@@ -194,7 +194,7 @@ TEST(DataParallel, ADeadRankStopsTheOtherWithAClearError) {
 // and change nothing, so 10 steps equal 10 steps without a group, bit for bit.
 void expect_world_of_one_is_identity(bd::Backend backend, const at::Device& device) {
   bd::WorldInfo world;
-  world.master_port = 20000 + static_cast<int>(getpid() % 20000);
+  world.master_port = bigbatch::testing_support::free_port();
   bd::ProcessGroup group(world, std::chrono::seconds(30), backend);
   EXPECT_EQ(group.backend(), backend);
   auto alone = make_net(5);
@@ -239,7 +239,7 @@ TEST(DataParallel, NcclWorldOfOneRunsItsCollectives_CUDA) {
 TEST(DataParallel, NcclWithoutItInTheBuildIsRefused) {
   if (bd::nccl_available()) GTEST_SKIP() << "this build has NCCL";
   bd::WorldInfo world;
-  world.master_port = 20000 + static_cast<int>((getpid() + 7) % 20000);
+  world.master_port = bigbatch::testing_support::free_port();
   EXPECT_THROW(bd::ProcessGroup(world, std::chrono::seconds(5), bd::Backend::kNccl), c10::Error);
 }
 

@@ -3,6 +3,8 @@
 // variables), and the parent waits for them.
 #pragma once
 
+#include "../free_port.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -48,8 +50,7 @@ struct Ranks {
 
 // Starts `world` copies of this binary as ranks of `scenario` and waits for them.
 inline Ranks launch(const std::string& scenario, const std::string& out, int world = 2, double limit = 60) {
-  static int next_port = 0;
-  const int port = 20000 + static_cast<int>(getpid() % 20000) + (next_port++) * 7 % 500;
+  const int port = bigbatch::testing_support::free_port();
   Ranks r;
   std::vector<pid_t> pids;
   const auto start = std::chrono::steady_clock::now();

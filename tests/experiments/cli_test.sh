@@ -10,6 +10,8 @@ export BIGBATCH_CORE_LEDGER=$work/.cores
 config=$src/tests/experiments/e2e_sweep.json
 py=/usr/bin/python3
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# A port nobody listens on, the kernel's choice (tests/free_port.h says why not one made from the pid).
+free_port() { $py -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # expect_error EXIT_CODE MESSAGE_PART COMMAND...: the exit code and one line naming the problem.
 expect_error() {
@@ -789,7 +791,7 @@ assert 0 < float(m[0]["val_error"]) <= 1 and first > 1.6, m[0]
 print("reached after", s["steps_to_target"], "steps; first val_loss", first, "last", m[-1]["val_loss"])
 PY
   # 2 ranks x 16 = one process at 32: the same metrics (the GPT's gradients all-reduced).
-  port=$((20000 + $$ % 20000))
+  port=$(free_port)
   "$bigbatch" train lm.json --batch-size 32 --steps 20 --out one > /dev/null 2>&1 || fail "one process failed"
   "$bigbatch" train lm.json --batch-size 32 --steps 20 --out two --nproc 2 --master-port $port > two.txt 2>&1 ||
     fail "2 ranks failed: $(tail -3 two.txt)"
@@ -927,7 +929,7 @@ quickstart)
   ;;
 data_parallel)
   # 2 ranks (Gloo on 127.0.0.1) x 256 = one process at 512: the same metrics.
-  port=$((20000 + $$ % 20000))
+  port=$(free_port)
   "$bigbatch" train "$config" --batch-size 512 --lr 0.03 --steps 40 --out one > /dev/null 2>&1
   "$bigbatch" train "$config" --batch-size 512 --lr 0.03 --steps 40 --out two --nproc 2 --master-port $port | tee two.txt
   grep -q "data-parallel over 2 ranks" two.txt || fail "not data-parallel"
@@ -949,7 +951,7 @@ PY
   # A data-parallel sweep: rank 0 alone writes; the table has one row per batch size.
   derive dp.json 'c["batch_sizes"] = [32, 512]; c["seeds"] = [0]; c["search"] = {"lr": [0.03]}'
   # (--batch-trials does not apply to it: one line says so.)
-  "$bigbatch" sweep dp.json --out runs --nproc 2 --master-port $((port + 1)) --batch-trials > sweep.txt 2> sweep.err
+  "$bigbatch" sweep dp.json --out runs --nproc 2 --master-port $(free_port) --batch-trials > sweep.txt 2> sweep.err
   grep -q "note: no batched trials (a data-parallel sweep): each trial runs alone" sweep.err \
     || fail "no note about batching: $(cat sweep.err)"
   [ "$(wc -l < runs/e2e/steps_to_target.csv)" -eq 3 ] || fail "table: $(cat runs/e2e/steps_to_target.csv)"
@@ -957,7 +959,7 @@ PY
   # A rank killed from outside: the launcher stops the other and fails, fast.
   derive long.json 'c["target"]["threshold"] = 0.0001; c["budget"] = {"steps": 1000000}'
   start=$SECONDS
-  "$bigbatch" train long.json --batch-size 64 --out long --nproc 2 --master-port $((port + 3)) --timeout 5 \
+  "$bigbatch" train long.json --batch-size 64 --out long --nproc 2 --master-port $(free_port) --timeout 5 \
     > /dev/null 2> long.err &
   launcher=$!
   sleep 4
@@ -969,12 +971,12 @@ PY
   [ $((SECONDS - start)) -lt 40 ] || fail "the launcher took $((SECONDS - start)) s to notice"
   grep -q "exited with status" long.err || fail "no message about the dead rank: $(cat long.err)"
   # A batch the world does not divide is a bad argument.
-  expect_error 2 "is not divisible by the world size 2" "$bigbatch" train "$config" --batch-size 9 --nproc 2 --master-port $((port + 2))
+  expect_error 2 "is not divisible by the world size 2" "$bigbatch" train "$config" --batch-size 9 --nproc 2 --master-port $(free_port)
   # cbs data-parallel: every reference, branch and comparison run over 2
   # ranks gives the curve one process gives.
   cbs=$src/tests/experiments/e2e_cbs.json
   "$bigbatch" cbs "$cbs" --out cbs_one --compare --no-plots > /dev/null 2>&1
-  "$bigbatch" cbs "$cbs" --out cbs_two --compare --no-plots --nproc 2 --master-port $((port + 4)) > /dev/null 2> cbs.err \
+  "$bigbatch" cbs "$cbs" --out cbs_two --compare --no-plots --nproc 2 --master-port $(free_port) > /dev/null 2> cbs.err \
     || fail "data-parallel cbs: $(tail -3 cbs.err)"
   $py - cbs_one/e2e_cbs cbs_two/e2e_cbs <<'PY'
 import csv, os, sys
@@ -990,7 +992,7 @@ PY
   ;;
 compression)
   # Gradient compression in data-parallel trials (distributed/compression.h).
-  port=$((20000 + ($$ + 211) % 20000))
+  port=$(free_port)
   # Bad parameters: one line, exit 2, before any training.
   derive bad.json 'c["distributed"] = {"compression": {"name": "topk", "ratio": 0}}'
   expect_error 2 "distributed.compression.ratio: must be in (0, 1], got 0" "$bigbatch" train bad.json --nproc 2 --master-port $port
@@ -1010,8 +1012,8 @@ compression)
   expect_error 2 "distributed.compression: topk compresses the gradient exchange of a data-parallel run" "$bigbatch" train topk.json
   # "none" is the fp32 exchange of a config without the key: the same run, bit for bit.
   derive none.json 'c["distributed"] = {"compression": {"name": "none"}, "bucket_mb": 25}'
-  "$bigbatch" train "$config" --batch-size 512 --lr 0.03 --steps 40 --out plain --nproc 2 --master-port $((port + 1)) > /dev/null
-  "$bigbatch" train none.json --batch-size 512 --lr 0.03 --steps 40 --out none --nproc 2 --master-port $((port + 2)) > /dev/null
+  "$bigbatch" train "$config" --batch-size 512 --lr 0.03 --steps 40 --out plain --nproc 2 --master-port $(free_port) > /dev/null
+  "$bigbatch" train none.json --batch-size 512 --lr 0.03 --steps 40 --out none --nproc 2 --master-port $(free_port) > /dev/null
   $py - plain/e2e.train/b512_p0_s0 none/e2e.train/b512_p0_s0 <<'PY'
 import csv, json, os, sys
 a, b = (list(csv.DictReader(open(os.path.join(d, "metrics.csv")))) for d in sys.argv[1:3])
@@ -1035,7 +1037,7 @@ PY
     i=$((i + 1))
     derive "q_$name.json" "c['name'] = 'q_$name'; c.pop('gns'); c['distributed'] = {'compression': $params}
 if '$optimizer' != '-': c['optimizer'] = json.loads('$optimizer')" "$src/experiments/configs/quickstart.json"
-    "$bigbatch" train "q_$name.json" --batch-size 256 --lr "$lr" --out q --nproc 2 --master-port $((port + 10 + i)) > "q_$name.txt" 2>&1 \
+    "$bigbatch" train "q_$name.json" --batch-size 256 --lr "$lr" --out q --nproc 2 --master-port $(free_port) > "q_$name.txt" 2>&1 \
       || fail "$name: $(tail -3 "q_$name.txt")"
     grep -q "^gradient exchange: $name, .* sent a step per rank" "q_$name.txt" || fail "no exchange line: $(tail -2 "q_$name.txt")"
     $py - "q/q_$name.train/b256_p0_s0" "$name" <<'PY'
@@ -1066,7 +1068,7 @@ powersgd {"name":"powersgd","rank":2} 0.01 -
 LIST
   # A compressed sweep's report shows the bytes to target beside steps and examples.
   derive sw.json 'c["batch_sizes"] = [32, 512]; c["seeds"] = [0]; c["search"] = {"lr": [0.03]}; c["distributed"] = {"compression": {"name": "topk", "ratio": 0.05}}'
-  "$bigbatch" sweep sw.json --out runs --nproc 2 --master-port $((port + 30)) > /dev/null 2>&1 || fail "compressed sweep"
+  "$bigbatch" sweep sw.json --out runs --nproc 2 --master-port $(free_port) > /dev/null 2>&1 || fail "compressed sweep"
   "$bigbatch" report runs/e2e > report.txt
   cat report.txt
   grep -q "bytes sent" report.txt || fail "no bytes column in the report"

@@ -5,6 +5,7 @@
 #include "../../experiments/records.h"
 #include "../../experiments/trial.h"
 #include "../../experiments/trial_folder.h"
+#include "../free_port.h"
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -129,7 +130,7 @@ TEST(Trainer, AWorldOfOneMeasuresTheNoiseScaleInMicroBatches) {
   c.gns.micro_batches = 2;
   const WorkloadData d = load_dataset(c.data);
   bigbatch::distributed::WorldInfo world;
-  world.master_port = 20000 + static_cast<int>((getpid() + 11) % 20000);
+  world.master_port = bigbatch::testing_support::free_port();
   bigbatch::distributed::ProcessGroup group(world, std::chrono::seconds(30), bigbatch::distributed::Backend::kGloo);
   Trainer alone(c, d), grouped(c, d, &group);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(alone.train_step().front(), grouped.train_step().front()) << "step " << i;
