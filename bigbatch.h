@@ -1,11 +1,13 @@
 // bigbatch: the whole public API in one header.
-// Layer-wise adaptive optimizers (LARS, LARC, LAMB, NovoGrad) for LibTorch, with
+// Large-batch optimizers (LARS, LARC, LAMB, NovoGrad, Lion, Muon) for LibTorch, with
 // the schedules, ghost batch norm, gradient noise and noise-scale tools around them.
 #pragma once
 
 #include "optimizers/lamb.h"
 #include "optimizers/larc.h"
 #include "optimizers/lars.h"
+#include "optimizers/lion.h"
+#include "optimizers/muon.h"
 #include "optimizers/novograd.h"
 #include "optimizers/param_groups.h"
 #include "schedules/lr_adapter.h"

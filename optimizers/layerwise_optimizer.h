@@ -176,11 +176,12 @@ class LayerwiseOptimizer : public LayerwiseOptimizerBase {
   /// (trust_ratios()); a parameter whose group does not adapt has none.
   void note_trust_ratio(const at::Tensor& param, double ratio) { noted_ratios_.push_back({param, ratio}); }
 
- private:
   /// The whole step on the engine, if it takes it (see step()); returns false,
   /// doing nothing, otherwise. A step the engine skips leaves the states it
   /// created in place (zero, at step 0: the next step cannot tell them apart).
   bool step_engine(const std::vector<Group>& groups);
+
+ private:
   /// Copies the step counts the engine keeps into the bound states (waits for
   /// the stream on CUDA); nothing before the first fused step.
   void sync_engine_state() const;

@@ -265,19 +265,21 @@ class EngineBinding {
 
 namespace {
 
+/// A plan's engine on the CUDA runner or the CPU runner: the one place the
+/// fused steps choose between them (Muon's two plans come here too).
+template <typename Plan>
+std::unique_ptr<kernels::MultiTensorStep<Plan>> make_engine_step(bool on_cuda) {
+#if defined(BIGBATCH_WITH_CUDA)
+  if (on_cuda) return kernels::cuda::make_step<Plan>();
+#endif
+  (void)on_cuda;
+  return kernels::make_cpu_step<Plan>();
+}
+
 template <typename Plan>
 class PlanBinding final : public EngineBinding {
  public:
-  explicit PlanBinding(bool on_cuda) {
-    cuda = on_cuda;
-#if defined(BIGBATCH_WITH_CUDA)
-    if (on_cuda) {
-      step = kernels::cuda::make_step<Plan>();
-      return;
-    }
-#endif
-    step = kernels::make_cpu_step<Plan>();
-  }
+  explicit PlanBinding(bool on_cuda) : step(make_engine_step<Plan>(on_cuda)) { cuda = on_cuda; }
   std::unique_ptr<kernels::MultiTensorStep<Plan>> step;
 };
 

@@ -11,6 +11,8 @@ so this unpacks, from the wheel that pip downloads (cached in DEST/../wheels):
   DEST/nvidia/...                           libcudart and libcupti, the two CUDA
       libraries libtorch_cpu.so is linked against, from the nvidia-* wheels the
       torch wheel names (found through libtorch_cpu.so's $ORIGIN/../../nvidia RPATH)
+  DEST/torch/optim/_muon.py                 PyTorch's Muon, for the cross-check of
+                                            tests/optimizers/torch_optim_reference.py
   DEST/cmake/TorchConfig.cmake              a Torch package over those CPU
       libraries (cmake/TorchCpuConfig.cmake); the wheel's own needs the CUDA
       toolkit and libtorch_cuda.so
@@ -32,6 +34,7 @@ import zipfile
 # the wheel also ships, but older than GCC 12's (GOMP_5.0 against 5.1), and the
 # program's own OpenMP code needs the newer one: so the wheel's is left out.
 CPU_LIBS = re.compile(r"torch/lib/(libtorch_cpu|libc10)\.so")
+MUON = "torch/optim/_muon.py"  # torch >= 2.9
 
 
 def pip_download(requirements, dest, deps):
@@ -68,9 +71,15 @@ def main():
     if not re.fullmatch(r"\d+\.\d+(\.\d+)?", version):
         print(f"fetch_torch: version must look like 2.15.0, got '{version}'", file=sys.stderr)
         sys.exit(2)
-    if (dest / ".complete").exists():
-        return
     wheels = dest.parent / "wheels" / version
+    if (dest / ".complete").exists():
+        # A folder unpacked before _muon.py was taken: take it from the cached wheel.
+        cached = list(wheels.glob(f"torch-{version}-*.whl"))
+        if cached and not (dest / MUON).exists():
+            with zipfile.ZipFile(cached[0]) as z:
+                if MUON in z.namelist():
+                    z.extract(MUON, dest)
+        return
     pip_download([f"torch=={version}"], wheels, deps=False)
     wheel = next(wheels.glob(f"torch-{version}-*.whl"))
 
@@ -80,7 +89,7 @@ def main():
         metadata = z.read(f"torch-{version}.dist-info/METADATA").decode()
         for name in z.namelist():
             if name.startswith(("torch/include/", "torch/share/")) or CPU_LIBS.fullmatch(name) \
-                    or name == "torch/version.py" or (cuda and name.startswith("torch/lib/")):
+                    or name in ("torch/version.py", MUON) or (cuda and name.startswith("torch/lib/")):
                 z.extract(name, dest)
     if not (dest / "torch/lib/libtorch_cpu.so").exists():
         sys.exit(f"fetch_torch: {wheel.name} has no torch/lib/libtorch_cpu.so")

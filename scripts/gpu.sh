@@ -13,7 +13,8 @@
 #             AdamW(fused=True) on the same lists, the table of docs/cuda.md,
 #             an ncu summary of LAMB's passes on the BERT-large list, and
 #             bm_compression --device=cuda (each gradient compressor's codec
-#             on the GPU against a device copy)
+#             on the GPU against a device copy), bm_muon --device=cuda and
+#             PyTorch's torch.optim.Muon on the same lists
 #   sweeps    the quickstart sweep on the CPU (all cores), on the GPU with
 #             --no-batch-trials, and on the GPU with --batch-trials: wall times and the three
 #             steps-to-target tables side by side; ResNet-20 on generated
@@ -213,6 +214,13 @@ json.dump({"benchmarks": runs}, open(sys.argv[1], "w"), indent=1)' "$res/bm_cuda
   step bm_compression 120 "$build/benchmarks/bm_compression" --device=cuda --benchmark_min_time=0.2 \
     --benchmark_out="$res/bm_compression.json" --benchmark_out_format=json &&
     { echo; echo "bm_compression --device=cuda:"; grep -E '^(copy|codec)/' "$res/bm_compression.txt"; } >> "$md"
+  # Muon on the GPU: fused and reference, fp32 and bf16, against its products
+  # alone, and PyTorch's own torch.optim.Muon on the same lists (docs/optimizers.md).
+  step bm_muon 150 "$build/benchmarks/bm_muon" --device=cuda --benchmark_min_time=0.2 \
+    --benchmark_filter='gpt_small|resnet50' --benchmark_out="$res/bm_muon.json" --benchmark_out_format=json &&
+    { echo; echo "bm_muon --device=cuda:"; grep -E '^Muon/' "$res/bm_muon.txt"; } >> "$md"
+  step torch_muon 90 "$python" "$root/benchmarks/torch_muon_bench.py" --device cuda --lists gpt_small_124M,resnet50_25M \
+    --steps 10 && { echo; echo "torch.optim.Muon:"; cat "$res/torch_muon.txt"; } >> "$md"
 }
 
 stage_sweeps() {

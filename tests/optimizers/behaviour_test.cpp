@@ -162,6 +162,10 @@ TEST(SaveLoad, NovoGradContinuesAsIfNeverStopped) {
   expect_save_load_continues<NovoGrad>(NovoGradOptions(0.01));
 }
 
+TEST(SaveLoad, LionContinuesAsIfNeverStopped) {
+  expect_save_load_continues<Lion>(LionOptions(1e-3).weight_decay(0.1));
+}
+
 TEST(SaveLoad, KeepsTheSkippedStepCounter) {
   auto w = torch::ones({3}, torch::requires_grad());
   LAMB opt({w}, LAMBOptions());
@@ -181,8 +185,10 @@ TEST(SaveLoad, KeepsTheSkippedStepCounter) {
 at::Device path_device(int path) { return path == 2 ? engine_device() : at::Device(at::kCPU); }
 bool path_fused(int path) { return path != 0; }
 
+// `poisons_weights`: without the skip, the bad gradient makes the weights
+// non-finite (Lion's sign of a non-finite value is finite: only its momentum is).
 template <typename Opt, typename Options>
-void expect_nonfinite_step_skipped(const Options& options, float bad, at::Device device) {
+void expect_nonfinite_step_skipped(const Options& options, float bad, at::Device device, bool poisons_weights = true) {
   const auto on = torch::TensorOptions().device(device);
   auto a = torch::randn({5}).to(device).requires_grad_(true);
   auto b = torch::randn({4}).to(device).requires_grad_(true);
@@ -218,7 +224,7 @@ void expect_nonfinite_step_skipped(const Options& options, float bad, at::Device
   Opt loose({a, b}, apply);
   loose.step();
   EXPECT_EQ(loose.skipped_steps(), 0);
-  EXPECT_FALSE(torch::isfinite(b).all().item<bool>());
+  EXPECT_NE(torch::isfinite(b).all().item<bool>(), poisons_weights);
 }
 
 class NonFinite : public ::testing::TestWithParam<int> {
@@ -243,6 +249,12 @@ TEST_P(NonFinite, LAMBWithClippingSkipsTheWholeStep) {
 }
 TEST_P(NonFinite, NovoGradSkipsTheWholeStep) {
   expect_nonfinite_step_skipped<NovoGrad>(NovoGradOptions(0.1).fused(fused()), NAN, device());
+}
+TEST_P(NonFinite, LionSkipsTheWholeStep) {
+  for (const float bad : {NAN, INFINITY}) {
+    expect_nonfinite_step_skipped<Lion>(LionOptions(0.1).weight_decay(0.1).fused(fused()), bad, device(),
+                                        /*poisons_weights=*/false);
+  }
 }
 TEST_P(NonFinite, AFirstStepSkippedCreatesNoState) {
   auto w = torch::randn({3}).to(device()).requires_grad_(true);
@@ -321,6 +333,14 @@ TEST(EngineHooks, OptionsReachThePlansMemberByMember) {
   EXPECT_EQ(novograd.weight_decay, 1e-3);
   EXPECT_TRUE(novograd.skip_nonfinite && !novograd.grad_averaging);
   EXPECT_TRUE(kernel_group(NovoGradOptions().grad_averaging(true)).grad_averaging);
+
+  const auto lion = kernel_group(LionOptions(3e-4).weight_decay(0.2).betas({0.8, 0.95}).skip_nonfinite(false));
+  EXPECT_EQ(lion.lr, 3e-4);
+  EXPECT_EQ(lion.beta1, 0.8);
+  EXPECT_EQ(lion.beta2, 0.95);
+  EXPECT_EQ(lion.weight_decay, 0.2);
+  EXPECT_FALSE(lion.skip_nonfinite);
+  EXPECT_TRUE(kernel_group(LionOptions()).skip_nonfinite);
 }
 
 // ---------------------------------------------------------------- bad input --
@@ -341,6 +361,10 @@ TEST(BadInput, InvalidOptionsNameTheOptionAndValue) {
   expect_error([&] { LAMB(p, LAMBOptions().max_grad_norm(-1)); }, "max_grad_norm: -1");
   expect_error([&] { LAMB(p, LAMBOptions().eps(NAN)); }, "eps: nan");
   expect_error([&] { NovoGrad(p, NovoGradOptions().weight_decay(-0.1)); }, "weight_decay: -0.1");
+  expect_error([&] { Lion(p, LionOptions().betas({0.9, 1.0})); }, "Invalid Lion option betas[1]: 1");
+  expect_error([&] { Lion(p, LionOptions().betas({-0.5, 0.99})); }, "Invalid Lion option betas[0]: -0.5");
+  expect_error([&] { Lion(p, LionOptions(-1e-4)); }, "Invalid Lion option lr: -0.0001");
+  expect_error([&] { Lion(p, LionOptions().weight_decay(-1)); }, "Invalid Lion option weight_decay: -1");
 }
 
 TEST(BadInput, SparseGradientsAreRejected) {
@@ -420,6 +444,9 @@ TEST(FusedVsReference, LAMBAgreesAfter100Steps) {
 }
 TEST(FusedVsReference, NovoGradAgreesAfter100Steps) {
   expect_paths_agree<NovoGrad>(NovoGradOptions(5e-3).weight_decay(1e-3));
+}
+TEST(FusedVsReference, LionAgreesAfter100Steps) {
+  expect_paths_agree<Lion>(LionOptions(1e-3).weight_decay(0.1));
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Every option and state field of the four optimizers, one at a time set to a
+// Every option and state field of the six optimizers, one at a time set to a
 // value other than its default: operator== sees it, a copy and clone() keep
 // it, save/load keeps it, and an option the fused plans take reaches the
 // plan's group (what the engine uploads to the device). The count of archive
@@ -143,12 +143,52 @@ TEST(Fields, NovoGradOptionsSurviveCopySaveLoadAndReachThePlan) {
                           {"master_weights", [](auto& o) { o.master_weights(true); }}});
 }
 
+TEST(Fields, LionOptionsSurviveCopySaveLoadAndReachThePlan) {
+  expect_every_field_survives<LionOptions>(
+      LionOptions(), {{"lr", [](auto& o) { o.lr(0.2); }, true},
+                      {"betas", [](auto& o) { o.betas({0.8, 0.9}); }, true},
+                      {"weight_decay", [](auto& o) { o.weight_decay(0.1); }, true},
+                      {"adapt", [](auto& o) { o.adapt(false); }},  // no trust ratio in Lion
+                      {"skip_nonfinite", [](auto& o) { o.skip_nonfinite(false); }, true},
+                      {"fused", [](auto& o) { o.fused(false); }},
+                      {"master_weights", [](auto& o) { o.master_weights(true); }}});
+}
+
+// Muon's plan group is its AdamW groups' (LAMB's plan without the trust
+// ratio): the rate, decay, betas and eps reach it. The orthogonalized
+// groups' options go to Muon's own two plans and the iteration, which the
+// golden tests cover option by option.
+TEST(Fields, MuonOptionsSurviveCopySaveLoadAndReachThePlan) {
+  expect_every_field_survives<MuonOptions>(
+      MuonOptions(), {{"lr", [](auto& o) { o.lr(0.2); }, true},
+                      {"weight_decay", [](auto& o) { o.weight_decay(0.3); }, true},
+                      {"orthogonalize", [](auto& o) { o.orthogonalize(false); }},
+                      {"momentum", [](auto& o) { o.momentum(0.9); }},
+                      {"nesterov", [](auto& o) { o.nesterov(false); }},
+                      {"ns_coefficients", [](auto& o) { o.ns_coefficients({2.0, -1.5, 0.5}); }},
+                      {"ns_steps", [](auto& o) { o.ns_steps(3); }},
+                      {"eps", [](auto& o) { o.eps(1e-5); }},
+                      {"adjust_lr", [](auto& o) { o.adjust_lr("match_rms_adamw"); }},
+                      {"ns_bfloat16", [](auto& o) { o.ns_bfloat16(true); }},
+                      {"adamw_betas", [](auto& o) { o.adamw_betas({0.8, 0.9}); }, true},
+                      {"adamw_eps", [](auto& o) { o.adamw_eps(1e-6); }, true},
+                      {"skip_nonfinite", [](auto& o) { o.skip_nonfinite(false); }},  // decided before the plans
+                      {"fused", [](auto& o) { o.fused(false); }},
+                      {"master_weights", [](auto& o) { o.master_weights(true); }}});
+}
+
 /// A state whose tensors are all defined: zeros, which the changes replace.
 template <typename State>
 State zero_state() {
   State s;
   if constexpr (std::is_same_v<State, LARSParamState> || std::is_same_v<State, LARCParamState>) {
     s.momentum_buffer(at::zeros({3}));
+  } else if constexpr (std::is_same_v<State, LionParamState>) {
+    s.exp_avg(at::zeros({3}));
+  } else if constexpr (std::is_same_v<State, MuonParamState>) {
+    s.momentum_buffer(at::zeros({3}));
+    s.exp_avg(at::zeros({3}));
+    s.exp_avg_sq(at::zeros({3}));
   } else {
     s.exp_avg(at::zeros({3}));
     s.exp_avg_sq(at::zeros({3}));
@@ -181,6 +221,16 @@ TEST(Fields, MomentumStatesSurviveCopyAndSaveLoad) {
 TEST(Fields, MomentStatesSurviveCopyAndSaveLoad) {
   expect_every_field_survives(zero_state<LAMBParamState>(), moment_state_changes<LAMBParamState>());
   expect_every_field_survives(zero_state<NovoGradParamState>(), moment_state_changes<NovoGradParamState>());
+}
+
+TEST(Fields, LionAndMuonStatesSurviveCopyAndSaveLoad) {
+  expect_every_field_survives<LionParamState>(zero_state<LionParamState>(),
+                                              {{"step", [](auto& s) { s.step(7); }},
+                                               {"exp_avg", [](auto& s) { s.exp_avg(at::ones({3})); }},
+                                               {"master", [](auto& s) { s.master(at::full({3}, 2.0)); }}});
+  auto muon = moment_state_changes<MuonParamState>();
+  muon.push_back({"momentum_buffer", [](auto& s) { s.momentum_buffer(at::full({3}, 4.0)); }});
+  expect_every_field_survives(zero_state<MuonParamState>(), muon);
 }
 
 TEST(Fields, AnUndefinedStateTensorIsLeftOutAndLoadsUndefined) {

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -107,6 +109,47 @@ TEST_P(FirstStep, NovoGradNormalizesByTheLayerGradientNorm) {
   // v = 0.98 * 1 + 0.02 * 4 = 1.06;  m = 0.95 * [0.6, 0.8] + [0, 2] / sqrt(1.06)
   const double m1 = 0.95 * 0.8 + 2 / std::sqrt(1.06);
   EXPECT_NEAR(p.at(1), 4 - 0.08 - 0.1 * m1, 1e-6);
+}
+
+TEST_P(FirstStep, LionStepsByTheSignOfTheInterpolation) {
+  Pair p;
+  Lion opt({p.w}, LionOptions(0.1).weight_decay(0.5).fused(GetParam()));
+  p.grad(0.6f, 0.8f);
+  opt.step();
+  // c = 0.9 * 0 + 0.1 * g > 0, sign [1, 1];  w = w * (1 - 0.1 * 0.5) - 0.1;  m = 0.01 * g
+  EXPECT_NEAR(p.at(0), 3 * 0.95 - 0.1, 1e-6);
+  EXPECT_NEAR(p.at(1), 4 * 0.95 - 0.1, 1e-6);
+  p.grad(-0.6f, 0.0f);
+  opt.step();
+  // c = 0.9 * [0.006, 0.008] + 0.1 * [-0.6, 0] = [-0.0546, 0.0072]: sign [-1, 1]
+  EXPECT_NEAR(p.at(0), (3 * 0.95 - 0.1) * 0.95 + 0.1, 1e-6);
+  EXPECT_NEAR(p.at(1), (4 * 0.95 - 0.1) * 0.95 - 0.1, 1e-6);
+}
+
+// A rank-1 matrix g = [0.6, 0.8] (and its transpose): the first momentum
+// is a multiple of g, normalized to g itself (||g|| = 1, one singular value
+// 1), and each Newton-Schulz step maps that singular value through
+// p(s) = a s + b s^3 + c s^5 while keeping the singular vectors, so
+// O = p(p(p(p(p(1))))) * g.
+TEST_P(FirstStep, MuonOrthogonalizesARankOneMatrix) {
+  double s = 1;
+  for (int k = 0; k < 5; ++k) s = 3.4445 * s - 4.7750 * s * s * s + 2.0315 * s * s * s * s * s;
+  for (const bool tall : {false, true}) {
+    for (const char* rule : {"original", "match_rms_adamw"}) {
+      const std::vector<std::int64_t> shape = tall ? std::vector<std::int64_t>{2, 1} : std::vector<std::int64_t>{1, 2};
+      auto w = at::tensor({3.0f, 4.0f}).reshape(shape).requires_grad_(true);
+      Muon opt({w}, MuonOptions(0.1).weight_decay(0.1).adjust_lr(rule).fused(GetParam()));
+      w.mutable_grad() = at::tensor({0.6f, 0.8f}).reshape(shape);
+      opt.step();
+      // original: sqrt(max(1, rows/cols)) = 1 for [1, 2], sqrt(2) for [2, 1];
+      // match_rms_adamw: 0.2 * sqrt(max(rows, cols)) = 0.2 * sqrt(2) for both.
+      const double scale = std::string(rule) == "original" ? (tall ? std::sqrt(2.0) : 1.0) : 0.2 * std::sqrt(2.0);
+      const auto flat = w.detach().reshape({2});
+      EXPECT_NEAR(flat[0].item<float>(), 3 * 0.99 - 0.1 * scale * s * 0.6, 1e-6) << rule << (tall ? " tall" : " wide");
+      EXPECT_NEAR(flat[1].item<float>(), 4 * 0.99 - 0.1 * scale * s * 0.8, 1e-6) << rule << (tall ? " tall" : " wide");
+    }
+  }
+  EXPECT_NEAR(s, 0.6964, 1e-4);  // five steps take a singular value of 1 to 0.70 (the band is about 0.7-1.2)
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, FirstStep, ::testing::Bool(),

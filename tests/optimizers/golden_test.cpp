@@ -109,6 +109,13 @@ std::vector<Variant> make_variants() {
     v.push_back({"NovoGrad_averaging_decay",
                  maker<NovoGrad>(NovoGradOptions(1.0).grad_averaging(true).weight_decay(0.01)), per_tensor(r)});
   }
+  {
+    ref64::Lion r; r.lr = 0.01;
+    v.push_back({"Lion_defaults", maker<Lion>(LionOptions(0.01)), per_tensor(r)});
+    ref64::Lion d; d.lr = 0.01; d.wd = 0.5; d.b1 = 0.95; d.b2 = 0.98;
+    v.push_back({"Lion_decay_betas",
+                 maker<Lion>(LionOptions(0.01).weight_decay(0.5).betas(std::make_tuple(0.95, 0.98))), per_tensor(d)});
+  }
   return v;
 }
 
@@ -210,6 +217,7 @@ at::Tensor master_of(const torch::optim::OptimizerParamState& st) {
   if (const auto* s = dynamic_cast<const LARSParamState*>(&st)) return s->master();
   if (const auto* s = dynamic_cast<const LARCParamState*>(&st)) return s->master();
   if (const auto* s = dynamic_cast<const LAMBParamState*>(&st)) return s->master();
+  if (const auto* s = dynamic_cast<const LionParamState*>(&st)) return s->master();
   return dynamic_cast<const NovoGradParamState&>(st).master();
 }
 

@@ -1,4 +1,4 @@
-// An independent float64 re-derivation of the four optimizers, written from
+// An independent float64 re-derivation of the optimizers, written from
 // docs/formulas.md with plain loops. It shares no code with the library:
 // the golden tests compare both library paths against it.
 #pragma once
@@ -125,6 +125,99 @@ struct NovoGrad {
       if (grad_averaging) d *= 1 - b1;
       s.m[i] = b1 * s.m[i] + d;
       w[i] -= lr * s.m[i];
+    }
+  }
+};
+
+struct Lion {
+  double lr = 1e-4, b1 = 0.9, b2 = 0.99, wd = 0;
+
+  void step(Vec& w, const Vec& g, State& s) const {
+    if (s.m.empty()) s.m.assign(w.size(), 0.0);
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      const double c = b1 * s.m[i] + (1 - b1) * g[i];
+      const double sign = c > 0 ? 1.0 : (c < 0 ? -1.0 : 0.0);
+      w[i] = w[i] - lr * (sign + wd * w[i]);  // the paper's theta - lr*(sign(c) + wd*theta)
+      s.m[i] = b2 * s.m[i] + (1 - b2) * g[i];
+    }
+    ++s.t;
+  }
+};
+
+/// A row-major rows x cols matrix.
+struct Mat {
+  std::size_t rows = 0, cols = 0;
+  Vec x;
+  double at(std::size_t i, std::size_t j) const { return x[i * cols + j]; }
+};
+
+inline Mat transpose(const Mat& a) {
+  Mat t{a.cols, a.rows, Vec(a.x.size())};
+  for (std::size_t i = 0; i < a.rows; ++i)
+    for (std::size_t j = 0; j < a.cols; ++j) t.x[j * a.rows + i] = a.at(i, j);
+  return t;
+}
+
+inline Mat matmul(const Mat& a, const Mat& b) {
+  Mat c{a.rows, b.cols, Vec(a.rows * b.cols, 0.0)};
+  for (std::size_t i = 0; i < a.rows; ++i)
+    for (std::size_t k = 0; k < a.cols; ++k)
+      for (std::size_t j = 0; j < b.cols; ++j) c.x[i * b.cols + j] += a.at(i, k) * b.at(k, j);
+  return c;
+}
+
+/// Muon's Newton-Schulz iteration on one matrix (on its wide orientation).
+inline Mat newton_schulz(Mat x, double a, double b, double c, int steps, double eps) {
+  const bool tall = x.rows > x.cols;
+  if (tall) x = transpose(x);
+  const double n = std::max(norm(x.x), eps);
+  for (double& e : x.x) e /= n;
+  for (int k = 0; k < steps; ++k) {
+    const Mat gram = matmul(x, transpose(x));
+    Mat poly = matmul(gram, gram);
+    for (std::size_t i = 0; i < poly.x.size(); ++i) poly.x[i] = b * gram.x[i] + c * poly.x[i];
+    const Mat px = matmul(poly, x);
+    for (std::size_t i = 0; i < x.x.size(); ++i) x.x[i] = a * x.x[i] + px.x[i];
+  }
+  return tall ? transpose(x) : x;
+}
+
+struct Muon {
+  double lr = 0.02, momentum = 0.95, wd = 0.1, a = 3.4445, b = -4.7750, c = 2.0315, eps = 1e-7;
+  int ns_steps = 5;
+  bool nesterov = true;
+  int rule = 0;  // 0 original, 1 match_rms_adamw, 2 spectral_unclamped
+
+  /// One step of a tensor seen as rows x (numel / rows).
+  void step(Vec& w, const Vec& g, State& s, std::size_t rows) const {
+    if (s.m.empty()) s.m.assign(w.size(), 0.0);
+    const std::size_t cols = w.size() / rows;
+    Mat u{rows, cols, Vec(w.size())};
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      s.m[i] = momentum * s.m[i] + (1 - momentum) * g[i];
+      u.x[i] = nesterov ? momentum * s.m[i] + (1 - momentum) * g[i] : s.m[i];
+    }
+    const Mat o = newton_schulz(u, a, b, c, ns_steps, eps);
+    const double r = static_cast<double>(rows), cc = static_cast<double>(cols);
+    const double scale = rule == 0 ? std::sqrt(std::max(1.0, r / cc))
+                                   : rule == 1 ? 0.2 * std::sqrt(std::max(r, cc)) : std::sqrt(r / cc);
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = w[i] * (1 - lr * wd) - lr * scale * o.x[i];
+    ++s.t;
+  }
+};
+
+/// torch.optim.AdamW: w = w*(1 - lr*wd) - lr * mh / (sqrt(vh) + eps).
+struct AdamW {
+  double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.01;
+
+  void step(Vec& w, const Vec& g, State& s) const {
+    if (s.m.empty()) { s.m.assign(w.size(), 0.0); s.v.assign(w.size(), 0.0); }
+    s.t += 1;
+    const double bc1 = 1 - std::pow(b1, s.t), bc2 = 1 - std::pow(b2, s.t);
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      s.m[i] = b1 * s.m[i] + (1 - b1) * g[i];
+      s.v[i] = b2 * s.v[i] + (1 - b2) * g[i] * g[i];
+      w[i] = w[i] * (1 - lr * wd) - lr * (s.m[i] / bc1) / (std::sqrt(s.v[i] / bc2) + eps);
     }
   }
 };
