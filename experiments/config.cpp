@@ -94,6 +94,9 @@ class Reader {
   void read(const std::string& key, std::optional<std::vector<double>>& v) {
     if (r_.has(key)) v = r_.numbers(key, {});
   }
+  void read(const std::string& key, std::optional<std::string>& v) {
+    if (r_.has(key)) v = r_.string(key);
+  }
 
   JsonReader r_;
 };
@@ -183,6 +186,12 @@ void model_fields(Io& io, Spec& m) {
 template <typename Io, typename Spec>
 void optimizer_fields(Io& io, Spec& o) {
   io.choice("name", o.name, optimizer_registry());
+  // Muon's own defaults where the config leaves them out (PyTorch's Muon):
+  // momentum 0.95 and Nesterov, not SGD's 0.9 and plain momentum.
+  if constexpr (Io::kReading) {
+    if (o.name == OptimizerName::kMuon && !io.given("momentum", true)) o.momentum = 0.95;
+    if (o.name == OptimizerName::kMuon && !io.given("nesterov", true)) o.nesterov = true;
+  }
   io.field("momentum", o.momentum);
   io.check("momentum", o.momentum >= 0 && o.momentum < 1, "must be in [0, 1), got " + num(o.momentum));
   io.field("weight_decay", o.weight_decay);
@@ -201,6 +210,13 @@ void optimizer_fields(Io& io, Spec& o) {
   }
   io.field("max_grad_norm", o.max_grad_norm);
   if (o.max_grad_norm) io.check("max_grad_norm", *o.max_grad_norm >= 0, "must be >= 0, got " + num(*o.max_grad_norm));
+  io.field("adjust_lr", o.adjust_lr);
+  if (o.adjust_lr) {
+    io.check("adjust_lr", o.name == OptimizerName::kMuon, "only muon has an update-scale rule");
+    io.check("adjust_lr", *o.adjust_lr == "original" || *o.adjust_lr == "match_rms_adamw" ||
+                              *o.adjust_lr == "spectral_unclamped",
+             "must be \"original\", \"match_rms_adamw\" or \"spectral_unclamped\", got \"" + *o.adjust_lr + "\"");
+  }
   io.field("momentum_correction", o.momentum_correction);
   io.check("momentum_correction", !o.momentum_correction || o.name == OptimizerName::kLars,
            "only lars keeps the learning rate in its momentum buffer");

@@ -31,7 +31,7 @@ struct ConfigError : std::runtime_error {
 std::string error_line(const std::exception& e);
 
 /// The optimizers a config can name; optimizer_registry.h says how each is built.
-enum class OptimizerName { kSgd, kAdam, kAdamW, kLars, kLarc, kLamb, kNovoGrad };
+enum class OptimizerName { kSgd, kAdam, kAdamW, kLars, kLarc, kLamb, kNovoGrad, kLion, kMuon };
 enum class NoiseType { kNone, kAnnealed, kMultiplicative };
 enum class Metric { kValError, kValLoss };
 enum class DeviceType { kCpu, kCuda };
@@ -52,14 +52,15 @@ std::string to_string(DeviceType device);
 
 struct OptimizerSpec {
   OptimizerName name = OptimizerName::kLamb;
-  double momentum = 0.9;      ///< sgd, lars, larc (the search may set it)
+  double momentum = 0.9;      ///< sgd, lars, larc, muon (0.95 unless given; the search may set it)
   std::optional<double> weight_decay;       ///< each optimizer's own default
-  bool nesterov = false;                    ///< sgd, lars, larc
+  bool nesterov = false;                    ///< sgd, lars, larc, muon (true unless given)
   std::optional<double> trust_coefficient;  ///< lars, larc
   std::optional<double> eps;
-  std::optional<std::vector<double>> betas;  ///< adam, adamw, lamb, novograd
+  std::optional<std::vector<double>> betas;  ///< adam, adamw, lamb, novograd, lion, muon (its AdamW groups)
   std::optional<double> max_grad_norm;       ///< lamb
   bool momentum_correction = false;          ///< lars: rescale the buffer when lr changes
+  std::optional<std::string> adjust_lr;      ///< muon: its update-scale rule (default match_rms_adamw)
 };
 
 struct NoiseSpec {

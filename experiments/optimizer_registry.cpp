@@ -4,6 +4,8 @@
 #include "../optimizers/lamb.h"
 #include "../optimizers/larc.h"
 #include "../optimizers/lars.h"
+#include "../optimizers/lion.h"
+#include "../optimizers/muon.h"
 #include "../optimizers/novograd.h"
 #include "../optimizers/param_groups.h"
 
@@ -107,6 +109,31 @@ OptimizerPtr novograd(const OptimizerSpec& s, double lr, torch::nn::Module& mode
   return layerwise<optim::NovoGrad>(common(o, s), model);
 }
 
+OptimizerPtr lion(const OptimizerSpec& s, double lr, torch::nn::Module& model) {
+  auto o = optim::LionOptions(lr).betas(betas_or(s, {0.9, 0.99}));
+  if (s.weight_decay) o.weight_decay(*s.weight_decay);  // Lion has no eps
+  return layerwise<optim::Lion>(o, model);
+}
+
+// Muon on the hidden matrices, AdamW (its betas and eps from the spec) on the
+// rest: the input layer, the output head, and the plain parameters without
+// decay (embedding tables among them, as for the others). The update scale
+// is Moonshot's match_rms_adamw unless the spec says: one rate then suits
+// both parts, which is what a rate search over one lr needs.
+OptimizerPtr muon(const OptimizerSpec& s, double lr, torch::nn::Module& model) {
+  auto o = optim::MuonOptions(lr)
+               .momentum(s.momentum)
+               .nesterov(s.nesterov)
+               .adjust_lr(s.adjust_lr.value_or("match_rms_adamw"))
+               .adamw_betas(betas_or(s, {0.9, 0.999}));
+  if (s.weight_decay) o.weight_decay(*s.weight_decay);
+  if (s.eps) o.adamw_eps(*s.eps);
+  const auto plain = plain_rule(model);
+  const auto groups = optim::muon_param_groups(model, o, optim::muon_adamw_rule(model),
+                                               [&](const std::string&, const at::Tensor& p) { return plain(p); });
+  return std::make_unique<optim::Muon>(groups, o);
+}
+
 }  // namespace
 
 const std::vector<OptimizerEntry>& optimizer_registry() {
@@ -118,6 +145,8 @@ const std::vector<OptimizerEntry>& optimizer_registry() {
       {OptimizerName::kLarc, "larc", lars_like<optim::LARC, optim::LARCOptions>},
       {OptimizerName::kLamb, "lamb", lamb},
       {OptimizerName::kNovoGrad, "novograd", novograd},
+      {OptimizerName::kLion, "lion", lion},
+      {OptimizerName::kMuon, "muon", muon},
   };
   return registry;
 }

@@ -13,6 +13,7 @@
 #include "optimizer_registry.h"
 #include "../noise/noise_scale.h"
 #include "../optimizers/layerwise_optimizer.h"
+#include "../optimizers/muon.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -539,13 +540,20 @@ std::vector<TrialResult> Trainer::run(const Hooks& hooks) {
   return out;
 }
 
-std::vector<std::pair<std::string, double>> Trainer::trust_ratios(std::size_t lane) const {
+std::vector<std::pair<std::string, double>> Trainer::layer_scalars(std::size_t lane) const {
   const auto* layerwise = dynamic_cast<const optim::LayerwiseOptimizerBase*>(lanes_.at(lane)->optimizer.get());
   if (layerwise == nullptr) return {};  // SGD, Adam, AdamW
   std::map<const void*, std::string> names;
   for (const auto& item : model_->lane(lane).named_parameters()) names[item.value().unsafeGetTensorImpl()] = item.key();
   std::vector<std::pair<std::string, double>> out;
-  for (const auto& r : layerwise->trust_ratios()) out.emplace_back(names.at(r.param.unsafeGetTensorImpl()), r.ratio);
+  for (const auto& r : layerwise->trust_ratios()) {
+    out.emplace_back("trust_ratio/" + names.at(r.param.unsafeGetTensorImpl()), r.ratio);
+  }
+  if (const auto* muon = dynamic_cast<const optim::Muon*>(layerwise)) {
+    for (const auto& r : muon->update_rms()) {
+      out.emplace_back("muon_update_rms/" + names.at(r.param.unsafeGetTensorImpl()), r.rms);
+    }
+  }
   return out;
 }
 

@@ -236,11 +236,13 @@ class Trainer {
   /// torch::nn::Sequential (the built-in models are); module() otherwise.
   torch::nn::Sequential& model();
 
-  /// The trust ratio of each parameter of lane `lane` that its layer-wise
-  /// optimizer adapted in the last step, by the model's parameter names
-  /// ("0.weight"): LARS's and LAMB's ratio, LARC's clipped scale. Empty for
-  /// SGD, Adam, AdamW, NovoGrad and before the first step.
-  std::vector<std::pair<std::string, double>> trust_ratios(std::size_t lane = 0) const;
+  /// The per-layer scalars of lane `lane`'s optimizer in the last step, as
+  /// (TensorBoard tag, value), by the model's parameter names: "trust_ratio/0.weight"
+  /// for each parameter a layer-wise optimizer adapted (LARS's and LAMB's
+  /// ratio, LARC's clipped scale), "muon_update_rms/0.weight" for each matrix
+  /// Muon orthogonalized (the RMS of its update). Empty for SGD, Adam, AdamW,
+  /// NovoGrad, Lion and before the first step.
+  std::vector<std::pair<std::string, double>> layer_scalars(std::size_t lane = 0) const;
 
   /// The whole state of a one-trial run between two steps, as the bytes of a
   /// torch archive with named keys (checkpoint.cpp): model, optimizer, step,

@@ -32,9 +32,9 @@ bool same_config(const TrialConfig& t, const fs::path& dir) {
 }
 
 // An evaluation as TensorBoard scalars: what metrics.csv holds (NaN cells
-// left out) and the optimizer's trust ratios.
+// left out) and the optimizer's per-layer scalars (Trainer::layer_scalars).
 std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const std::vector<std::string>& extra,
-                                                     const std::vector<std::pair<std::string, double>>& ratios) {
+                                                     const std::vector<std::pair<std::string, double>>& layers) {
   std::vector<tensorboard::Event::Scalar> out;
   const auto add = [&](const char* tag, double value) {
     if (!std::isnan(value)) out.push_back({tag, static_cast<float>(value)});
@@ -54,9 +54,7 @@ std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const s
   for (std::size_t i = 0; i < extra.size() && i < row.extra.size(); ++i) {
     if (!std::isnan(row.extra[i])) out.push_back({"val/" + extra[i], static_cast<float>(row.extra[i])});
   }
-  for (const auto& [name, ratio] : ratios) {
-    out.push_back({"trust_ratio/" + name, static_cast<float>(ratio)});
-  }
+  for (const auto& [tag, value] : layers) out.push_back({tag, static_cast<float>(value)});
   return out;
 }
 
@@ -102,7 +100,7 @@ std::vector<TrialResult> run_into(Trainer& trainer, const std::vector<TrialConfi
     }
     hooks.progress = outer.progress;
     hooks.on_eval = [&](std::size_t i, const EvalRow& row) {
-      if (events[i]) events[i]->scalars(row.step, eval_scalars(row, trainer.metric_names(), trainer.trust_ratios(i)));
+      if (events[i]) events[i]->scalars(row.step, eval_scalars(row, trainer.metric_names(), trainer.layer_scalars(i)));
     };
     if (trials.size() == 1) {  // periodic (checkpoint_every), and on preemption
       hooks.on_checkpoint = [&](const std::string& bytes) {

@@ -66,9 +66,9 @@ void expect_lanes_equal_separate(const std::vector<TrialConfig>& trials, const s
   Trainer group(trials, data);
   const std::vector<TrialResult> batched = group.run();
   ASSERT_EQ(batched.size(), trials.size());
-  const bool adam_like = trials[0].optimizer.name == OptimizerName::kAdamW ||
-                         trials[0].optimizer.name == OptimizerName::kLamb ||
-                         trials[0].optimizer.name == OptimizerName::kAdam;
+  const OptimizerName name = trials[0].optimizer.name;
+  const bool adam_like = name == OptimizerName::kAdamW || name == OptimizerName::kLamb ||
+                         name == OptimizerName::kAdam || name == OptimizerName::kLion || name == OptimizerName::kMuon;
   const double val_rtol = adam_like && model_spec(trials[0].model).norm != Norm::kNone ? kRtolBatchNormAdam : kRtol;
   for (std::size_t k = 0; k < trials.size(); ++k) {
     Trainer alone(trials[k], data);
@@ -175,9 +175,12 @@ TEST(BatchedTrials, TheConvolutionalModelsToo) {
 }
 
 TEST(BatchedTrials, EachLaneEqualsItsTrialRunAlone) {
-  for (const auto optimizer : {OptimizerName::kLamb, OptimizerName::kLars, OptimizerName::kSgd, OptimizerName::kAdamW}) {
+  for (const auto optimizer : {OptimizerName::kLamb, OptimizerName::kLars, OptimizerName::kSgd, OptimizerName::kAdamW,
+                               OptimizerName::kLion, OptimizerName::kMuon}) {
     for (const auto norm : {Norm::kNone, Norm::kBatch}) {
-      const double base = optimizer == OptimizerName::kAdamW || optimizer == OptimizerName::kLamb ? 1e-3 : 0.05;
+      const double base = optimizer == OptimizerName::kSgd || optimizer == OptimizerName::kLars ? 0.05
+                          : optimizer == OptimizerName::kLion                                  ? 1e-4
+                                                                                                : 1e-3;
       std::vector<TrialConfig> trials;
       for (int k = 0; k < 3; ++k) trials.push_back(lane(optimizer, norm, base * (k + 1), k));
       expect_lanes_equal_separate(trials, to_string(optimizer) + (norm == Norm::kBatch ? " batchnorm" : ""));

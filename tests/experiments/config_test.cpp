@@ -140,7 +140,57 @@ TEST(SweepConfig, VariantsPatchTheBase) {
   j["variants"]["warm"]["optimizer"]["name"] = "adagrad";
   // The optimizer registry is where the names come from.
   EXPECT_EQ(error_of(j), "variants.warm: optimizer.name: unknown value \"adagrad\" "
-                         "(one of: sgd, adam, adamw, lars, larc, lamb, novograd)");
+                         "(one of: sgd, adam, adamw, lars, larc, lamb, novograd, lion, muon)");
+}
+
+// Muon takes PyTorch's momentum 0.95 and Nesterov where the config leaves them
+// out (and a variant that switches to it from SGD gets them too); the
+// update-scale rule is Muon's alone; both round-trip through the resolved JSON.
+TEST(SweepConfig, MuonDefaultsAndItsScaleRule) {
+  json j = minimal();
+  j["optimizer"] = {{"name", "muon"}};
+  SweepConfig s = parse_sweep(j);
+  EXPECT_EQ(s.base.optimizer.name, OptimizerName::kMuon);
+  EXPECT_EQ(s.base.optimizer.momentum, 0.95);
+  EXPECT_TRUE(s.base.optimizer.nesterov);
+  EXPECT_FALSE(s.base.optimizer.adjust_lr.has_value());
+  EXPECT_EQ(to_json(parse_sweep(to_json(s))), to_json(s));
+
+  j["optimizer"] = {{"name", "muon"}, {"momentum", 0.9}, {"nesterov", false}, {"adjust_lr", "original"}};
+  s = parse_sweep(j);
+  EXPECT_EQ(s.base.optimizer.momentum, 0.9);
+  EXPECT_FALSE(s.base.optimizer.nesterov);
+  EXPECT_EQ(s.base.optimizer.adjust_lr, std::optional<std::string>("original"));
+  EXPECT_EQ(to_json(s)["optimizer"]["adjust_lr"], "original");
+  EXPECT_EQ(to_json(parse_sweep(to_json(s))), to_json(s));
+
+  json v = minimal();
+  v["optimizer"] = {{"name", "sgd"}};
+  v["variants"] = {{"sgd", json::object()}, {"muon", {{"optimizer", {{"name", "muon"}}}}},
+                   {"lion", {{"optimizer", {{"name", "lion"}, {"betas", {0.95, 0.98}}}}}}};
+  const auto sweeps = parse_sweeps(v);
+  ASSERT_EQ(sweeps.size(), 3u);
+  for (const auto& named : sweeps) {
+    const OptimizerSpec& o = named.sweep.base.optimizer;
+    if (o.name == OptimizerName::kMuon) {
+      EXPECT_EQ(o.momentum, 0.95);
+      EXPECT_TRUE(o.nesterov);
+    } else {
+      EXPECT_EQ(o.momentum, 0.9) << named.folder;
+      EXPECT_FALSE(o.nesterov) << named.folder;
+    }
+  }
+
+  j = minimal();
+  j["optimizer"] = {{"name", "muon"}, {"adjust_lr", "spectral"}};
+  EXPECT_EQ(error_of(j), "optimizer.adjust_lr: must be \"original\", \"match_rms_adamw\" or "
+                         "\"spectral_unclamped\", got \"spectral\"");
+  j["optimizer"] = {{"name", "lamb"}, {"adjust_lr", "original"}};
+  EXPECT_EQ(error_of(j), "optimizer.adjust_lr: only muon has an update-scale rule");
+  j["optimizer"] = {{"name", "lion"}, {"betas", {0.9, 1.0}}};
+  EXPECT_NE(error_of(j).find("optimizer.betas"), std::string::npos) << error_of(j);
+  j["optimizer"] = {{"name", "muon"}, {"momentum", 1.0}};
+  EXPECT_EQ(error_of(j), "optimizer.momentum: must be in [0, 1), got 1");
 }
 
 // The resolved JSON (sweep.json, each trial's config.json) is what a resumed

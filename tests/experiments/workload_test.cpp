@@ -207,9 +207,9 @@ TEST_F(Workloads, AUserModelTrainsExactlyAsTheBuiltInWithTheSameLayers) {
   for (int step = 0; step < 25; ++step) ASSERT_EQ(ta.train_step().front(), tb.train_step().front()) << step;
   // LARS's two groups come from the shapes: the weight adapted, the bias not.
   EXPECT_EQ(tb.optimizer().param_groups().size(), 2u);
-  const auto ratios = tb.trust_ratios();
+  const auto ratios = tb.layer_scalars();
   ASSERT_EQ(ratios.size(), 1u);
-  EXPECT_EQ(ratios[0].first, "fc.weight");
+  EXPECT_EQ(ratios[0].first, "trust_ratio/fc.weight");
 }
 
 // A TorchScript file with the built-in linear model's initial weights trains
@@ -230,9 +230,9 @@ TEST_F(Workloads, ATorchScriptFileTrainsAsTheModuleItWasMadeFrom) {
   }
   EXPECT_NEAR(ta.evaluate().front().loss, tb.evaluate().front().loss, 1e-5);
   EXPECT_EQ(tb.optimizer().param_groups().size(), 2u);
-  const auto ratios = tb.trust_ratios();
+  const auto ratios = tb.layer_scalars();
   ASSERT_EQ(ratios.size(), 1u);
-  EXPECT_EQ(ratios[0].first, "weight");
+  EXPECT_EQ(ratios[0].first, "trust_ratio/weight");
   // The optimizer moved the script module's own tensors: a checkpoint
   // restored into a fresh trainer continues the same run.
   Trainer tc(b, d);
