@@ -7,8 +7,8 @@
 // ResNet-50-like (its 53 convolutions, flattened to (out, in*k*k), and the
 // classifier: 25.5M), plus gpt_mini (4 layers of width 256) for the smoke run
 // ctest makes. PyTorch's Muon on the same lists: benchmarks/torch_muon_bench.py.
-// --device=cuda runs every case on the GPU (a BIGBATCH_CUDA build), where
-// ns_bfloat16 (PyTorch's precision) is measured beside fp32.
+// Every case in fp32 (the default) and with ns_bfloat16 (PyTorch's precision);
+// --device=cuda runs them on the GPU (a BIGBATCH_CUDA build).
 #include "optimizer_bench.h"
 
 #include "../bigbatch.h"
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   int count = static_cast<int>(args.size());
-  const std::vector<bool> precisions = g_device.is_cuda() ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  const std::vector<bool> precisions{false, true};
   for (const auto& list : {gpt("gpt_mini_3M", 4, 256), gpt("gpt_small_124M", 12, 768), resnet50_matrices()}) {
     for (const bool bf16 : precisions) {
       const std::string suffix = std::string(bf16 ? "/bf16/" : "/fp32/") + list.name;

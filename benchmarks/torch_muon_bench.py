@@ -4,20 +4,23 @@
 
 Usage: torch_muon_bench.py [--muon-py PATH] [--device cpu|cuda] [--lists gpt_mini_3M,...] [--steps N]
 
-With a torch that has torch.optim.Muon (2.9 and later: the GPU machine's),
-its optimizer class is timed as a user calls it. Without (Debian's 1.13),
+Two timings per list: PyTorch's Muon as shipped (its Newton-Schulz iteration
+in bfloat16) and the same step functions with the iteration in fp32, the
+precision of bigbatch's default (ns_bfloat16 false), loaded as the cross-check
+test loads them (tests/optimizers/torch_optim_reference.py). With a torch
+that has torch.optim.Muon (2.9 and later: the GPU machine's), the shipped one
+is its optimizer class as a user calls it. Without (Debian's 1.13),
 --muon-py names PyTorch's torch/optim/_muon.py (the second lane's wheel
 unpacks it into .torch/VERSION/torch/optim/_muon.py) and its step function
-_single_tensor_muon (the whole algorithm: the class only gathers state) is
-timed on this torch's operations. Convolution weights are given to it
-flattened to (out, in*k*k), as torch.optim.Muon takes 2-D parameters only.
-Prints one line per list: milliseconds per step (median of the steps).
+_single_tensor_muon (the whole algorithm: the class only gathers state) runs
+on this torch's operations. Convolution weights are given flattened to
+(out, in*k*k), as torch.optim.Muon takes 2-D parameters only.
+Prints one line per list and precision: milliseconds per step (median).
 """
 import argparse
-import ast
-import math
 import pathlib
 import statistics
+import sys
 import time
 
 import torch
@@ -47,16 +50,6 @@ def resnet50():
 LISTS = {"gpt_mini_3M": gpt(4, 256), "gpt_small_124M": gpt(12, 768), "resnet50_25M": resnet50()}
 
 
-def load_functions(path):
-    tree = ast.parse(pathlib.Path(path).read_text(), filename=path)
-    keep = {"_zeropower_via_newtonschulz", "_adjust_lr", "_single_tensor_muon"}
-    body = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in keep]
-    space = {"torch": torch, "math": math, "Tensor": torch.Tensor,
-             "_to_scalar": lambda x: x.item() if isinstance(x, torch.Tensor) else x}
-    exec(compile(ast.Module(body=body, type_ignores=[]), path, "exec"), space)
-    return space
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--muon-py")
@@ -66,37 +59,46 @@ def main():
     args = ap.parse_args()
     torch.manual_seed(0)
     native = hasattr(torch.optim, "Muon")
-    if not native and not args.muon_py:
+    path = args.muon_py or (sys.modules["torch.optim._muon"].__file__ if native else None)
+    if path is None:
         raise SystemExit("torch_muon_bench: this torch has no torch.optim.Muon: give --muon-py PATH/_muon.py")
-    functions = None if native else load_functions(args.muon_py)
+    # PyTorch's step functions as shipped (the iteration in bf16) and with the
+    # iteration in fp32, as the cross-check test loads them.
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests" / "optimizers"))
+    from torch_optim_reference import load_muon
+    shipped, fp32 = load_muon(path)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     for name in args.lists.split(","):
         params = [(0.02 * torch.randn(s)).to(args.device).requires_grad_(True) for s in LISTS[name]]
         for p in params:
             p.grad = 1e-3 * torch.randn_like(p)
-        if native:
-            opt = torch.optim.Muon(params, lr=0.02)
-            step = opt.step
-        else:
-            bufs = [torch.zeros_like(p) for p in params]
+        bufs = [torch.zeros_like(p) for p in params]
 
+        def functional(space):
             def step():
                 with torch.no_grad():
-                    functions["_single_tensor_muon"](params, [p.grad for p in params], bufs, lr=0.02,
-                                                     weight_decay=0.1, momentum=0.95, nesterov=True,
-                                                     ns_coefficients=(A, B, C), ns_steps=5, eps=1e-7,
-                                                     adjust_lr_fn=None, has_complex=False)
-        step()
-        sync()
-        times = []
-        for _ in range(args.steps):
-            start = time.perf_counter()
+                    space["_single_tensor_muon"](params, [p.grad for p in params], bufs, lr=0.02,
+                                                 weight_decay=0.1, momentum=0.95, nesterov=True,
+                                                 ns_coefficients=(A, B, C), ns_steps=5, eps=1e-7,
+                                                 adjust_lr_fn=None, has_complex=False)
+            return step
+
+        runs = [("fp32 iteration", functional(fp32))]
+        if native:
+            runs.append(("torch.optim.Muon as shipped, bf16 iteration", torch.optim.Muon(params, lr=0.02).step))
+        else:
+            runs.append(("_single_tensor_muon as shipped, bf16 iteration", functional(shipped)))
+        for how, step in runs:
             step()
             sync()
-            times.append(time.perf_counter() - start)
-        how = "torch.optim.Muon" if native else "_single_tensor_muon of " + args.muon_py
-        print(f"{name}: {1e3 * statistics.median(times):.1f} ms/step ({how}, torch {torch.__version__}, "
-              f"{args.device}, {args.steps} steps)")
+            times = []
+            for _ in range(args.steps):
+                start = time.perf_counter()
+                step()
+                sync()
+                times.append(time.perf_counter() - start)
+            print(f"{name}: {1e3 * statistics.median(times):.1f} ms/step ({how}; {path}, torch {torch.__version__}, "
+                  f"{args.device}, median of {args.steps} steps)", flush=True)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,10 @@ struct LionElement {
 
 /// sign(x) as ATen's sign: 1, -1, or 0 for zero and for NaN (a NaN reaches
 /// here only without skip_nonfinite; then m becomes NaN and w only decays).
-BIGBATCH_HD inline float sign_of(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
+/// Written as the difference of two comparisons, not as nested conditionals:
+/// GCC if-converts neither form of those, and a branch in the loop kept the
+/// whole update pass scalar (8x slower than a copy of its bytes).
+BIGBATCH_HD inline float sign_of(float x) { return static_cast<float>(x > 0.0f) - static_cast<float>(x < 0.0f); }
 
 /// One element of Lion's step, each product rounded as the reference path's ops.
 BIGBATCH_HD inline LionElement lion_element(float g, float w, float m, const LionStep& s) {
