@@ -567,6 +567,12 @@ tensorboard)
   # Batched trials write the same files, trust ratios included.
   "$bigbatch" sweep lamb.json --out batched --jobs 2 --batch-trials > /dev/null
   tb batched/e2e --trust-ratios
+  # Muon: its update RMS for the hidden matrix alone (the MLP's middle layer;
+  # the input layer and the head are its AdamW group's), and no trust ratios.
+  derive muon.json 'c["optimizer"] = {"name": "muon"}; c["model"]["widths"] = [32, 32]; c["search"] = {"lr": [0.01, 0.03]}
+c["batch_sizes"] = [32, 512]'
+  "$bigbatch" sweep muon.json --out muon --jobs 2 > /dev/null
+  tb muon/e2e --muon-update-rms 3.weight
   # A trial killed after a checkpoint: the resumed run's events hold each step
   # once, as its metrics.csv does.
   derive long.json 'c["budget"] = {"steps": 20000}; c["checkpoint_every"] = 2000; c["batch_sizes"] = [64]

@@ -2,11 +2,12 @@
 package and checks them against the trials' metrics.csv (written by another
 path): every evaluation's step, and every scalar to float32 rounding. Also: the
 sweep folder's steps-to-target text, the trust ratios of a layer-wise
-optimizer, and that a file cut anywhere in its last record still reads up to
+optimizer, Muon's update RMS per matrix, and that a file cut anywhere in its last record still reads up to
 the record before it (a killed run).
 
-Usage: tensorboard_read.py SWEEP_DIR [--trust-ratios] [--trials-only]
-(--trials-only: a `bigbatch train` folder, with no sweep-level text.)
+Usage: tensorboard_read.py SWEEP_DIR [--trust-ratios] [--muon-update-rms NAME,...] [--trials-only]
+(--trials-only: a `bigbatch train` folder, with no sweep-level text;
+--muon-update-rms: the parameters Muon orthogonalizes, by name.)
 Prints "read back ok" and exits 0 when everything holds.
 """
 import csv
@@ -41,7 +42,24 @@ def close32(a, b):
     return a == b or math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-30)
 
 
-def check_trial(run_dir, want_trust):
+def check_muon(run_dir, scalars, rows, names):
+    """muon_update_rms/<name> for exactly the hidden matrices, at every
+    evaluation, and about 0.2 * lr (match_rms_adamw: 0.2 sqrt(max(r, c))
+    * lr * ||O||_F / sqrt(r c), and O's singular values lie in about
+    [0.7, 1.2] after the iteration): within [0.1, 0.26] * lr."""
+    tags = sorted(t for t in scalars if t.startswith("muon_update_rms/"))
+    if tags != sorted("muon_update_rms/" + n for n in names):
+        fail(f"{run_dir}: Muon's update RMS under {tags}, expected one for each of {sorted(names)}")
+    lr = {int(r["step"]): float(r["lr"]) for r in rows}
+    for tag in tags:
+        if [s for s, _ in scalars[tag]] != [int(r["step"]) for r in rows]:
+            fail(f"{run_dir}: {tag} not at every evaluation")
+        for step, value in scalars[tag]:
+            if not 0.1 * lr[step] <= value <= 0.26 * lr[step]:
+                fail(f"{run_dir}: {tag} at step {step} is {value}, not about 0.2 * lr = {0.2 * lr[step]}")
+
+
+def check_trial(run_dir, want_trust, muon=None):
     with open(os.path.join(run_dir, "metrics.csv")) as f:
         rows = list(csv.DictReader(f))
     if not rows:
@@ -73,6 +91,10 @@ def check_trial(run_dir, want_trust):
                 fail(f"{run_dir}: {tag} has a value that is not a positive number")
     elif trust:
         fail(run_dir + ": trust ratios from an optimizer without them")
+    if muon is not None:
+        check_muon(run_dir, scalars, rows, muon)
+    elif any(t.startswith("muon_update_rms/") for t in scalars):
+        fail(run_dir + ": Muon's update RMS from another optimizer")
     return len(rows), len(scalars)
 
 
@@ -109,13 +131,16 @@ def check_cut_tail(path):
 def main():
     sweep_dir = sys.argv[1]
     want_trust = "--trust-ratios" in sys.argv[2:]
+    muon = None
+    if "--muon-update-rms" in sys.argv[2:]:
+        muon = sys.argv[sys.argv.index("--muon-update-rms") + 1].split(",")
     trials = sorted(d for d in os.listdir(sweep_dir) if os.path.isfile(os.path.join(sweep_dir, d, "metrics.csv")))
     if not trials:
         fail(sweep_dir + ": no trial folders")
     evaluations = 0
     logged = []
     for name in trials:
-        rows, _ = check_trial(os.path.join(sweep_dir, name), want_trust)
+        rows, _ = check_trial(os.path.join(sweep_dir, name), want_trust, muon)
         evaluations += rows
         if rows:
             logged.append(name)
