@@ -272,7 +272,10 @@ bool Muon::step_fused(const std::vector<Group>& groups) {
       key.emplace_back(static_cast<std::int64_t>(i), pg.param, pg.grad);
     }
   }
-  if (!device) return true;
+  if (!device) {  // no matrix has a gradient: nothing to step, and no update RMS to report
+    fused_.reset();
+    return true;
+  }
   const bool cuda = runner_for(*device) == Runner::kCuda;
   const DeviceGuard guard(*device);
 

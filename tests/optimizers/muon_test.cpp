@@ -326,6 +326,12 @@ TEST(Muon, UpdateRmsIsTheRmsOfTheStepTaken) {
         EXPECT_GT(r.rms, 0);
       }
     }
+    // A step in which no matrix has a gradient (only the head's bias does)
+    // orthogonalizes nothing and reports nothing, not the last step's values.
+    for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
+    net->parameters().back().mutable_grad() = at::ones_like(net->parameters().back());
+    opt.step();
+    EXPECT_TRUE(opt.update_rms().empty()) << (fused ? "fused" : "reference");
   }
 }
 
