@@ -27,6 +27,6 @@ read -r lanes total failed < <(awk '/tests passed, [0-9]+ tests? failed out of/ 
                                     END {print n + 0, t + 0, f + 0}' "$log")
 skipped=$(grep -cE '^[[:space:]]*[0-9]+ - .* \(Skipped\)$' "$log")
 if [ "$lanes" -ne 3 ] || [ "$total" -eq 0 ]; then status=1; fi
-echo "(three lanes; the skipped entries are the _CUDA tests, one entry per test binary, which need a GPU; lane 1 runs them on the SIMT executor)"
+echo "(three lanes; the skipped entries are the _CUDA tests, one entry per test binary, which need a GPU (lane 1 runs them on the SIMT executor), and lane 1's TorchOptim.MuonMatchesPyTorchsMuon, whose PyTorch Muon comes with lane 2's torch wheel)"
 echo "total: $((total - failed - skipped)) passed, $failed failed, $skipped skipped"
 exit $status

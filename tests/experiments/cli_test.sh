@@ -929,6 +929,11 @@ quickstart)
     if grep -q '"compression"' "$c"; then extra=(--variant none); fi
     "$bigbatch" train "$c" --steps 1 --out parse "${extra[@]}" > /dev/null 2>&1 \
       || fail "$c does not run: $("$bigbatch" train "$c" --steps 1 --out parse "${extra[@]}" 2>&1 | tail -1)"
+    # The optimizer comparisons: every optimizer's variant steps (the first runs above).
+    for v in $($py -c 'import json, sys; c = json.load(open(sys.argv[1])); print(*(v for v in c.get("variants", {}) if v in ("muon", "lion", "lamb", "sgd")))' "$c"); do
+      "$bigbatch" train "$c" --steps 1 --out parse --variant "$v" > /dev/null 2>&1 \
+        || fail "$c, variant $v, does not run: $("$bigbatch" train "$c" --steps 1 --out parse --variant "$v" 2>&1 | tail -1)"
+    done
   done
   "$bigbatch" train "$src/experiments/configs/quickstart.json" --steps 5 --batch-size 64 --out runs
   $py -c "import json; s = json.load(open('runs/quickstart.train/b64_p0_s0/summary.json')); assert s['steps'] == 5, s; print('quickstart trial ok', s['status'], s['best_metric'])"
