@@ -70,6 +70,12 @@ void expect_lanes_equal_separate(const std::vector<TrialConfig>& trials, const s
   const bool adam_like = name == OptimizerName::kAdamW || name == OptimizerName::kLamb ||
                          name == OptimizerName::kAdam || name == OptimizerName::kLion || name == OptimizerName::kMuon;
   const double val_rtol = adam_like && model_spec(trials[0].model).norm != Norm::kNone ? kRtolBatchNormAdam : kRtol;
+  // Validation examples whose prediction may flip: the classes overlap, so
+  // examples sit on the boundary. At most 2, but 4 where the BatchNorm biases
+  // above move BatchNorm's running mean: there the trial alone at 1 and at 2
+  // threads flips 2 (Lion, lane 1, step 50, LibTorch 2.15), and the lanes
+  // against the trials alone flipped 3 under 2.15 (1.13's bmm rounds as mm).
+  const double max_flips = val_rtol == kRtolBatchNormAdam ? 4.0 : 2.0;
   for (std::size_t k = 0; k < trials.size(); ++k) {
     Trainer alone(trials[k], data);
     const TrialResult r = alone.run().front();
@@ -86,7 +92,7 @@ void expect_lanes_equal_separate(const std::vector<TrialConfig>& trials, const s
       expect_close(a.train_loss, b.train_loss, kRtol, at + " train_loss");
       expect_close(a.val_loss, b.val_loss, val_rtol, at + " val_loss");
       expect_close(a.gns, b.gns, kRtol, at + " gns");
-      EXPECT_LE(std::abs(a.val_error - b.val_error), 2.0 / 512) << at << " val_error";  // at most 2 examples flip
+      EXPECT_LE(std::abs(a.val_error - b.val_error), max_flips / 512) << at << " val_error";
     }
     if (r.status == TrialStatus::kDiverged) continue;
     EXPECT_EQ(group.module(k).named_parameters().size(), alone.model()->named_parameters().size()) << where;
@@ -187,6 +193,7 @@ TEST(BatchedTrials, EachLaneEqualsItsTrialRunAlone) {
     }
   }
 }
+
 
 // The same on the GPU, against the trials run alone there.
 TEST(BatchedTrials, EachLaneEqualsItsTrialRunAlone_CUDA) {
