@@ -143,7 +143,8 @@ class Muon : public LayerwiseOptimizer<MuonOptions, MuonParamState> {
   void add_param_group(const torch::optim::OptimizerParamGroup& group);
 
   /// Each orthogonalized parameter's update RMS in the last step (empty before
-  /// the first and after a skipped one). After fused CUDA steps this waits.
+  /// the first, after a skipped one, and after one in which no orthogonalized
+  /// parameter had a gradient). After fused CUDA steps this waits.
   std::vector<UpdateRms> update_rms() const;
 
  protected:
