@@ -7,6 +7,7 @@
 #include "optimizers/larc.h"
 #include "optimizers/lars.h"
 #include "optimizers/lion.h"
+#include "optimizers/loss_scaler.h"
 #include "optimizers/muon.h"
 #include "optimizers/novograd.h"
 #include "optimizers/param_groups.h"

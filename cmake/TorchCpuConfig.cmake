@@ -9,8 +9,10 @@
 # C++ standard the headers need (C++20 where the wheel's config asks for it).
 get_filename_component(TORCH_INSTALL_PREFIX "${CMAKE_CURRENT_LIST_DIR}/../torch" ABSOLUTE)
 set(TORCH_INCLUDE_DIRS ${TORCH_INSTALL_PREFIX}/include ${TORCH_INSTALL_PREFIX}/include/torch/csrc/api/include)
-find_library(TORCH_LIBRARY torch_cpu PATHS ${TORCH_INSTALL_PREFIX}/lib NO_DEFAULT_PATH)
-find_library(TORCH_C10_LIBRARY c10 PATHS ${TORCH_INSTALL_PREFIX}/lib NO_DEFAULT_PATH)
+# NO_CACHE: a build folder configured before against another LibTorch keeps
+# no path of that one's.
+find_library(TORCH_LIBRARY torch_cpu PATHS ${TORCH_INSTALL_PREFIX}/lib NO_DEFAULT_PATH NO_CACHE)
+find_library(TORCH_C10_LIBRARY c10 PATHS ${TORCH_INSTALL_PREFIX}/lib NO_DEFAULT_PATH NO_CACHE)
 
 file(STRINGS "${TORCH_INSTALL_PREFIX}/version.py" torch_version_line REGEX "^__version__")
 string(REGEX MATCH "[0-9]+\\.[0-9]+\\.[0-9]+" Torch_VERSION "${torch_version_line}")

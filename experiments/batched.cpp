@@ -43,6 +43,9 @@ nlohmann::json group_key(const TrialConfig& t) {
 std::string batch_refusal(const TrialConfig& t) {
   if (t.noise.type != NoiseType::kNone) return "gradient noise";
   if (t.checkpoint_every > 0) return "checkpoints";
+  // One loss scale per lane would need each lane's loss scaled apart before
+  // the one backward; bf16 needs no scale and batches.
+  if (t.precision == Precision::kFp16) return "fp16's loss scale";
   return "";
 }
 
@@ -284,8 +287,9 @@ std::vector<double> to_vector(const at::Tensor& t) {
 // The stacked model of a group as the training loop's LaneModel.
 class StackedLanes final : public LaneModel {
  public:
-  StackedLanes(const torch::nn::Sequential& unbatched, std::int64_t k, const WorkloadData& data, const at::Device& device)
-      : LaneModel(static_cast<std::size_t>(k)), data_(data), device_(device) {
+  StackedLanes(const torch::nn::Sequential& unbatched, std::int64_t k, const WorkloadData& data, const at::Device& device,
+               Precision precision)
+      : LaneModel(static_cast<std::size_t>(k)), data_(data), device_(device), precision_(precision) {
     model_ = std::make_unique<StackedModel>(unbatched, k);
     model_->to(device_);  // (parameters keep their handles: the slots stay valid)
     for (const auto& slot : model_->slots()) stacked_.push_back(slot.stacked);
@@ -342,8 +346,9 @@ class StackedLanes final : public LaneModel {
   std::vector<ValidationMetrics> evaluate() override {
     at::NoGradGuard no_grad;
     model_->eval();
-    auto out = evaluate_split(data_, device_, static_cast<std::int64_t>(lanes()),
-                              [&](const at::Tensor& x) { return model_->forward(x); });
+    auto out = evaluate_split(data_, device_, static_cast<std::int64_t>(lanes()), [&](const at::Tensor& x) {
+      return forward_in(precision_, device_, [&] { return model_->forward(x); });
+    });
     model_->train();
     return out;
   }
@@ -387,7 +392,7 @@ class StackedLanes final : public LaneModel {
 
   // Each lane's mean loss over the rows of x: [K].
   at::Tensor losses(const at::Tensor& x, const at::Tensor& y) {
-    const at::Tensor out = model_->forward(x);  // [K, B, outputs]
+    const at::Tensor out = forward_in(precision_, device_, [&] { return model_->forward(x); });  // [K, B, outputs]
     const std::int64_t k = out.size(0), b = out.size(1);
     if (data_.loss) {  // the workload's own, per example of the K lanes' outputs
       const auto [outputs, targets] = lanes_as_batch(out, y);
@@ -415,6 +420,7 @@ class StackedLanes final : public LaneModel {
 
   const WorkloadData& data_;
   at::Device device_;
+  Precision precision_;
   std::unique_ptr<StackedModel> model_;
   std::vector<at::Tensor> stacked_;  // the stacked model's parameters, as its slots list them
   std::vector<Lane> lanes_;
@@ -423,8 +429,8 @@ class StackedLanes final : public LaneModel {
 }  // namespace
 
 std::unique_ptr<LaneModel> stacked_model(const torch::nn::Sequential& model, std::int64_t lanes, const WorkloadData& data,
-                                         const at::Device& device) {
-  return std::make_unique<StackedLanes>(model, lanes, data, device);
+                                         const at::Device& device, Precision precision) {
+  return std::make_unique<StackedLanes>(model, lanes, data, device, precision);
 }
 
 std::string stack_refusal(const Model& model) {

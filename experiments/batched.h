@@ -14,7 +14,7 @@
 namespace bigbatch::experiments {
 
 /// Why `trial` cannot be trained in a batched group ("" when it can): no
-/// gradient noise, no checkpoints, not data-parallel (the caller's business).
+/// gradient noise, no checkpoints, not fp16, not data-parallel (the caller's business).
 /// With device cuda the group trains on cuda:0. The model has its own say:
 /// stack_refusal.
 std::string batch_refusal(const TrialConfig& trial);

@@ -4,6 +4,7 @@
 #include "cbs.h"
 
 #include "files.h"
+#include "machine.h"
 #include "preflight.h"
 #include "progress.h"
 #include "results.h"
@@ -270,8 +271,11 @@ CbsSummary run_cbs(const CbsConfig& c, const CbsOptions& options, distributed::P
     }
   }
   if (writer) check_folder(l.dir.string(), "--out");
+  json written = resolved;  // with the machine, measured before any run (machine.h)
+  written["machine"] = machine_record(this_machine());
+  if (writer) warn_if_slow_math();
   const WorkloadData data = load_data(c.sweep);
-  if (writer) write_file_atomic((l.dir / "cbs.json").string(), resolved.dump(2) + "\n");
+  if (writer) write_file_atomic((l.dir / "cbs.json").string(), written.dump(2) + "\n");
 
   // The references, one per seed (in parallel with --jobs), then the branches.
   const int threads = static_cast<int>(c.sweep.runner.threads_per_trial);

@@ -227,7 +227,10 @@ std::string compare_csv(const std::vector<CompareRun>& runs, const std::vector<T
 
 std::string cbs_report(const std::string& folder) {
   const fs::path dir(folder);
-  const CbsConfig c = parse_cbs(read_json((dir / "cbs.json").string()));  // the resolved config parses as given
+  // The resolved config parses as given, once the machine it ran on is set aside.
+  json resolved = read_json((dir / "cbs.json").string());
+  resolved.erase("machine");
+  const CbsConfig c = parse_cbs(resolved);
   std::ostringstream s;
   s << "critical batch size of " << c.sweep.base.sweep << " (Merrill et al. 2025): reference batch "
     << c.cbs.reference_batch << " at rate " << c.cbs.reference_lr << ", window " << c.cbs.window

@@ -172,6 +172,12 @@ std::string Trainer::checkpoint() const {
   put(archive, "gns/correction", g.correction);
   put(archive, "gns/updates", g.updates);
   put_rows(archive, lane.rows);
+  if (lane.scaler) {  // fp16: the loss scale, its run of finite steps, the steps it skipped
+    const auto s = lane.scaler->state();
+    put(archive, "loss_scaler/scale", s.scale);
+    put(archive, "loss_scaler/run", s.run);
+    put(archive, "loss_scaler/skipped", s.skipped);
+  }
   if (const distributed::GradientExchange* exchange = model_->exchange()) {
     // The compressor's step, counts and PowerSGD's Q: what is the same on
     // every rank. Only rank 0 writes, and every rank restores its bytes, so
@@ -207,6 +213,12 @@ void Trainer::restore(const std::string& bytes) {
   get(archive, "gns/updates", g.updates);
   lane.gns.restore(g);
   lane.rows = get_rows(archive);
+  at::Tensor skipped;
+  if (lane.scaler && archive.try_read("loss_scaler/skipped", skipped)) {
+    auto s = lane.scaler->state();
+    s.skipped = skipped.item<std::int64_t>();
+    lane.scaler->restore(s);
+  }
   at::Tensor count_of_state;
   if (distributed::GradientExchange* exchange = model_->exchange();
       exchange && archive.try_read("exchange/count", count_of_state)) {
@@ -232,6 +244,13 @@ void Trainer::load_run(torch::serialize::InputArchive& archive) {
   model_->lane(0).load(model);
   lanes_.front()->optimizer->load(optimizer);
   sampler_.load(sampler);
+  // fp16: the run's loss scale and its run of finite steps (a cbs branch
+  // goes on with its reference's scale, counting its own skipped steps).
+  at::Tensor scale, run;
+  if (auto& scaler = lanes_.front()->scaler;
+      scaler && archive.try_read("loss_scaler/scale", scale) && archive.try_read("loss_scaler/run", run)) {
+    scaler->restore({scale.item<double>(), run.item<std::int64_t>(), 0});
+  }
   ahead_.reset();  // the batches asked for ahead were the old position's
   if (loader_) loader_->clear();
   get(archive, "examples", examples_);

@@ -6,6 +6,7 @@
 //   bigbatch plot DIR... [--out FIG_DIR]           the plots of sweep folders, compared
 //   bigbatch report DIR... [--format F]            their steps-to-target tables
 //   bigbatch slurm CONFIG [--workers N] [...]      a sweep as a Slurm job array of workers
+//   bigbatch env [--json]                          what this machine computes with, and the math check
 // Exit 0 on success, 2 on a bad config or arguments (one line), 1 on failures,
 // 75 for a sweep stopped by a signal once its trials were checkpointed.
 #include "cli.h"
@@ -16,6 +17,7 @@
 #include "config.h"
 #include "files.h"
 #include "launch.h"
+#include "machine.h"
 #include "preflight.h"
 #include "results.h"
 #include "slurm.h"
@@ -261,12 +263,18 @@ std::unique_ptr<bigbatch::distributed::ProcessGroup> join(const Parallel& p, bx:
                                             backend);
 }
 
+// --device in place of the config's device, checked as the config's is.
+void set_device(bx::TrialConfig& base, const std::string& device) {
+  base.device = bigbatch::config::enum_value(bx::kDeviceTypes, device, "--device");
+  const std::string refusal = bx::precision_refusal(base.precision, base.device);
+  if (!refusal.empty()) throw bx::ConfigError("--device " + device + ": precision " + refusal);
+}
+
 // The sweeps of a config, with --device applied.
 std::vector<bx::NamedSweep> load(const std::string& config, const Parallel& p) {
   auto sweeps = bx::load_sweeps(config);
   if (p.device) {
-    const auto device = bigbatch::config::enum_value(bx::kDeviceTypes, *p.device, "--device");
-    for (auto& named : sweeps) named.sweep.base.device = device;
+    for (auto& named : sweeps) set_device(named.sweep.base, *p.device);
   }
   return sweeps;
 }
@@ -435,6 +443,8 @@ struct TrainCommand {
     const auto group = join(parallel, cfg.base.device);
     // The sweep's thread count per trial (and rank), so that the trial
     // computes what it computes in the sweep.
+    bx::this_machine();  // the math check, measured before the trial (its summary.json records it)
+    if (!group || group->rank() == 0) bx::warn_if_slow_math();
     const bx::WorkloadData data = bx::load_data(cfg);
     const int threads = static_cast<int>(cfg.runner.threads_per_trial);
     at::set_num_threads(threads);
@@ -487,7 +497,7 @@ struct CbsCommand {
 
   int run(int argc, char** argv) const {
     bx::CbsConfig c = bx::load_cbs(config);
-    if (parallel.device) c.sweep.base.device = bigbatch::config::enum_value(bx::kDeviceTypes, *parallel.device, "--device");
+    if (parallel.device) set_device(c.sweep.base, *parallel.device);
     if (parallel.launcher()) {
       bx::check_world(c.sweep, parallel.world_size());
       return bx::launch_local(parallel.launch, argc, argv);
@@ -646,6 +656,27 @@ struct ReportCommand {
   int run() const { return report(dirs, bigbatch::config::enum_value(bx::kTableFormats, format, "--format"), labels); }
 };
 
+struct EnvCommand {
+  bool json = false;
+
+  CLI::App* add(CLI::App& app) {
+    auto* cmd = app.add_subcommand(
+        "env", "print what a bug report needs: versions, BLAS, MKL and oneDNN, the CPU and its vector "
+               "instructions, threads, CUDA, NCCL and the GPUs; and measure one thread's matrix-product rate "
+               "against the CPU's multiply-add peak (slow when below " +
+                   std::to_string(static_cast<int>(100 * bx::kSlowMathFraction)) +
+                   "%, or BIGBATCH_SLOW_MATH_BELOW)");
+    cmd->add_flag("--json", json, "print it as JSON");
+    return cmd;
+  }
+
+  int run() const {
+    const bx::MachineInfo& machine = bx::this_machine();
+    std::cout << (json ? bx::to_json(machine).dump(2) + "\n" : bx::env_report(machine));
+    return 0;
+  }
+};
+
 // The command line, parsed; the chosen subcommand's exit code.
 int run(int argc, char** argv) {
   CLI::App app{"bigbatch: batch size against steps to target, on LibTorch"};
@@ -656,8 +687,9 @@ int run(int argc, char** argv) {
   PlotCommand plot;
   ReportCommand report;
   SlurmCommand slurm;
+  EnvCommand env;
   const CLI::App* chosen[] = {sweep.add(app), train.add(app), cbs.add(app), plot.add(app), report.add(app),
-                              slurm.add(app)};
+                              slurm.add(app), env.add(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -670,6 +702,7 @@ int run(int argc, char** argv) {
   if (*chosen[2]) return cbs.run(argc, argv);
   if (*chosen[3]) return plot.run();
   if (*chosen[5]) return slurm.run();
+  if (*chosen[6]) return env.run();
   return report.run();
 }
 

@@ -10,6 +10,7 @@
 #include "files.h"
 #include "optimizer_registry.h"
 #include "workload.h"
+#include "../compat/autocast.h"
 
 #include <c10/util/Exception.h>
 
@@ -430,6 +431,12 @@ void need(Io& io, const char* key, bool in_spec, const char* what) {
 // What a sweep and each of its trials share: everything but the name, batch
 // size, seed and (in a sweep) the rate.
 template <typename Io, typename Spec>
+void check_precision(Io& io, const Spec& t) {
+  const std::string refusal = precision_refusal(t.precision, t.device);
+  io.check("precision", refusal.empty(), refusal);
+}
+
+template <typename Io, typename Spec>
 void common_fields(Io& io, Spec& t, bool with_rate) {
   const auto nested = [&](const char* key, auto& spec, auto fields) { io.object(key, spec, fields); };
   part_field(io, "dataset", "name", t.data, dataset_resolver);
@@ -446,6 +453,8 @@ void common_fields(Io& io, Spec& t, bool with_rate) {
     nested("distributed", t.distributed, [](auto& q, auto& d) { distributed_fields(q, d); });
   }
   io.choice("device", t.device, kDeviceTypes);
+  if (io.given("precision", t.precision != Precision::kFp32)) io.choice("precision", t.precision, kPrecisions);
+  check_precision(io, t);
   io.field("checkpoint_every", t.checkpoint_every);
   io.field("tensorboard", t.tensorboard);
   io.check("checkpoint_every", t.checkpoint_every >= 0 && t.checkpoint_every % t.target.eval_every == 0,
@@ -663,6 +672,15 @@ void cbs_fields(Io& io, Spec& c) {
 
 }  // namespace
 
+std::string precision_refusal(Precision precision, DeviceType device) {
+  if (precision == Precision::kFp32) return "";
+  const auto dtype = precision == Precision::kBf16 ? at::kBFloat16 : at::kHalf;
+  const auto type = device == DeviceType::kCuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  if (compat::autocast_supports(type, dtype)) return "";
+  return to_string(precision) + " on device " + to_string(device) + " needs LibTorch 2.x (this is " + TORCH_VERSION +
+         ", whose CPU autocast takes bf16 alone)";
+}
+
 void check_name(const std::string& name, const std::string& what) {
   const bool ok = !name.empty() && name != "." && name != ".." && name.size() <= 128 &&
                   std::all_of(name.begin(), name.end(), [](char c) {
@@ -857,6 +875,7 @@ void drop_default_depth(json& j) {
 json identity(json resolved) {
   if (resolved.is_object()) {
     resolved.erase("tensorboard");
+    resolved.erase("machine");  // what the sweep ran on (machine.h), written beside the config
     // Of the runner's keys only the thread count changes results.
     const auto runner = resolved.find("runner");
     if (runner != resolved.end()) {
@@ -889,6 +908,7 @@ std::string error_line(const std::exception& e) {
 std::string to_string(NoiseType type) { return config::enum_name(kNoiseTypes, type); }
 std::string to_string(Metric metric) { return config::enum_name(kMetrics, metric); }
 std::string to_string(DeviceType device) { return config::enum_name(kDeviceTypes, device); }
+std::string to_string(Precision precision) { return config::enum_name(kPrecisions, precision); }
 
 CbsConfig parse_cbs(const json& j) {
   if (!j.is_object()) throw ConfigError("a cbs config must be a JSON object");

@@ -35,6 +35,10 @@ enum class OptimizerName { kSgd, kAdam, kAdamW, kLars, kLarc, kLamb, kNovoGrad, 
 enum class NoiseType { kNone, kAnnealed, kMultiplicative };
 enum class Metric { kValError, kValLoss };
 enum class DeviceType { kCpu, kCuda };
+/// The arithmetic of a trial's forward and backward passes (docs/experiments.md
+/// "Mixed precision"): fp32; or autocast to bf16 or fp16 with fp32 weights,
+/// fp16 with a dynamic loss scale.
+enum class Precision { kFp32, kBf16, kFp16 };
 
 /// How configs and result files spell them, in the order error messages list
 /// them (the optimizers' spellings are the registry's).
@@ -44,11 +48,14 @@ inline constexpr config::EnumName<Metric> kMetrics[] = {{Metric::kValError, "val
                                                            {Metric::kValLoss, "val_loss"}};
 inline constexpr config::EnumName<DeviceType> kDeviceTypes[] = {{DeviceType::kCpu, "cpu"},
                                                                    {DeviceType::kCuda, "cuda"}};
+inline constexpr config::EnumName<Precision> kPrecisions[] = {
+    {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}};
 
 std::string to_string(OptimizerName name);
 std::string to_string(NoiseType type);
 std::string to_string(Metric metric);
 std::string to_string(DeviceType device);
+std::string to_string(Precision precision);
 
 struct OptimizerSpec {
   OptimizerName name = OptimizerName::kLamb;
@@ -139,6 +146,9 @@ struct TrialConfig {
   std::int64_t batch_size = 0;
   std::uint64_t seed = 0;
   DeviceType device = DeviceType::kCpu;  ///< cuda: each rank its cuda:LOCAL_RANK
+  /// Left out of resolved configs when fp32, so that folders written before
+  /// it existed keep their identity.
+  Precision precision = Precision::kFp32;
   std::int64_t checkpoint_every = 0;  ///< steps between checkpoints (a multiple of target.eval_every); 0 off
   bool tensorboard = true;  ///< write a TensorBoard event file in the trial's folder (not part of its identity)
   LoaderSpec loader;  ///< the sweep's runner.loader_*: not written in the trial's config.json
@@ -222,6 +232,10 @@ nlohmann::json identity(nlohmann::json resolved);
 /// Where two resolved configs first differ in identity(): the JSON pointer
 /// of the first change; nullopt when they are the same.
 std::optional<std::string> identity_difference(const nlohmann::json& existing, const nlohmann::json& resolved);
+
+/// Why this LibTorch cannot train `precision` on `device` ("" when it can):
+/// fp16 on the CPU needs LibTorch 2.x (1.13's CPU autocast takes bf16 alone).
+std::string precision_refusal(Precision precision, DeviceType device);
 
 /// A name that can be a folder: [A-Za-z0-9._-]+, not "." or "..". Throws
 /// ConfigError naming `what` otherwise.

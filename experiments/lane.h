@@ -4,6 +4,7 @@
 #pragma once
 
 #include "trial.h"
+#include "../optimizers/loss_scaler.h"
 
 #include <limits>
 #include <memory>
@@ -21,6 +22,7 @@ struct Trainer::Lane {
   std::optional<noise::AnnealedGradientNoise> annealed;
   std::optional<noise::MultiplicativeNoise> multiplicative;
   noise::GradientNoiseScale gns;
+  std::optional<optim::LossScaler> scaler;  // precision fp16
   std::vector<at::Tensor> params;
   bool active = true;
   double last_lr = 0;    // the rate of the last step (first group)

@@ -36,6 +36,10 @@ struct StepBatch {
   at::Tensor index, weights;
   Batch rows;
   std::int64_t size = 0;
+  /// What the loss is multiplied by before backward: an fp16 trial's loss
+  /// scale (optim::LossScaler), 1 for the others. The gradients are left
+  /// scaled; the losses and noise-scale norms returned are not.
+  double loss_scale = 1;
 };
 
 /// The two gradient norms of one step that the noise scale is made of
@@ -91,14 +95,22 @@ class LaneModel {
   std::size_t lanes_;
 };
 
+/// forward() under autocast to `precision` on `device`'s type (fp32: as it
+/// is), its output cast to fp32: the workload's loss and metrics always see
+/// fp32 outputs, and backward runs outside the autocast region.
+at::Tensor forward_in(Precision precision, const at::Device& device, const std::function<at::Tensor()>& forward);
+
 /// One trial's model, moved to `device`; with a process group, rank 0's
-/// weights broadcast and the gradients averaged over the ranks.
+/// weights broadcast and the gradients averaged over the ranks. Its forward
+/// passes run in `precision` (forward_in).
 std::unique_ptr<LaneModel> single_model(Model model, const WorkloadData& data, const at::Device& device,
                                         distributed::ProcessGroup* group,
-                                        const distributed::CompressionSpec& compression = {});
+                                        const distributed::CompressionSpec& compression = {},
+                                        Precision precision = Precision::kFp32);
 /// The model of `lanes` lanes that start from `model`'s weights (batched.h).
 std::unique_ptr<LaneModel> stacked_model(const torch::nn::Sequential& model, std::int64_t lanes,
-                                         const WorkloadData& data, const at::Device& device);
+                                         const WorkloadData& data, const at::Device& device,
+                                         Precision precision = Precision::kFp32);
 
 /// A stacked model's outputs [K, N, ...] as one batch [K * N, ...], and the
 /// targets [N, ...] repeated once per lane to match: how a workload's

@@ -3,6 +3,7 @@
 
 #include "csv.h"
 #include "files.h"
+#include "machine.h"
 #include "trial_queue.h"
 #include "../noise/critical_batch.h"
 
@@ -79,12 +80,20 @@ json summary_json(const TrialConfig& t, const TrialResult& r) {
             {"seed", t.seed},
             {"wall_time", r.wall_time},
             {"code_version", code_version()},
-            {"libtorch_version", libtorch_version()}};
+            {"libtorch_version", libtorch_version()},
+            {"machine", machine_record(this_machine())}};
   if (!r.error.empty()) j["error"] = r.error;
   json data = {{"loader_threads", r.loader_threads}, {"wait_fraction", finite_or_null(r.data_wait_fraction)}};
   if (r.data_report.is_object()) data.update(r.data_report);
   j["data"] = data;
   if (r.exchange.is_object()) j["exchange"] = r.exchange;
+  if (t.precision != Precision::kFp32) {
+    j["precision"] = {{"name", to_string(t.precision)}, {"loss_scale", nullptr}, {"skipped_steps", nullptr}};
+    if (!r.rows.empty() && std::isfinite(r.rows.back().loss_scale)) {
+      j["precision"]["loss_scale"] = r.rows.back().loss_scale;
+      j["precision"]["skipped_steps"] = r.rows.back().skipped_steps;
+    }
+  }
   if (!r.rows.empty()) {
     const EvalRow& last = r.rows.back();
     j["final"] = {{"val_loss", finite_or_null(last.val_loss)},

@@ -5,6 +5,7 @@
 #include "batched.h"
 #include "claims.h"
 #include "cores.h"
+#include "machine.h"
 #include "files.h"
 #include "models.h"
 #include "preflight.h"
@@ -587,8 +588,13 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
               << "this machine's cores" << (ledger && !ledger->others().empty() ? " (shared with other workers)" : "")
               << ": running " << jobs << " at a time\n";
   }
+  // The math check, before any trial runs (machine.h): recorded beside the
+  // config, and said once when the math is slow.
+  json written = resolved;
+  written["machine"] = machine_record(this_machine());
+  if (writer) warn_if_slow_math();
   const WorkloadData data = load_data(sweep);
-  if (writer) write_file_atomic((dir / "sweep.json").string(), resolved.dump(2) + "\n");
+  if (writer) write_file_atomic((dir / "sweep.json").string(), written.dump(2) + "\n");
   // Claims, so that other processes can work on this folder too (rank 0 of
   // a data-parallel sweep claims for its group).
   RoundWatch watch;

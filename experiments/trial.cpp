@@ -11,6 +11,7 @@
 #include "loader.h"
 #include "models.h"
 #include "optimizer_registry.h"
+#include "../compat/autocast.h"
 #include "../noise/noise_scale.h"
 #include "../optimizers/layerwise_optimizer.h"
 #include "../optimizers/muon.h"
@@ -44,9 +45,9 @@ namespace F = torch::nn::functional;
 class SingleModel final : public LaneModel {
  public:
   SingleModel(Model model, const WorkloadData& data, const at::Device& device, distributed::ProcessGroup* group,
-              const distributed::CompressionSpec& compression)
+              const distributed::CompressionSpec& compression, Precision precision)
       : LaneModel(1), model_(std::move(model)), sequential_(model_.sequential()), data_(data), device_(device),
-        group_(group) {
+        group_(group), precision_(precision) {
     model_.module().to(device_);
     if (group_) distributed::broadcast_module(*group_, model_.module());
     if (group_ && group_->size() > 1) exchange_.emplace(compression);
@@ -76,10 +77,10 @@ class SingleModel final : public LaneModel {
     // A world of one (a group asked for on one process, as `--backend nccl`
     // gives) has one batch size for both norms: its noise scale comes from
     // micro-batches, as without a group; its collectives would change nothing.
-    if (group_ && group_->size() > 1) return {data_parallel(x, y, weights, local, b.size)};
-    if (micro_batches >= 2) return {in_micro_batches(x, y, weights, b.size, micro_batches)};
+    if (group_ && group_->size() > 1) return {data_parallel(x, y, weights, local, b.size, b.loss_scale)};
+    if (micro_batches >= 2) return {in_micro_batches(x, y, weights, b.size, micro_batches, b.loss_scale)};
     const at::Tensor l = loss(x, y, weights);
-    l.backward();
+    scaled(l, b.loss_scale).backward();
     return {{l.item<double>(), std::nullopt}};
   }
 
@@ -102,19 +103,25 @@ class SingleModel final : public LaneModel {
   }
 
  private:
-  // The mean (or weighted mean) loss of the model on rows x, y.
+  // The mean (or weighted mean) loss of the model on rows x, y (its forward
+  // in the trial's precision, the loss in fp32).
   at::Tensor loss(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weights) {
-    const at::Tensor per_sample = data_.example_loss(model_.forward(x), y);
+    const at::Tensor out = forward_in(precision_, device_, [&] { return model_.forward(x); });
+    const at::Tensor per_sample = data_.example_loss(out, y);
     return weights.defined() ? (per_sample * weights).mean() : per_sample.mean();
   }
 
+  // What backward starts from: the loss times the loss scale (fp16), or the loss.
+  static at::Tensor scaled(const at::Tensor& loss, double scale) { return scale == 1 ? loss : loss * scale; }
+
   // The averaged gradient over the ranks; each rank's own gradient norm and
-  // the averaged one are the two batch sizes of the noise scale.
+  // the averaged one are the two batch sizes of the noise scale. A loss
+  // scale scales every gradient, and with it both norms by its square.
   LaneGradient data_parallel(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weights,
-                             std::int64_t local, std::int64_t global) {
+                             std::int64_t local, std::int64_t global, double scale) {
     const at::Tensor l = loss(x, y, weights);
     if (exchange_->spec().overlap) exchange_->begin(*group_, params_);  // all-reduces start during backward
-    l.backward();
+    scaled(l, scale).backward();
     const auto norms = exchange_->exchange(*group_, params_);
     std::vector<at::Tensor> mean{l.detach().reshape({1}).to(at::kDouble)};
     group_->allreduce_sum(mean);
@@ -122,7 +129,7 @@ class SingleModel final : public LaneModel {
     // A compressed exchange gives an estimate of the average, whose norm is
     // not the big batch's: no noise-scale sample from it.
     if (exchange_->last_was_average() && std::isfinite(norms.local_sq) && std::isfinite(norms.global_sq)) {
-      g.noise = NoiseSample{norms.local_sq, norms.global_sq, local, global};
+      g.noise = NoiseSample{norms.local_sq / (scale * scale), norms.global_sq / (scale * scale), local, global};
     }
     return g;
   }
@@ -130,14 +137,16 @@ class SingleModel final : public LaneModel {
   // One process: the batch in micro-batches, whose gradient norms and their
   // sum's give the noise scale.
   LaneGradient in_micro_batches(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weights,
-                                std::int64_t batch, std::int64_t micro_batches) {
+                                std::int64_t batch, std::int64_t micro_batches, double scale) {
     const auto m = noise::micro_batch_step(params_, batch, micro_batches, [&](std::int64_t begin, std::int64_t end) {
-      return loss(x.slice(0, begin, end), y.slice(0, begin, end),
-                  weights.defined() ? weights.slice(0, begin, end) : at::Tensor());
+      return scaled(loss(x.slice(0, begin, end), y.slice(0, begin, end),
+                         weights.defined() ? weights.slice(0, begin, end) : at::Tensor()),
+                    scale);
     });
-    LaneGradient g{m.loss, std::nullopt};
+    LaneGradient g{m.loss / scale, std::nullopt};
     if (std::isfinite(m.small_sq_norm) && std::isfinite(m.big_sq_norm)) {
-      g.noise = NoiseSample{m.small_sq_norm, m.big_sq_norm, m.small_batch, m.big_batch};
+      g.noise = NoiseSample{m.small_sq_norm / (scale * scale), m.big_sq_norm / (scale * scale), m.small_batch,
+                            m.big_batch};
     }
     return g;
   }
@@ -145,7 +154,9 @@ class SingleModel final : public LaneModel {
   ValidationMetrics evaluate_here() {
     at::NoGradGuard no_grad;
     model_.module().eval();
-    const auto out = evaluate_split(data_, device_, 0, [&](const at::Tensor& x) { return model_.forward(x); });
+    const auto out = evaluate_split(data_, device_, 0, [&](const at::Tensor& x) {
+      return forward_in(precision_, device_, [&] { return model_.forward(x); });
+    });
     model_.module().train();
     return out.at(0);
   }
@@ -157,14 +168,25 @@ class SingleModel final : public LaneModel {
   distributed::ProcessGroup* group_;
   std::optional<distributed::GradientExchange> exchange_;  ///< world > 1
   std::vector<at::Tensor> params_;
+  Precision precision_;
 };
 
 }  // namespace
 
 std::unique_ptr<LaneModel> single_model(Model model, const WorkloadData& data, const at::Device& device,
                                         distributed::ProcessGroup* group,
-                                        const distributed::CompressionSpec& compression) {
-  return std::make_unique<SingleModel>(std::move(model), data, device, group, compression);
+                                        const distributed::CompressionSpec& compression, Precision precision) {
+  return std::make_unique<SingleModel>(std::move(model), data, device, group, compression, precision);
+}
+
+at::Tensor forward_in(Precision precision, const at::Device& device, const std::function<at::Tensor()>& forward) {
+  if (precision == Precision::kFp32) return forward();
+  at::Tensor out;
+  {
+    const compat::AutocastGuard autocast(device.type(), precision == Precision::kBf16 ? at::kBFloat16 : at::kHalf);
+    out = forward();
+  }
+  return out.is_floating_point() && out.scalar_type() != at::kFloat ? out.to(at::kFloat) : out;
 }
 
 std::vector<ValidationMetrics> evaluate_split(const WorkloadData& data, const at::Device& device, std::int64_t lanes,
@@ -252,7 +274,7 @@ Trainer::Trainer(const TrialConfig& config, const WorkloadData& data, distribute
       sampler_(data.train_size(), sampler_seed(config)) {
   distributed::CompressionSpec compression = config.distributed.compression;
   compression.seed = config.seed;
-  model_ = single_model(initial_model(config, data), data, device_, group, compression);
+  model_ = single_model(initial_model(config, data), data, device_, group, compression, config.precision);
   add_lanes({config});
 }
 
@@ -268,7 +290,8 @@ Trainer::Trainer(const std::vector<TrialConfig>& lanes, const WorkloadData& data
   const Model model = initial_model(lanes[0], data);
   const std::string refusal = stack_refusal(model);
   TORCH_CHECK(refusal.empty(), "batched trials: ", refusal);
-  model_ = stacked_model(model.sequential(), static_cast<std::int64_t>(lanes.size()), data, device_);
+  model_ = stacked_model(model.sequential(), static_cast<std::int64_t>(lanes.size()), data, device_,
+                         lanes[0].precision);
   add_lanes(lanes);
 }
 
@@ -291,6 +314,7 @@ void Trainer::add_lanes(const std::vector<TrialConfig>& configs) {
     } else if (c.noise.type == NoiseType::kMultiplicative) {
       lane->multiplicative.emplace(c.noise.base_batch, c.seed);
     }
+    if (c.precision == Precision::kFp16) lane->scaler.emplace();
     lane->result.budget = budget_;
     lane->result.peak_lr = lane->adapter->schedule().peak_lr();
     lanes_.push_back(std::move(lane));
@@ -335,14 +359,22 @@ std::vector<double> Trainer::train_step() {
   const auto start = std::chrono::steady_clock::now();
   b.rows = fetch(b);
   if (first.multiplicative) b.weights = share(first.multiplicative->weights(b.size, step_));
+  if (first.scaler) b.loss_scale = first.scaler->scale();  // (fp16 trials are never batched: one lane)
   const std::vector<LaneGradient> gradients = model_->gradients(b, active, first.config.gns.micro_batches);
   std::vector<double> losses(lanes_.size(), kNaN);
   for (std::size_t i = 0; i < lanes_.size(); ++i) {
     Lane& lane = *lanes_[i];
     if (!lane.active) continue;
     if (const auto& n = gradients[i].noise) lane.gns.update(n->small_sq, n->small_batch, n->big_sq, n->big_batch);
-    if (lane.annealed) lane.annealed->apply(lane.params, step_);  // the same noise on every rank
-    lane.optimizer->step();
+    // fp16: the gradients unscaled, and the step skipped (no parameter or
+    // state changes) when one is inf or NaN; the same on every rank, whose
+    // gradients the exchange made equal.
+    const bool finite = !lane.scaler || lane.scaler->unscale(lane.params);
+    if (finite) {
+      if (lane.annealed) lane.annealed->apply(lane.params, step_);  // the same noise on every rank
+      lane.optimizer->step();
+    }
+    if (lane.scaler) lane.scaler->update(finite);
     lane.loss = losses[i] = gradients[i].loss;
   }
   ++step_;
@@ -456,6 +488,10 @@ void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& 
       row.bytes_received = t.bytes_received;
       row.compress_seconds = t.compress_seconds;
       row.comm_seconds = t.communicate_seconds;
+    }
+    if (lane.scaler) {
+      row.loss_scale = lane.scaler->scale();
+      row.skipped_steps = static_cast<double>(lane.scaler->skipped_steps());
     }
     row.extra = metrics[i].extra;
     lane.rows.push_back(row);

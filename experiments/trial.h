@@ -55,6 +55,11 @@ struct EvalRow {
   double bytes_received = kNaN;
   double compress_seconds = kNaN;
   double comm_seconds = kNaN;
+  /// An fp16 trial's loss scale after its last step, and the steps its
+  /// scaler skipped so far for inf or NaN gradients (NaN for the others:
+  /// fp32 and bf16 trials scale nothing).
+  double loss_scale = kNaN;
+  double skipped_steps = kNaN;
   /// The workload's further validation metrics (WorkloadData::metrics, in
   /// its order): metrics.csv's columns after the fields below.
   std::vector<double> extra;
@@ -88,6 +93,8 @@ void for_each_field(Row&& row, Visit&& visit) {
   visit("bytes_received", row.bytes_received);
   visit("compress_seconds", row.compress_seconds);
   visit("comm_seconds", row.comm_seconds);
+  visit("loss_scale", row.loss_scale);
+  visit("skipped_steps", row.skipped_steps);
 }
 
 /// kFailed: the workload (its data, model or loss) threw during the run;

@@ -51,6 +51,8 @@ std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const s
   add("exchange/bytes_received", row.bytes_received);
   add("exchange/compress_seconds", row.compress_seconds);
   add("exchange/comm_seconds", row.comm_seconds);
+  add("precision/loss_scale", row.loss_scale);
+  add("precision/skipped_steps", row.skipped_steps);
   for (std::size_t i = 0; i < extra.size() && i < row.extra.size(); ++i) {
     if (!std::isnan(row.extra[i])) out.push_back({"val/" + extra[i], static_cast<float>(row.extra[i])});
   }

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Unpack the LibTorch of a PyTorch wheel from PyPI into a project-local folder.
+"""Unpack the LibTorch of a PyTorch wheel from PyPI into a project-local folder,
+or point one at the LibTorch of an installed PyTorch.
 
 Usage: fetch_torch.py VERSION DEST [--cuda]
+       fetch_torch.py --installed DEST [PYTHON]
 
 The `torch` wheel for Linux carries LibTorch (headers, CMake files, libraries)
 built with CUDA. A C++ build on a machine without CUDA needs only its CPU part,
@@ -22,7 +24,20 @@ CUDA toolkit, then configures a BIGBATCH_CUDA=ON build, whose objects compile
 here; linking them needs the CUDA libraries of the nvidia-* wheels (cuDNN, ...).
 Nothing is installed system-wide. A finished DEST holds DEST/.complete, and a
 second run with it present does nothing.
+
+With --installed, DEST gets the same layout for the torch that PYTHON
+(default: python3 on PATH) imports, as links into its site-packages instead
+of copies: torch/include, torch/share, torch/version.py, torch/lib's
+libtorch_cpu.so and libc10.so (alone, so that the program finds the system's
+newer libgomp, not the older one beside them), torch/optim/_muon.py, nvidia/ (the CUDA libraries of
+a CUDA build, which libtorch_cpu.so's $ORIGIN/../../nvidia RPATH then finds
+through the links) and cmake/TorchConfig.cmake. It accepts a torch >= 2 built
+with the C++11 ABI (PyPI's wheels since 2.7, and conda's), which the other
+C++ libraries on the machine use; it exits 3 with the reason otherwise, and
+scripts/setup.sh then takes the pinned wheel. DEST is made anew every run:
+it follows the installed torch.
 """
+import json
 import pathlib
 import re
 import shutil
@@ -62,7 +77,54 @@ def cuda_runtime_requirements(metadata):
     return reqs
 
 
+def installed(dest, python):
+    """The link farm of the docstring for the torch `python` imports."""
+    probe = ("import json, os, torch; print(json.dumps({'version': torch.__version__, "
+             "'root': os.path.dirname(torch.__file__), 'abi': bool(torch._C._GLIBCXX_USE_CXX11_ABI)}))")
+    try:
+        out = subprocess.run([python, "-c", probe], check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        print(f"fetch_torch: {python} imports no torch", file=sys.stderr)
+        sys.exit(3)
+    info = json.loads(out.strip().splitlines()[-1])
+    version = info["version"].split("+")[0]
+    if int(version.split(".")[0]) < 2:
+        print(f"fetch_torch: the installed torch is {info['version']}, older than 2", file=sys.stderr)
+        sys.exit(3)
+    if not info["abi"]:
+        print(f"fetch_torch: the installed torch {info['version']} uses the pre-C++11 ABI, which the "
+              "machine's other C++ libraries do not", file=sys.stderr)
+        sys.exit(3)
+    root = pathlib.Path(info["root"])
+    lib = root / "lib"
+    if not (lib / "libtorch_cpu.so").exists():
+        print(f"fetch_torch: no libtorch_cpu.so in {lib}", file=sys.stderr)
+        sys.exit(3)
+    if dest.exists():
+        shutil.rmtree(dest)
+    (dest / "torch" / "lib").mkdir(parents=True)
+    for name in ("include", "share", "version.py"):
+        (dest / "torch" / name).symlink_to(root / name)
+    for name in ("libtorch_cpu.so", "libc10.so"):
+        (dest / "torch" / "lib" / name).symlink_to(lib / name)
+    if (root / MUON.removeprefix("torch/")).exists():  # for the Muon cross-check, as a wheel's
+        (dest / "torch" / "optim").mkdir()
+        (dest / MUON).symlink_to(root / MUON.removeprefix("torch/"))
+    if (root.parent / "nvidia").is_dir():
+        (dest / "nvidia").symlink_to(root.parent / "nvidia")
+    config = dest / "cmake" / "TorchConfig.cmake"
+    config.parent.mkdir()
+    shutil.copy(pathlib.Path(__file__).resolve().parent.parent / "cmake" / "TorchCpuConfig.cmake", config)
+    (dest / ".complete").write_text(f"installed {info['version']} at {root}\n")
+    print(f"fetch_torch: LibTorch {info['version']} of the installed torch at {root}")
+
+
 def main():
+    if sys.argv[1:2] == ["--installed"]:
+        if len(sys.argv) not in (3, 4):
+            sys.exit(__doc__.split("\n\n")[1])
+        installed(pathlib.Path(sys.argv[2]).resolve(), sys.argv[3] if len(sys.argv) == 4 else "python3")
+        return
     args = [a for a in sys.argv[1:] if a != "--cuda"]
     cuda = len(args) < len(sys.argv) - 1
     if len(args) != 2:

@@ -17,8 +17,9 @@
 #             PyTorch's torch.optim.Muon on the same lists
 #   sweeps    the quickstart sweep on the CPU (all cores), on the GPU with
 #             --no-batch-trials, and on the GPU with --batch-trials: wall times and the three
-#             steps-to-target tables side by side; ResNet-20 on generated
-#             CIFAR-format files on the GPU with its data-wait fraction
+#             steps-to-target tables side by side; the quickstart in fp32,
+#             bf16 and fp16 (loss-scaled) on the GPU, side by side;
+#             ResNet-20 on generated CIFAR-format files on the GPU with its data-wait fraction
 #   all       the four in order (default)
 #
 # Every stage builds first (nothing to do when the build is there), runs each
@@ -243,6 +244,17 @@ stage_sweeps() {
     step sweeps_report 60 "$build/experiments/bigbatch" report "${dirs[@]}" --labels "$(IFS=,; echo "${labels[*]}")"
     cat "$res/sweeps_report.txt" >> "$md"
   fi
+  # Mixed precision on the GPU: the quickstart at batch 256 and 1024 (its
+  # best rate, 3 seeds) in fp32, bf16 and fp16 with its loss scale, each
+  # trial alone (fp16 trials do not batch): the tables side by side with
+  # their intervals, and each variant's wall time (docs/experiments.md "Mixed precision").
+  "$python" -c 'import json, sys; c = json.load(open(sys.argv[1])); c.update(name="precision_cuda", batch_sizes=[256, 1024], search={"lr": [0.02]}, device="cuda", variants={"fp32": {}, "bf16": {"precision": "bf16"}, "fp16": {"precision": "fp16"}}); json.dump(c, open(sys.argv[2], "w"))' \
+    "$config" "$res/precision_cuda.json"
+  step precision_cuda 150 "$build/experiments/bigbatch" sweep "$res/precision_cuda.json" --out "$res/sweep_precision" \
+    --no-batch-trials
+  grep -hE "^sweep precision_cuda" "$res/precision_cuda.txt" >> "$md"
+  step precision_report 30 "$build/experiments/bigbatch" report "$res/sweep_precision/precision_cuda" &&
+    cat "$res/precision_report.txt" >> "$md"
   # ResNet-8 on generated CIFAR-format files on the GPU: the loader's pinned
   # batches and non-blocking copies, and how long the step waits for data.
   step cifar_data 60 "$python" "$root/tests/experiments/make_cifar.py" "$res/cifar10" --train 12000 --test 1000

@@ -6,12 +6,20 @@
 # in ./build-asan, and runs them through ctest. Any report fails the test
 # (UBSan does not recover; ASan aborts). The SIMT executor's suites run under
 # both sanitizers in the main build already.
+# It builds against the main build's LibTorch (./build's, else the pinned
+# wheel's).
 # Usage: scripts/sanitize.sh   (after scripts/setup.sh has installed the packages)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.ccache}" CCACHE_BASEDIR="$PWD"
+torch_dir=$(sed -n 's/^Torch_DIR:[A-Z]*=//p' build/CMakeCache.txt 2>/dev/null || true)
+if [ -z "$torch_dir" ]; then
+  version=$(cat scripts/torch_version)
+  /usr/bin/python3 scripts/fetch_torch.py "$version" ".torch/$version"
+  torch_dir=$PWD/.torch/$version/cmake
+fi
 flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -O1 -g"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS="$flags" \
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS="$flags" -DTorch_DIR="$torch_dir" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DBIGBATCH_BUILD_BENCHMARKS=OFF \
   -DBIGBATCH_SIMT_TESTS=OFF > /dev/null
 cmake --build build-asan --parallel 2 --target \

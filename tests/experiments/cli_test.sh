@@ -1087,6 +1087,78 @@ LIST
 import csv; r = list(csv.DictReader(open('runs/e2e/steps_to_target.csv')))
 assert all(float(x['bytes']) > 0 for x in r if x['reached'] == '1'), r"
   ;;
+env_precision)
+  # bigbatch env: its report, as text and JSON, and the math check in it.
+  "$bigbatch" env > env.txt
+  cat env.txt
+  for line in "LibTorch: " "BLAS: " "threads: " "matrix product, 1 thread: " "math check: "; do
+    grep -q "^$line" env.txt || fail "bigbatch env has no line '$line'"
+  done
+  "$bigbatch" env --json > env.json
+  $py - env.json <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert m["math"]["sgemm_gflops_1_thread"] > 0 and m["logical_cores"] > 0 and m["blas"], m
+assert m["math"]["fma_peak_gflops_1_thread"] is None or m["math"]["sgemm_gflops_1_thread"] <= 1.1 * m["math"]["fma_peak_gflops_1_thread"], m
+print("env --json:", m["blas"], m["math"]["fraction_of_peak"])
+PY
+  # The slow-math warning, forced: no product reaches twice the multiply-add
+  # peak. One line, once, before the trial; the trial's summary.json and the
+  # sweep's sweep.json record the check.
+  BIGBATCH_SLOW_MATH_BELOW=2 "$bigbatch" train "$config" --steps 10 --out forced > forced.txt 2> forced.err
+  [ "$(grep -c "warning: matrix products run at" forced.err)" -eq 1 ] || fail "the forced warning, once: $(cat forced.err)"
+  grep -q "bigbatch env says more" forced.err || fail "the warning names bigbatch env: $(cat forced.err)"
+  $py -c "import json; m = json.load(open('forced/e2e.train/b8_p0_s0/summary.json'))['machine']; assert m['math']['slow'] is True, m"
+  "$bigbatch" train "$config" --steps 10 --out plain > /dev/null 2> plain.err
+  if $py -c "import json, sys; sys.exit(0 if json.load(open('env.json'))['math']['slow'] else 1)"; then
+    grep -q "warning: matrix products" plain.err || fail "this machine's math is slow and nothing said so"
+  else
+    ! grep -q "warning: matrix products" plain.err || fail "a warning where the math is not slow: $(cat plain.err)"
+  fi
+  expect_error 2 'BIGBATCH_SLOW_MATH_BELOW: expected a fraction >= 0, got "fast"' \
+    env BIGBATCH_SLOW_MATH_BELOW=fast "$bigbatch" train "$config" --steps 10 --out bad_env
+  derive one.json 'c["batch_sizes"] = [128]; c["seeds"] = [0]; c["search"] = {"lr": [0.03]}; c["budget"] = {"steps": 20}'
+  "$bigbatch" sweep one.json --out sweep > /dev/null 2>&1 || fail "sweep"
+  $py -c "import json; s = json.load(open('sweep/e2e/sweep.json')); assert s['machine']['math']['sgemm_gflops_1_thread'] > 0, s"
+  "$bigbatch" sweep one.json --out sweep > /dev/null 2>&1 || fail "a resumed sweep refused its own folder (the machine is not part of its identity)"
+  # Where the BLAS is OpenBLAS (Debian's LibTorch 1.13), its generic kernels
+  # forced by its own variable: the real slow case, and the remedy named.
+  if grep -q '"blas": "OpenBLAS' env.json; then
+    OPENBLAS_CORETYPE=Prescott "$bigbatch" env > prescott.txt
+    grep -q "^math check: .*SLOW" prescott.txt || fail "Prescott kernels not found slow: $(cat prescott.txt)"
+    OPENBLAS_CORETYPE=Prescott "$bigbatch" train "$config" --steps 10 --out prescott > /dev/null 2> prescott.err
+    grep -q "OPENBLAS_CORETYPE=Prescott is set: unset it" prescott.err || fail "no remedy: $(cat prescott.err)"
+    echo "OpenBLAS with Prescott kernels: $(grep '^math check' prescott.txt)"
+  fi
+
+  # Mixed precision: a bf16 variant beside fp32 in one sweep, its summaries and columns.
+  derive mixed.json 'c["batch_sizes"] = [128]; c["seeds"] = [0]; c["search"] = {"lr": [0.03]}; c["variants"] = {"fp32": {}, "bf16": {"precision": "bf16"}}'
+  "$bigbatch" sweep mixed.json --out mixed > mixed.txt 2>&1 || fail "the bf16 sweep: $(tail -3 mixed.txt)"
+  $py - mixed/e2e <<'PY'
+import csv, json, os, sys
+d = sys.argv[1]
+fp32 = json.load(open(os.path.join(d, "fp32", "b128_p0_s0", "summary.json")))
+bf16 = json.load(open(os.path.join(d, "bf16", "b128_p0_s0", "summary.json")))
+assert "precision" not in fp32 and bf16["precision"] == {"name": "bf16", "loss_scale": None, "skipped_steps": None}, bf16
+assert json.load(open(os.path.join(d, "bf16", "sweep.json")))["precision"] == "bf16"
+assert "precision" not in json.load(open(os.path.join(d, "fp32", "sweep.json")))
+rows = list(csv.DictReader(open(os.path.join(d, "bf16", "b128_p0_s0", "metrics.csv"))))
+assert rows and rows[-1]["loss_scale"] == "" and rows[-1]["skipped_steps"] == "", rows[-1]
+for s in (fp32, bf16):
+    assert s["status"] == "reached", s
+print("bf16 beside fp32: steps to target", bf16["steps_to_target"], "against", fp32["steps_to_target"])
+PY
+  derive fp8.json 'c["precision"] = "fp8"'
+  expect_error 2 "precision" "$bigbatch" train fp8.json --steps 1 --out fp8
+  grep -q "fp8" err.txt || fail "the refusal names the value: $(cat err.txt)"
+  derive fp16.json 'c["precision"] = "fp16"'
+  if "$bigbatch" train fp16.json --steps 10 --out fp16 > fp16.txt 2> fp16.err; then
+    $py -c "import json; p = json.load(open('fp16/e2e.train/b8_p0_s0/summary.json'))['precision']; assert p['name'] == 'fp16' and p['loss_scale'] == 65536, p; print('fp16 on the CPU:', p)"
+  else
+    grep -q "precision: fp16 on device cpu needs LibTorch 2.x" fp16.err || fail "fp16: $(cat fp16.err)"
+    echo "fp16 refused on this LibTorch: $(cat fp16.err)"
+  fi
+  ;;
 *) fail "unknown scenario $scenario" ;;
 esac
 echo "PASS $scenario"
