@@ -4,10 +4,11 @@
 // ResNet-8 (width 16, BatchNorm, 3x32x32 images, batch 128, SGD) and the
 // language-model quickstart's GPT (2 layers, width 64, 4 heads, 64-character
 // windows, batch 64, LAMB); one intra-op thread, as the runner's trials.
-// Each step reports its matrix-product and convolution FLOPs (counted from
-// the shapes, below) as gemm_gflops, and as fraction_of_sgemm_peak the share
-// of this machine's fp32 one-thread matrix-product peak they reach: the best
-// of at::mm at 256 to 2048 (BM_SgemmPeak, which reports that peak). Run with
+// Each step reports the rate of its matrix products and convolutions
+// (gemm_gflops: their FLOPs, counted from the shapes below, over the step's
+// time) beside this machine's fp32 one-thread matrix-product peak
+// (sgemm_peak_gflops: the best of at::mm at 256 to 2048): their ratio is the
+// share of the peak a step reaches. Run with
 // --benchmark_min_time=1 --benchmark_repetitions=3 for the docs' numbers.
 // docs/benchmarks.md "Mixed precision" has a run's numbers.
 #include "../experiments/config.h"
@@ -160,9 +161,6 @@ void BM_TrialStep(benchmark::State& state) {
   state.counters["gemm_gflops"] = benchmark::Counter(s.flops, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["step_gflop"] = s.flops / 1e9;
   state.counters["sgemm_peak_gflops"] = peak;
-  // (A rate counter's value is multiplied by the iterations and divided by the seconds.)
-  state.counters["fraction_of_sgemm_peak"] =
-      benchmark::Counter(s.flops / (peak * 1e9), benchmark::Counter::kIsIterationInvariantRate);
   const char* names[] = {"mlp", "resnet8", "gpt"};
   state.SetLabel(std::string(names[state.range(0)]) + (state.range(1) == 0 ? " fp32" : " bf16"));
 }
