@@ -12,6 +12,18 @@
 // to 0.025 after 50 AdamW steps. Those biases are left out of the parameter
 // check; they shift BatchNorm's running mean, which moves the validation loss
 // of Adam-type lanes with BatchNorm by up to 1e-3 relative (kRtolBatchNormAdam).
+// The same can befall a BatchNorm bias whose channel the ReLU after it has
+// all but switched off: on the 2-core AMD EPYC (Zen 5) with Debian's
+// LibTorch 1.13 and OpenBLAS's Haswell kernels, Muon's third lane stayed
+// within 4e-7 of its trial alone for 23 steps, then one such element took
+// AdamW's full step the other way at step 24 (1e-3 of the layer's largest
+// bias), and everything downstream followed: 1% apart by step 50, the noise
+// scale 8e-4. (The same trial alone at 1 and 2 threads stays within 4e-7: it
+// is the stacked products' rounding, amplified.) So for Adam-type lanes with
+// BatchNorm the parameters are compared as a whole layer (the largest
+// difference against the largest value, kLayerRtolBatchNormAdam) and the
+// noise scale at kRtolBatchNormAdam: a lane that got another lane's data or
+// weights would still be off by its own size.
 #include "../../experiments/batched.h"
 #include "../../experiments/trial.h"
 
@@ -31,6 +43,7 @@ std::string schedules_name(ModelType type) { return bigbatch::config::enum_name(
 
 constexpr double kRtol = 2e-4;
 constexpr double kRtolBatchNormAdam = 2e-3;
+constexpr double kLayerRtolBatchNormAdam = 3e-2;
 
 TrialConfig lane(OptimizerName optimizer, Norm norm, double lr, int index) {
   TrialConfig c;
@@ -94,7 +107,7 @@ void expect_lanes_equal_separate(const std::vector<TrialConfig>& trials, const s
       EXPECT_EQ(a.lr, b.lr) << at;
       expect_close(a.train_loss, b.train_loss, kRtol, at + " train_loss");
       expect_close(a.val_loss, b.val_loss, val_rtol, at + " val_loss");
-      expect_close(a.gns, b.gns, kRtol, at + " gns");
+      expect_close(a.gns, b.gns, noisy_running_mean ? kRtolBatchNormAdam : kRtol, at + " gns");
       EXPECT_LE(std::abs(a.val_error - b.val_error), max_flips / 512) << at << " val_error";
     }
     if (r.status == TrialStatus::kDiverged) continue;
@@ -108,9 +121,11 @@ void expect_lanes_equal_separate(const std::vector<TrialConfig>& trials, const s
     for (const auto& p : alone.model()->named_parameters()) {
       if (before_norm.count(p.key()) > 0) continue;
       ASSERT_TRUE(mine.contains(p.key())) << where << " has no " << p.key();
-      EXPECT_TRUE(at::allclose(mine[p.key()], p.value(), kRtol, 1e-6))
-          << where << " " << p.key() << ": max |difference| " << (mine[p.key()] - p.value()).abs().max().item<double>()
-          << ", max |value| " << p.value().abs().max().item<double>();
+      const double largest_difference = (mine[p.key()] - p.value()).abs().max().item<double>();
+      const double largest_value = p.value().abs().max().item<double>();
+      EXPECT_TRUE(noisy_running_mean ? largest_difference <= kLayerRtolBatchNormAdam * largest_value
+                                     : at::allclose(mine[p.key()], p.value(), kRtol, 1e-6))
+          << where << " " << p.key() << ": max |difference| " << largest_difference << ", max |value| " << largest_value;
     }
   }
 }
