@@ -271,9 +271,7 @@ CbsSummary run_cbs(const CbsConfig& c, const CbsOptions& options, distributed::P
     }
   }
   if (writer) check_folder(l.dir.string(), "--out");
-  json written = resolved;  // with the machine, measured before any run (machine.h)
-  written["machine"] = machine_record(this_machine());
-  if (writer) warn_if_slow_math();
+  const json written = with_machine(resolved, writer);  // measured before any run (machine.h)
   const WorkloadData data = load_data(c.sweep);
   if (writer) write_file_atomic((l.dir / "cbs.json").string(), written.dump(2) + "\n");
 

@@ -428,14 +428,14 @@ void need(Io& io, const char* key, bool in_spec, const char* what) {
   io.check(key, io.given(key, in_spec), std::string("missing (") + what + ")");
 }
 
-// What a sweep and each of its trials share: everything but the name, batch
-// size, seed and (in a sweep) the rate.
 template <typename Io, typename Spec>
 void check_precision(Io& io, const Spec& t) {
   const std::string refusal = precision_refusal(t.precision, t.device);
   io.check("precision", refusal.empty(), refusal);
 }
 
+// What a sweep and each of its trials share: everything but the name, batch
+// size, seed and (in a sweep) the rate.
 template <typename Io, typename Spec>
 void common_fields(Io& io, Spec& t, bool with_rate) {
   const auto nested = [&](const char* key, auto& spec, auto fields) { io.object(key, spec, fields); };

@@ -364,6 +364,12 @@ void warn_if_slow_math() {
   });
 }
 
+nlohmann::json with_machine(nlohmann::json resolved, bool warn) {
+  resolved["machine"] = machine_record(this_machine());
+  if (warn) warn_if_slow_math();
+  return resolved;
+}
+
 nlohmann::json to_json(const MathCheck& m) {
   const double f = m.fraction();
   return {{"sgemm_gflops_1_thread", m.sgemm_gflops},

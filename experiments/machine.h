@@ -85,6 +85,12 @@ std::string slow_math_warning(const MachineInfo& machine);
 /// when there is one (the runner's commands call it at their start).
 void warn_if_slow_math();
 
+/// A resolved config (sweep.json, cbs.json) with "machine":
+/// machine_record(this_machine()), measured now if not yet (the runner asks
+/// before its first trial, so that the measurement has the cores to itself);
+/// with `warn`, warn_if_slow_math() too.
+nlohmann::json with_machine(nlohmann::json resolved, bool warn);
+
 /// The whole report (bigbatch env --json), and the part every result
 /// records (sweep.json's and summary.json's "machine": versions, CPU, BLAS,
 /// threads and the check).

@@ -590,9 +590,7 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   }
   // The math check, before any trial runs (machine.h): recorded beside the
   // config, and said once when the math is slow.
-  json written = resolved;
-  written["machine"] = machine_record(this_machine());
-  if (writer) warn_if_slow_math();
+  const json written = with_machine(resolved, writer);
   const WorkloadData data = load_data(sweep);
   if (writer) write_file_atomic((dir / "sweep.json").string(), written.dump(2) + "\n");
   // Claims, so that other processes can work on this folder too (rank 0 of
