@@ -9,8 +9,12 @@
 # C++ standard the headers need (C++20 where the wheel's config asks for it).
 get_filename_component(TORCH_INSTALL_PREFIX "${CMAKE_CURRENT_LIST_DIR}/../torch" ABSOLUTE)
 set(TORCH_INCLUDE_DIRS ${TORCH_INSTALL_PREFIX}/include ${TORCH_INSTALL_PREFIX}/include/torch/csrc/api/include)
-# NO_CACHE: a build folder configured before against another LibTorch keeps
-# no path of that one's.
+# A build folder configured before against another LibTorch keeps no path of
+# that one's: find_library skips its search when the variable is set, even in
+# the cache (Debian's TorchConfig.cmake caches TORCH_LIBRARY), so the cached
+# entries go first and NO_CACHE keeps this search's out of the cache.
+unset(TORCH_LIBRARY CACHE)
+unset(TORCH_C10_LIBRARY CACHE)
 find_library(TORCH_LIBRARY torch_cpu PATHS ${TORCH_INSTALL_PREFIX}/lib NO_DEFAULT_PATH NO_CACHE)
 find_library(TORCH_C10_LIBRARY c10 PATHS ${TORCH_INSTALL_PREFIX}/lib NO_DEFAULT_PATH NO_CACHE)
 

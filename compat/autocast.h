@@ -17,12 +17,13 @@
 namespace bigbatch::compat {
 
 /// Whether this LibTorch autocasts ops on `device` to `dtype`: CUDA to bf16
-/// and fp16; the CPU to bf16, and to fp16 from 2.x on (1.13's CPU autocast
-/// takes bf16 alone).
+/// and fp16; the CPU to bf16, and to fp16 from 2.5 on (the first release
+/// whose CPU autocast documents fp16; 1.13's to 2.4's take bf16 alone or
+/// cast only part of the ops).
 inline bool autocast_supports(c10::DeviceType device, at::ScalarType dtype) {
   if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
   if (device == c10::DeviceType::CUDA) return true;
-  return device == c10::DeviceType::CPU && (dtype == at::kBFloat16 || TORCH_VERSION_MAJOR >= 2);
+  return device == c10::DeviceType::CPU && (dtype == at::kBFloat16 || TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5));
 }
 
 /// Autocast on `device` to `dtype` for the guard's lifetime; the previous

@@ -428,10 +428,36 @@ void need(Io& io, const char* key, bool in_spec, const char* what) {
   io.check(key, io.given(key, in_spec), std::string("missing (") + what + ")");
 }
 
+// Whether a compressor carries gradients from one step to the next (error
+// memories, DGC's velocity, PowerSGD's warm-started Q). Under fp16 those
+// would hold loss-scaled values: an overflow step's inf would stay in them
+// (every later step non-finite, the scale halving to nothing), and a change
+// of scale would feed the rest back at the old scale.
+bool keeps_gradients(const distributed::CompressionSpec& c) {
+  using distributed::Compression;
+  switch (c.method) {
+    case Compression::kDgc:
+    case Compression::kPowerSgd:
+      return true;
+    case Compression::kTopK:
+    case Compression::kRandomK:
+    case Compression::kSign:
+      return c.error_feedback;
+    default:
+      return false;
+  }
+}
+
 template <typename Io, typename Spec>
 void check_precision(Io& io, const Spec& t) {
   const std::string refusal = precision_refusal(t.precision, t.device);
   io.check("precision", refusal.empty(), refusal);
+  const auto& c = t.distributed.compression;
+  io.check("precision", t.precision != Precision::kFp16 || !keeps_gradients(c),
+           std::string("fp16's loss-scaled gradients cannot feed distributed.compression ") +
+               distributed::compression_name(c.method) +
+               ", which keeps gradients between steps (use bf16, or a compressor without memory: none, fp16, bf16, "
+               "terngrad, qsgd, or randomk/sign with error_feedback false)");
 }
 
 // What a sweep and each of its trials share: everything but the name, batch
@@ -677,7 +703,7 @@ std::string precision_refusal(Precision precision, DeviceType device) {
   const auto dtype = precision == Precision::kBf16 ? at::kBFloat16 : at::kHalf;
   const auto type = device == DeviceType::kCuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
   if (compat::autocast_supports(type, dtype)) return "";
-  return to_string(precision) + " on device " + to_string(device) + " needs LibTorch 2.x (this is " + TORCH_VERSION +
+  return to_string(precision) + " on device " + to_string(device) + " needs LibTorch 2.5 or later (this is " + TORCH_VERSION +
          ", whose CPU autocast takes bf16 alone)";
 }
 

@@ -234,7 +234,7 @@ nlohmann::json identity(nlohmann::json resolved);
 std::optional<std::string> identity_difference(const nlohmann::json& existing, const nlohmann::json& resolved);
 
 /// Why this LibTorch cannot train `precision` on `device` ("" when it can):
-/// fp16 on the CPU needs LibTorch 2.x (1.13's CPU autocast takes bf16 alone).
+/// fp16 on the CPU needs LibTorch 2.5 or later (1.13's CPU autocast takes bf16 alone).
 std::string precision_refusal(Precision precision, DeviceType device);
 
 /// A name that can be a folder: [A-Za-z0-9._-]+, not "." or "..". Throws

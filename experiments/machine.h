@@ -17,10 +17,11 @@ namespace bigbatch::experiments {
 
 /// Below this fraction of the measured multiply-add peak, one thread's fp32
 /// matrix product counts as slow. A BLAS with kernels for the CPU gets
-/// 0.4-0.9 of it on a 512^3 product (MKL's AVX2 path on an AVX-512 AMD EPYC:
-/// 0.45; OpenBLAS's Haswell kernels there: 0.5); one running generic SSE3
-/// kernels on an AVX-512 core gets about 0.1 (OpenBLAS's Prescott kernels:
-/// 0.09 on the AMD EPYC, 15.9 of about 170 GFLOP/s on an AVX-512 Xeon).
+/// 0.35-0.9 of it on a 512^3 product (MKL's AVX2 path on an AVX-512 AMD
+/// EPYC: 0.38; OpenBLAS's Haswell kernels there: 0.39, its SkylakeX ones
+/// 0.70); one running generic SSE3 kernels on an AVX-512 core gets 0.1-0.17
+/// (OpenBLAS's Prescott kernels: 0.16 on the AMD EPYC, 0.09 on an AVX-512
+/// Xeon: 15.9 of about 170 GFLOP/s). docs/experiments.md has the runs.
 inline constexpr double kSlowMathFraction = 0.25;
 
 /// The fraction below which the math counts as slow: kSlowMathFraction, or
@@ -54,6 +55,9 @@ struct MachineInfo {
   std::string blas;               ///< the BLAS LibTorch calls, with its version and kernels where known
   std::string onednn;             ///< oneDNN (MKL-DNN) and its version, "" where not built in
   std::string aten_capability;    ///< the vector level of ATen's own kernels ("AVX512"), "" where not said
+  /// The process's LibTorch threads when first asked (its default, or
+  /// OMP_NUM_THREADS): what a user's own loop would get. A sweep's trials run
+  /// with runner.threads_per_trial each, which its resolved config records.
   int intra_op_threads = 0;
   int inter_op_threads = 0;
   bool cuda = false;              ///< LibTorch has CUDA and sees a device

@@ -16,8 +16,14 @@ main=build/experiments/bigbatch debian=build-debian/experiments/bigbatch
 for b in "$main" "$debian"; do
   [ -x "$b" ] || { echo "bench_quickstart: no $b (scripts/setup.sh --main, scripts/setup.sh --main --debian)" >&2; exit 2; }
 done
+# OUT is emptied first: only a folder this script made (its marker inside) or a new one.
+if [ -e "$out" ] && [ ! -e "$out/.bench_quickstart" ]; then
+  echo "bench_quickstart: $out exists and is not a folder of this script's (no $out/.bench_quickstart): choose another OUT" >&2
+  exit 2
+fi
 rm -rf "$out"
 mkdir -p "$out"
+touch "$out/.bench_quickstart"
 /usr/bin/python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["precision"] = "bf16"; json.dump(c, open(sys.argv[2], "w"))' \
   "$config" "$out/quickstart_bf16.json"
 declare -A seconds

@@ -141,8 +141,14 @@ def main():
             with zipfile.ZipFile(cached[0]) as z:
                 if MUON in z.namelist():
                     z.extract(MUON, dest)
+        if not cuda:  # the config as this checkout has it (it may have changed since)
+            shutil.copy(pathlib.Path(__file__).resolve().parent.parent / "cmake" / "TorchCpuConfig.cmake",
+                        dest / "cmake" / "TorchConfig.cmake")
         return
-    pip_download([f"torch=={version}"], wheels, deps=False)
+    # A wheel downloaded before (an unpacking that was killed) is not fetched
+    # again: that works offline, and saves 540 MB.
+    if not list(wheels.glob(f"torch-{version}-*.whl")):
+        pip_download([f"torch=={version}"], wheels, deps=False)
     wheel = next(wheels.glob(f"torch-{version}-*.whl"))
 
     if dest.exists():

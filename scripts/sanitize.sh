@@ -18,6 +18,13 @@ if [ -z "$torch_dir" ]; then
   /usr/bin/python3 scripts/fetch_torch.py "$version" ".torch/$version"
   torch_dir=$PWD/.torch/$version/cmake
 fi
+# A build-asan configured against another LibTorch (Debian's 1.13, before the
+# main build moved) is configured anew: its cache names that one's libraries.
+old=$(sed -n 's/^Torch_DIR:[A-Z]*=//p' build-asan/CMakeCache.txt 2>/dev/null || true)
+if [ -n "$old" ] && [ "$old" != "$torch_dir" ]; then
+  echo "sanitize: build-asan was configured against the LibTorch in $old: configuring it anew"
+  rm -f build-asan/CMakeCache.txt
+fi
 flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -O1 -g"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS="$flags" -DTorch_DIR="$torch_dir" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DBIGBATCH_BUILD_BENCHMARKS=OFF \

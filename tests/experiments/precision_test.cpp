@@ -6,14 +6,17 @@
 #include "../../experiments/batched.h"
 #include "../../experiments/config.h"
 #include "../../experiments/lane_model.h"
+#include "../../experiments/records.h"
 #include "../../experiments/trial.h"
 
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/serialize/input-archive.h>
 
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 namespace {
@@ -132,7 +135,8 @@ TEST(MixedPrecision, ABf16TrialStaysWithinTheSeedsSpreadOfFp32) {
 
 // The config key: fp32 is left out of resolved configs (so folders from
 // before it keep their identity), bf16 is written, anything else is refused
-// by name; fp16 on the CPU needs LibTorch 2.x.
+// by name; fp16 on the CPU needs LibTorch 2.5 or later, and refuses a compressor
+// that keeps gradients between steps.
 TEST(MixedPrecision, TheConfigKey) {
   nlohmann::json j = nlohmann::json::parse(R"({"name": "p", "dataset": {"name": "gaussian_mixture"},
       "model": {"type": "mlp", "widths": [8]}, "optimizer": {"name": "sgd"}, "target": {"threshold": 0.1},
@@ -154,12 +158,33 @@ TEST(MixedPrecision, TheConfigKey) {
   j["precision"] = "fp16";
   if (bigbatch::compat::autocast_supports(c10::DeviceType::CPU, at::kHalf)) {
     EXPECT_EQ(parse_sweep(j).base.precision, Precision::kFp16);
+    // A compressor that keeps gradients between steps would keep loss-scaled
+    // ones (an overflow's inf for good): refused with fp16, by name; the same
+    // compressor without memory, and with bf16, is accepted.
+    j["distributed"] = {{"compression", {{"name", "topk"}}}};
+    try {
+      parse_sweep(j);
+      ADD_FAILURE() << "fp16 with topk's error memory accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("precision: fp16's loss-scaled gradients cannot feed "
+                                           "distributed.compression topk"),
+                std::string::npos)
+          << e.what();
+    }
+    j["distributed"] = {{"compression", {{"name", "sign"}, {"error_feedback", false}}}};
+    EXPECT_EQ(parse_sweep(j).base.distributed.compression.method, bigbatch::distributed::Compression::kSign);
+    j["distributed"] = {{"compression", {{"name", "powersgd"}}}};
+    EXPECT_THROW(parse_sweep(j), ConfigError) << "PowerSGD's warm-started Q is memory too";
+    j["precision"] = "bf16";
+    EXPECT_EQ(parse_sweep(j).base.precision, Precision::kBf16);
+    j.erase("distributed");
+    j["precision"] = "fp16";
   } else {
     try {
       parse_sweep(j);
       ADD_FAILURE() << "fp16 on the CPU accepted by a LibTorch without CPU fp16 autocast";
     } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("precision: fp16 on device cpu needs LibTorch 2.x"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("precision: fp16 on device cpu needs LibTorch 2.5 or later"), std::string::npos)
           << e.what();
     }
   }
@@ -170,7 +195,7 @@ TEST(MixedPrecision, TheConfigKey) {
   EXPECT_EQ(batch_refusal(t), "fp16's loss scale");
 }
 
-// fp16 through the training loop (on the CPU, where LibTorch 2.x's autocast
+// fp16 through the training loop (on the CPU, where LibTorch 2.5's and later autocast
 // has fp16): a linear regression y = 10(x + N(0,1)) + 2 at batch 1, whose
 // output gradient 2(y_hat - y) times the initial scale 2^16 overflows fp16
 // (largest 65504) until the scale has halved enough. The loop skips those
@@ -198,7 +223,7 @@ TEST(MixedPrecision, TheFp16LoopSkipsOverflowsAndHalvesTheScale) {
   c.budget = {40, bigbatch::schedules::Unit::kSteps};
   c.batch_size = 1;
   c.precision = Precision::kFp16;
-  c.checkpoint_every = 20;
+  c.checkpoint_every = 10;
   const WorkloadData d = load_dataset(c.data);
 
   Trainer t(c, d);
@@ -215,7 +240,10 @@ TEST(MixedPrecision, TheFp16LoopSkipsOverflowsAndHalvesTheScale) {
     if (!moved) ++skipped;
   }
   Trainer fresh(c, d);
-  const TrialResult r = fresh.run().front();
+  std::vector<std::string> whole_saved;
+  Trainer::Hooks whole_hooks;
+  whole_hooks.on_checkpoint = [&](const std::string& bytes) { whole_saved.push_back(bytes); };
+  const TrialResult r = fresh.run(whole_hooks).front();
   ASSERT_EQ(r.rows.size(), 4u);
   const double scale = r.rows.back().loss_scale, skips = r.rows.back().skipped_steps;
   std::cout << "fp16: " << skips << " steps skipped, loss scale " << scale << " after 40 steps\n";
@@ -232,10 +260,37 @@ TEST(MixedPrecision, TheFp16LoopSkipsOverflowsAndHalvesTheScale) {
   Trainer::Hooks hooks;
   hooks.on_checkpoint = [&](const std::string& bytes) { saved.push_back(bytes); };
   a.run(hooks);
-  ASSERT_EQ(saved.size(), 1u);
+  ASSERT_EQ(saved.size(), 2u);  // steps 10 and 20 (a run's last step writes none)
   Trainer b(c, d);
-  b.restore(saved.front());
-  const TrialResult resumed = b.run().front();
+  b.restore(saved.back());
+  std::vector<std::string> resumed_saved;
+  Trainer::Hooks resumed_hooks;
+  resumed_hooks.on_checkpoint = [&](const std::string& bytes) { resumed_saved.push_back(bytes); };
+  const TrialResult resumed = b.run(resumed_hooks).front();
+  // The scaler's state at step 30 as each checkpoint holds it: the run of
+  // finite steps counts from the last overflow, before the resume too (a
+  // resume that lost it would count from step 20 and grow the scale late).
+  ASSERT_EQ(whole_saved.size(), 3u);
+  ASSERT_EQ(resumed_saved.size(), 1u);
+  const auto scaler_state = [](const std::string& bytes) {
+    // The checkpoint's layout (trial.h): a header line, then one framed
+    // record holding the torch archive.
+    const std::string header = "bigbatch checkpoint\n";
+    EXPECT_EQ(bytes.compare(0, header.size(), header), 0);
+    const auto framed = bigbatch::experiments::records::read_records(std::string_view(bytes).substr(header.size()));
+    EXPECT_EQ(framed.payloads.size(), 1u);
+    std::istringstream in(framed.payloads.front());
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    at::Tensor scale, run, skipped;
+    archive.read("loss_scaler/scale", scale);
+    archive.read("loss_scaler/run", run);
+    archive.read("loss_scaler/skipped", skipped);
+    return std::vector<double>{scale.item<double>(), run.item<double>(), skipped.item<double>()};
+  };
+  const std::vector<double> whole_state = scaler_state(whole_saved.back());
+  EXPECT_GT(whole_state[1], 10) << "the last overflow came before the resume at step 20";
+  EXPECT_EQ(scaler_state(resumed_saved.back()), whole_state);
   ASSERT_EQ(resumed.rows.size(), r.rows.size());
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     EXPECT_EQ(resumed.rows[i].val_loss, r.rows[i].val_loss) << i;
