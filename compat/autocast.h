@@ -23,7 +23,8 @@ namespace bigbatch::compat {
 inline bool autocast_supports(c10::DeviceType device, at::ScalarType dtype) {
   if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
   if (device == c10::DeviceType::CUDA) return true;
-  return device == c10::DeviceType::CPU && (dtype == at::kBFloat16 || TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5));
+  constexpr bool cpu_fp16 = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5);
+  return device == c10::DeviceType::CPU && (dtype == at::kBFloat16 || cpu_fp16);
 }
 
 /// Autocast on `device` to `dtype` for the guard's lifetime; the previous

@@ -124,6 +124,20 @@ std::optional<Compression> compression_from_name(const std::string& name) {
   return std::nullopt;
 }
 
+bool carries_gradients(const CompressionSpec& spec) {
+  switch (spec.method) {
+    case Compression::kDgc:
+    case Compression::kPowerSgd:
+      return true;
+    case Compression::kTopK:
+    case Compression::kRandomK:
+    case Compression::kSign:
+      return spec.error_feedback;
+    default:
+      return false;
+  }
+}
+
 void check_spec(const CompressionSpec& s) {
   const char* name = compression_name(s.method);
   TORCH_CHECK(s.bucket_bytes > 0, "compression ", name, ": bucket_bytes must be > 0, got ", s.bucket_bytes);

@@ -97,6 +97,12 @@ struct CompressionSpec {
   std::uint64_t seed = 0;
 };
 
+/// Whether the exchange carries gradients from one step to the next (the
+/// error memories of topk, randomk and sign with error feedback, DGC's
+/// velocity, PowerSGD's warm-started Q): a loss scale that changes between
+/// steps would leave them at the old scale, and an overflow's inf in them.
+bool carries_gradients(const CompressionSpec& spec);
+
 /// Checks every field the method uses; throws c10::Error naming the field
 /// and its value ("compression topk: ratio must be in (0, 1], got 0").
 void check_spec(const CompressionSpec& spec);

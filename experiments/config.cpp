@@ -428,32 +428,15 @@ void need(Io& io, const char* key, bool in_spec, const char* what) {
   io.check(key, io.given(key, in_spec), std::string("missing (") + what + ")");
 }
 
-// Whether a compressor carries gradients from one step to the next (error
-// memories, DGC's velocity, PowerSGD's warm-started Q). Under fp16 those
-// would hold loss-scaled values: an overflow step's inf would stay in them
-// (every later step non-finite, the scale halving to nothing), and a change
-// of scale would feed the rest back at the old scale.
-bool keeps_gradients(const distributed::CompressionSpec& c) {
-  using distributed::Compression;
-  switch (c.method) {
-    case Compression::kDgc:
-    case Compression::kPowerSgd:
-      return true;
-    case Compression::kTopK:
-    case Compression::kRandomK:
-    case Compression::kSign:
-      return c.error_feedback;
-    default:
-      return false;
-  }
-}
-
+// fp16 needs a compressor without memory: one that carries gradients between
+// steps would hold loss-scaled ones, an overflow step's inf among them for
+// good (every later step non-finite, the scale halving to nothing).
 template <typename Io, typename Spec>
 void check_precision(Io& io, const Spec& t) {
   const std::string refusal = precision_refusal(t.precision, t.device);
   io.check("precision", refusal.empty(), refusal);
   const auto& c = t.distributed.compression;
-  io.check("precision", t.precision != Precision::kFp16 || !keeps_gradients(c),
+  io.check("precision", t.precision != Precision::kFp16 || !distributed::carries_gradients(c),
            std::string("fp16's loss-scaled gradients cannot feed distributed.compression ") +
                distributed::compression_name(c.method) +
                ", which keeps gradients between steps (use bf16, or a compressor without memory: none, fp16, bf16, "
