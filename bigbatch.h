@@ -1,8 +1,13 @@
-// bigbatch: the whole public API in one header.
+// bigbatch: the whole public API of bigbatch::bigbatch in one header.
 // Large-batch optimizers (LARS, LARC, LAMB, NovoGrad, Lion, Muon) for LibTorch, with
-// the schedules, ghost batch norm, gradient noise and noise-scale tools around them.
+// the schedules, ghost batch norm, gradient noise and noise-scale tools around them,
+// data parallelism and gradient compression, and the strict JSON reader. Every public
+// header of config/, optimizers/, schedules/, normalization/, noise/ and distributed/
+// is reached from here (scripts/check_includes.py checks it); kernels/ and compat/
+// are what these are built on, included by them where needed.
 #pragma once
 
+#include "config/json_reader.h"
 #include "optimizers/lamb.h"
 #include "optimizers/larc.h"
 #include "optimizers/lars.h"
@@ -17,4 +22,6 @@
 #include "noise/critical_batch.h"
 #include "noise/gradient_noise.h"
 #include "noise/noise_scale.h"
+#include "distributed/compression.h"
 #include "distributed/process_group.h"
+#include "distributed/slurm_env.h"

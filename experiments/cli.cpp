@@ -240,7 +240,12 @@ struct Parallel {
     cmd->add_option("--timeout", timeout, "seconds before a collective gives up (a dead rank)")
         ->capture_default_str();
   }
-  bool launcher() const { return !bx::launched_by_bigbatch() && (launch.nproc > 1 || launch.nnodes > 1); }
+  // Whether this process starts the ranks; first refuses impossible counts
+  // (--nproc 0 would otherwise train as one process).
+  bool launcher() const {
+    bx::check_launch(launch);
+    return !bx::launched_by_bigbatch() && (launch.nproc > 1 || launch.nnodes > 1);
+  }
   int world_size() const { return launch.nproc * launch.nnodes; }
 };
 
@@ -383,7 +388,8 @@ struct SweepCommand {
     }
     if (writer) {
       const std::string top = (fs::path(out) / fs::path(sweeps.front().folder).begin()->string()).string();
-      std::cout << "plots: bigbatch plot " << top << "\n";
+      // The program as it was started: `bigbatch`, or a user's program over cli_main.
+      std::cout << "plots: " << argv[0] << " plot " << top << "\n";
     }
     return 0;
   }

@@ -24,7 +24,7 @@ namespace bigbatch::experiments {
 
 bool launched_by_bigbatch() { return std::getenv("BIGBATCH_LAUNCHED") != nullptr; }
 
-int launch_local(const LaunchOptions& o, int argc, char** argv) {
+void check_launch(const LaunchOptions& o) {
   if (o.nproc < 1) throw ConfigError("--nproc: must be >= 1, got " + std::to_string(o.nproc));
   if (o.nnodes < 1) throw ConfigError("--nnodes: must be >= 1, got " + std::to_string(o.nnodes));
   if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
@@ -34,6 +34,10 @@ int launch_local(const LaunchOptions& o, int argc, char** argv) {
   if (o.master_port <= 0 || o.master_port > 65535) {
     throw ConfigError("--master-port: not a port number: " + std::to_string(o.master_port));
   }
+}
+
+int launch_local(const LaunchOptions& o, int argc, char** argv) {
+  check_launch(o);
   const int world = o.nproc * o.nnodes;
   std::vector<pid_t> pids;
   for (int local = 0; local < o.nproc; ++local) {

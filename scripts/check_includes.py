@@ -17,6 +17,8 @@ import re
 import subprocess
 import sys
 
+UMBRELLA_FOLDERS = ("config", "optimizers", "schedules", "normalization", "noise", "distributed")
+INTERNAL = {"optimizers/internal.h", "optimizers/layerwise_optimizer_impl.h"}
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 
 
@@ -39,6 +41,31 @@ def report(problems, summary):
     return 1 if problems else 0
 
 
+def quoted_includes(repo, f):
+    """The repository files `f` includes, as repository paths."""
+    with open(os.path.join(repo, f), encoding="utf-8", errors="replace") as handle:
+        text = handle.read()
+    out = []
+    for kind, name in INCLUDE.findall(text):
+        target = os.path.normpath(os.path.join(os.path.dirname(f), name))
+        if kind == '"' and os.path.isfile(os.path.join(repo, target)):
+            out.append(target)
+    return out
+
+
+def umbrella_problems(repo, files):
+    """A public header of bigbatch::bigbatch that bigbatch.h does not reach."""
+    reached, todo = set(), ["bigbatch.h"]
+    while todo:
+        f = todo.pop()
+        if f not in reached:
+            reached.add(f)
+            todo.extend(quoted_includes(repo, f))
+    return [f"bigbatch.h: does not reach {f}, a public header of bigbatch::bigbatch"
+            for f in sorted(files) if f.endswith(".h") and f.split("/")[0] in UMBRELLA_FOLDERS
+            and f.count("/") == 1 and f not in INTERNAL and f not in reached]
+
+
 def main():
     repo = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
     problems = []
@@ -59,6 +86,7 @@ def main():
                     problems.append(f"{f}:{line}: \"{name}\": no such file beside it")
                 elif not target.startswith(repo + os.sep):
                     problems.append(f"{f}:{line}: \"{name}\": outside the repository")
+    problems += umbrella_problems(repo, files)
     return report(problems, f"includes: {len(files)} files,")
 
 

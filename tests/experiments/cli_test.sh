@@ -639,11 +639,19 @@ bad_configs)
   expect_error 2 "--jobs: must be >= 1, got 0" "$bigbatch" sweep "$config" --jobs 0 --out jobs0
   expect_error 2 "--jobs: must be >= 1, got 0" "$bigbatch" cbs "$src/tests/experiments/e2e_cbs.json" --jobs 0 --out jobs0
   expect_error 2 "" "$bigbatch" frobnicate
+  # A count below 1 is refused before anything runs (--nproc 0 used to train as one process).
+  expect_error 2 "--nproc: must be >= 1, got 0" "$bigbatch" train "$config" --nproc 0 --out nproc0
+  expect_error 2 "--nproc: must be >= 1, got -2" "$bigbatch" sweep "$config" --nproc=-2 --out nproc0
+  expect_error 2 "--nnodes: must be >= 1, got 0" "$bigbatch" cbs "$src/tests/experiments/e2e_cbs.json" --nnodes 0 --out nproc0
+  [ ! -e nproc0 ] || fail "a refused count made its folder"
   expect_error 2 "--batch-trials excludes --no-batch-trials" "$bigbatch" sweep "$config" --batch-trials --no-batch-trials --out both
   [ ! -e both ] || fail "a refused command line made its folder"
   # A different config into an existing sweep folder is refused, and leaves it alone.
   derive small.json 'c["batch_sizes"] = [512]; c["seeds"] = [0]'
-  "$bigbatch" sweep small.json --out runs > /dev/null 2>&1
+  # Through another name (as a user's program over cli_main is): the hint names it.
+  ln -s "$bigbatch" mine
+  ./mine sweep small.json --out runs > small.txt 2>&1
+  grep -qx "plots: ./mine plot runs/e2e" small.txt || fail "the plots hint does not name ./mine: $(tail -1 small.txt)"
   before=$(cat runs/e2e/sweep.json runs/e2e/steps_to_target.csv | md5sum)
   derive other.json 'c["batch_sizes"] = [512]; c["seeds"] = [0]; c["target"]["threshold"] = 0.25'
   expect_error 2 "holds a different config for sweep \"e2e\" (first difference at /target/threshold)" \
