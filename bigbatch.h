@@ -7,6 +7,7 @@
 // are what these are built on, included by them where needed.
 #pragma once
 
+#include "config/fields.h"
 #include "config/json_reader.h"
 #include "optimizers/lamb.h"
 #include "optimizers/larc.h"

@@ -1,12 +1,12 @@
 // The coordination a sweep worker pays per trial on a shared folder
-// (experiments/claims.h): claim + commit of a trial nobody holds, the look at
+// (experiments/cluster/claims.h): claim + commit of a trial nobody holds, the look at
 // a trial another worker holds (what a waiting worker pays per poll), a
 // release, the listing of 1,000 trials' announcements and the look at the
 // claims folder's mtime; against write_file_atomic of a summary.json-sized file, the
 // cheapest write a trial already makes. Run in the temporary folder ($TMPDIR,
 // else /tmp), or in the folder BIGBATCH_BENCH_DIR names (an NFS mount, say).
-#include "../experiments/claims.h"
-#include "../experiments/files.h"
+#include "../experiments/cluster/claims.h"
+#include "../experiments/io/files.h"
 
 #include <benchmark/benchmark.h>
 

@@ -23,7 +23,7 @@
 #include "optimizer_bench.h"
 
 #include "../distributed/compression.h"
-#include "../experiments/launch.h"
+#include "../experiments/cluster/launch.h"
 #include "../kernels/compress.h"
 
 #include <ATen/Parallel.h>

@@ -7,7 +7,7 @@
 // as 2 ranks; rank 0 prints. Iteration counts are fixed so ranks stay in step.
 #include "../distributed/compression.h"
 #include "../distributed/process_group.h"
-#include "../experiments/launch.h"
+#include "../experiments/cluster/launch.h"
 #include "../optimizers/lamb.h"
 
 #include <benchmark/benchmark.h>

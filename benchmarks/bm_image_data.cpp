@@ -6,12 +6,12 @@
 // training on CIFAR-format data at batch 128 and 1024 with one loader
 // thread beside one intra-op thread (the runner's split of 2 cores), the
 // fraction of the step time spent waiting for data as a counter.
-#include "../experiments/config.h"
-#include "../experiments/files.h"
-#include "../experiments/images.h"
-#include "../experiments/loader.h"
-#include "../experiments/models.h"
-#include "../experiments/trial.h"
+#include "../experiments/runconfig/config.h"
+#include "../experiments/io/files.h"
+#include "../experiments/workload/images.h"
+#include "../experiments/train/loader.h"
+#include "../experiments/workload/models.h"
+#include "../experiments/train/trial.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>

@@ -5,11 +5,11 @@
 // sizes; and the sampler's windows alone. Tokens are random over a
 // 73-character vocabulary (the quickstart's), so that nothing is read from
 // disk. docs/benchmarks.md has a run's numbers.
-#include "../experiments/config.h"
-#include "../experiments/gpt.h"
-#include "../experiments/optimizer_registry.h"
-#include "../experiments/text.h"
-#include "../experiments/trial.h"
+#include "../experiments/runconfig/config.h"
+#include "../experiments/workload/gpt.h"
+#include "../experiments/runconfig/optimizer_registry.h"
+#include "../experiments/workload/text.h"
+#include "../experiments/train/trial.h"
 
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>

@@ -11,10 +11,10 @@
 // share of the peak a step reaches. Run with
 // --benchmark_min_time=1 --benchmark_repetitions=3 for the docs' numbers.
 // docs/benchmarks.md "Mixed precision" has a run's numbers.
-#include "../experiments/config.h"
-#include "../experiments/text.h"
-#include "../experiments/trial.h"
-#include "../experiments/workload.h"
+#include "../experiments/runconfig/config.h"
+#include "../experiments/workload/text.h"
+#include "../experiments/train/trial.h"
+#include "../experiments/workload/workload.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>

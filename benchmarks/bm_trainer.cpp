@@ -5,9 +5,9 @@
 // Batched trials: a step of 5 LAMB trials (rates 1e-3 to 5e-3) as one
 // stacked group against a step of each of 5 separate trainers, at batch
 // sizes 16, 256 and 4096; and one evaluation (1024 examples) of each.
-#include "../experiments/batched.h"
-#include "../experiments/trial.h"
-#include "../experiments/workload.h"
+#include "../experiments/train/batched.h"
+#include "../experiments/train/trial.h"
+#include "../experiments/workload/workload.h"
 #include "../optimizers/lamb.h"
 #include "../optimizers/param_groups.h"
 

@@ -8,7 +8,7 @@
 
 namespace {
 
-// Each test process its own core ledger (experiments/cores.h): ctest runs
+// Each test process its own core ledger (experiments/cluster/cores.h): ctest runs
 // two tests at once, and their sweeps must not divide this machine's cores
 // between them. Removed at exit (its lock file, then the folder).
 std::string ledger;

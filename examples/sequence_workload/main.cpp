@@ -9,8 +9,8 @@
 // has one; the model is a torch::nn::Module. Both are registered under the
 // names the configs use, then cli_main() is the `bigbatch` program.
 // docs/workloads.md walks through it.
-#include <bigbatch/experiments/cli.h>
-#include <bigbatch/experiments/workload.h>
+#include <bigbatch/experiments/cli/cli.h>
+#include <bigbatch/experiments/workload/workload.h>
 #include <bigbatch/config/json_reader.h>
 
 #include <ATen/CPUGeneratorImpl.h>

@@ -6,7 +6,7 @@ set -euo pipefail
 mode=$1 src=$2 build=$3
 work="$build/consumer-$mode"
 rm -rf "$work"
-# A core ledger of its own (experiments/cores.h): a sweep the user runs beside
+# A core ledger of its own (experiments/cluster/cores.h): a sweep the user runs beside
 # the suite would otherwise hold this machine's cores and refuse the example's.
 export BIGBATCH_CORE_LEDGER="$work/.cores"
 args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBIGBATCH_SOURCE_DIR="$src" -DBIGBATCH_CONSUMER_MODE="$mode")

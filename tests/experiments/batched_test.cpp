@@ -24,8 +24,8 @@
 // difference against the largest value, kLayerRtolBatchNormAdam) and the
 // noise scale at kRtolBatchNormAdam: a lane that got another lane's data or
 // weights would still be off by its own size.
-#include "../../experiments/batched.h"
-#include "../../experiments/trial.h"
+#include "../../experiments/train/batched.h"
+#include "../../experiments/train/trial.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>

@@ -1,11 +1,11 @@
-// bigbatch cbs (experiments/cbs.h): Merrill et al.'s rule and the warmup it
+// bigbatch cbs (experiments/sweep/cbs.h): Merrill et al.'s rule and the warmup it
 // derives, by hand; a branch at the reference batch is the reference run
 // continued; and on linear regression, where every gradient moment is known
 // in closed form, the measured critical batch against the one the exact
 // expected-loss recursion gives.
-#include "../../experiments/cbs.h"
-#include "../../experiments/files.h"
-#include "../../experiments/trial.h"
+#include "../../experiments/sweep/cbs.h"
+#include "../../experiments/io/files.h"
+#include "../../experiments/train/trial.h"
 
 #include <gtest/gtest.h>
 

@@ -4,9 +4,9 @@
 // are other ClaimBoards, threads, and forked processes (a worker stopped by
 // SIGSTOP is the slow-but-live one).
 #include "../../distributed/slurm_env.h"
-#include "../../experiments/claims.h"
-#include "../../experiments/cores.h"
-#include "../../experiments/slurm.h"
+#include "../../experiments/cluster/claims.h"
+#include "../../experiments/cluster/cores.h"
+#include "../../experiments/cluster/slurm.h"
 #include "scratch_dir.h"
 
 #include <gtest/gtest.h>

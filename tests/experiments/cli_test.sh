@@ -4,7 +4,7 @@
 set -euo pipefail
 scenario=$1 bigbatch=$2 src=$3 work=$4/$1
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
-# Each scenario its own core ledger (experiments/cores.h): ctest runs two at
+# Each scenario its own core ledger (experiments/cluster/cores.h): ctest runs two at
 # once, and their sweeps must not divide this machine's cores between them.
 export BIGBATCH_CORE_LEDGER=$work/.cores
 config=$src/tests/experiments/e2e_sweep.json

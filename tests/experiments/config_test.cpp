@@ -1,7 +1,7 @@
 // Sweep configs: strict parsing with messages naming the key, the expansion
 // into trials, the quasi-random search, variants, and safe names.
-#include "../../experiments/config.h"
-#include "../../experiments/trial.h"
+#include "../../experiments/runconfig/config.h"
+#include "../../experiments/train/trial.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // and every failure naming the path and the system's reason. A full disk is
 // /dev/full (every write: ENOSPC) and a file-size limit (RLIMIT_FSIZE: EFBIG),
 // so the failures are real ones, made without privileges. Torch-free.
-#include "../../experiments/files.h"
+#include "../../experiments/io/files.h"
 
 #include <gtest/gtest.h>
 

@@ -1,12 +1,12 @@
-// The GPT model (experiments/gpt.h): causality, and its forward and
+// The GPT model (experiments/workload/gpt.h): causality, and its forward and
 // backward against a float64 re-derivation written here from the formulas
 // (explicit mask, softmax, LayerNorm, erf GELU, log-sum-exp loss), not from
 // the modules, the fused attention or cross_entropy; and the parameter
 // groups the runner gives it.
-#include "../../experiments/config.h"
-#include "../../experiments/gpt.h"
-#include "../../experiments/optimizer_registry.h"
-#include "../../experiments/workload.h"
+#include "../../experiments/runconfig/config.h"
+#include "../../experiments/workload/gpt.h"
+#include "../../experiments/runconfig/optimizer_registry.h"
+#include "../../experiments/workload/workload.h"
 
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>

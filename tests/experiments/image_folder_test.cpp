@@ -3,7 +3,7 @@
 // pixels exact through the evaluation's resize and crop, a JPEG within its
 // quantization, corrupt files skipped with one warning each and counted,
 // augmentation drawn per (seed, epoch, example). Built where OpenCV is.
-#include "../../experiments/images.h"
+#include "../../experiments/workload/images.h"
 #include "scratch_dir.h"
 
 #include <gtest/gtest.h>

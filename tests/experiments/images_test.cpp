@@ -5,14 +5,14 @@
 // training that is the same whatever the loader's threads and across a
 // checkpoint; the ResNets against their known sizes. The image folders are
 // image_folder_test.cpp's.
-#include "../../experiments/batched.h"
-#include "../../experiments/config.h"
-#include "../../experiments/data.h"
-#include "../../experiments/images.h"
-#include "../../experiments/models.h"
-#include "../../experiments/trial.h"
-#include "../../experiments/trial_folder.h"
-#include "../../experiments/files.h"
+#include "../../experiments/train/batched.h"
+#include "../../experiments/runconfig/config.h"
+#include "../../experiments/workload/data.h"
+#include "../../experiments/workload/images.h"
+#include "../../experiments/workload/models.h"
+#include "../../experiments/train/trial.h"
+#include "../../experiments/sweep/trial_folder.h"
+#include "../../experiments/io/files.h"
 #include "scratch_dir.h"
 
 #include <ATen/CPUGeneratorImpl.h>

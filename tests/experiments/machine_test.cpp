@@ -1,9 +1,9 @@
-// The machine report and the math check (experiments/machine.h): the two
+// The machine report and the math check (experiments/sweep/machine.h): the two
 // measured rates against each other and the CPU's own flags, the verdict and
 // the remedy it names on machines described by hand, and the threshold's
 // environment variable.
-#include "../../experiments/config.h"
-#include "../../experiments/machine.h"
+#include "../../experiments/runconfig/config.h"
+#include "../../experiments/sweep/machine.h"
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>

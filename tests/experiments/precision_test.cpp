@@ -3,11 +3,11 @@
 // fp32 master weights, a bf16 trial against fp32 ones, and the fp16 loop's
 // loss scale with the steps it skips.
 #include "../../compat/autocast.h"
-#include "../../experiments/batched.h"
-#include "../../experiments/config.h"
-#include "../../experiments/lane_model.h"
-#include "../../experiments/records.h"
-#include "../../experiments/trial.h"
+#include "../../experiments/train/batched.h"
+#include "../../experiments/runconfig/config.h"
+#include "../../experiments/train/lane_model.h"
+#include "../../experiments/io/records.h"
+#include "../../experiments/train/trial.h"
 
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>

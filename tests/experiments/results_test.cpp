@@ -2,8 +2,8 @@
 // choice in steps_to_target.csv (the rate with the least median over its
 // seeds, else the trial closest to the target), written from hand-made
 // summaries.
-#include "../../experiments/files.h"
-#include "../../experiments/results.h"
+#include "../../experiments/io/files.h"
+#include "../../experiments/sweep/results.h"
 
 #include <gtest/gtest.h>
 

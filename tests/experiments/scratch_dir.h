@@ -3,7 +3,7 @@
 // files written into it; and the message of what a call throws.
 #pragma once
 
-#include "../../experiments/files.h"
+#include "../../experiments/io/files.h"
 
 #include <gtest/gtest.h>
 

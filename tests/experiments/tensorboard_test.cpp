@@ -4,9 +4,9 @@
 // dropping the steps after its checkpoint.
 // Torch-free (it runs in the sanitizer lane too). The real `tensorboard`
 // package reads the files back in tests/experiments/tensorboard_read.py.
-#include "../../experiments/files.h"
-#include "../../experiments/records.h"
-#include "../../experiments/tensorboard.h"
+#include "../../experiments/io/files.h"
+#include "../../experiments/io/records.h"
+#include "../../experiments/io/tensorboard.h"
 
 #include <gtest/gtest.h>
 

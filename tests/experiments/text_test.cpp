@@ -1,9 +1,9 @@
-// The "text" dataset (experiments/text.h): its windows against the corpus
+// The "text" dataset (experiments/workload/text.h): its windows against the corpus
 // they were cut from (a text whose tokens are a closed form of their
 // position), its splits, its checks, and SentencePiece's round trip.
-#include "../../experiments/config.h"
-#include "../../experiments/text.h"
-#include "../../experiments/tokens.h"
+#include "../../experiments/runconfig/config.h"
+#include "../../experiments/workload/text.h"
+#include "../../experiments/io/tokens.h"
 #include "scratch_dir.h"
 
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
-// The token files and the byte and character tokenizers (experiments/tokens.h)
+// The token files and the byte and character tokenizers (experiments/io/tokens.h)
 // against files and text made by hand here: every header field, the byte
 // order, and each way a file can be wrong.
-#include "../../experiments/tokens.h"
+#include "../../experiments/io/tokens.h"
 
 #include "scratch_dir.h"
 

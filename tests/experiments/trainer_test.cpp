@@ -1,10 +1,10 @@
 // Trainer, models and data of the runner: parameter counts of the shipped
 // architectures, the sampler's epochs, and the three ways a trial ends.
 #include "../../distributed/process_group.h"
-#include "../../experiments/files.h"
-#include "../../experiments/records.h"
-#include "../../experiments/trial.h"
-#include "../../experiments/trial_folder.h"
+#include "../../experiments/io/files.h"
+#include "../../experiments/io/records.h"
+#include "../../experiments/train/trial.h"
+#include "../../experiments/sweep/trial_folder.h"
 #include "../free_port.h"
 
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // The sweep's trial order and the exact-pruning rule (trial_queue.h), on
 // hand-made trials: batch sizes 32, 64, 128, each with rates 0.001, 0.01,
 // 0.03 (one seed), and one batch size with two rates of three seeds.
-#include "../../experiments/trial_queue.h"
+#include "../../experiments/sweep/trial_queue.h"
 
 #include <gtest/gtest.h>
 

@@ -3,13 +3,13 @@
 // memory; a user's module and a TorchScript file against the built-in model
 // with the same weights; the bad inputs it must refuse in one line; a
 // workload that throws; the workload's own metrics against val_error.
-#include "../../experiments/config.h"
-#include "../../experiments/files.h"
-#include "../../experiments/preflight.h"
-#include "../../experiments/results.h"
-#include "../../experiments/sweep.h"
-#include "../../experiments/trial.h"
-#include "../../experiments/workload.h"
+#include "../../experiments/runconfig/config.h"
+#include "../../experiments/io/files.h"
+#include "../../experiments/sweep/preflight.h"
+#include "../../experiments/sweep/results.h"
+#include "../../experiments/sweep/sweep.h"
+#include "../../experiments/train/trial.h"
+#include "../../experiments/workload/workload.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>

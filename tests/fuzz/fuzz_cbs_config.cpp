@@ -2,7 +2,7 @@
 // and the "cbs" object, then cbs.json, which must read back to the same
 // spec), as `bigbatch cbs CONFIG` and cbs_report read it. Every rejection
 // must be a ConfigError; anything else escaping is a bug.
-#include "../../experiments/config.h"
+#include "../../experiments/runconfig/config.h"
 
 #include <cstddef>
 #include <cstdint>

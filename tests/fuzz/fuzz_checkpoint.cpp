@@ -3,9 +3,9 @@
 // per input). Any rejection must be an exception: run_one turns it into one
 // warning and a restart. With BIGBATCH_FUZZ_WRITE_SEED=FILE the first call
 // also writes a real checkpoint there, the corpus's seed.
-#include "../../experiments/config.h"
-#include "../../experiments/data.h"
-#include "../../experiments/trial.h"
+#include "../../experiments/runconfig/config.h"
+#include "../../experiments/workload/data.h"
+#include "../../experiments/train/trial.h"
 
 #include <ATen/Parallel.h>
 

@@ -1,7 +1,7 @@
 // Fuzz target: the sweep config reader (a config file's bytes -> its sweeps,
 // their trials and the resolved JSON), as `bigbatch sweep CONFIG` reads it.
 // Every rejection must be a ConfigError; anything else escaping is a bug.
-#include "../../experiments/config.h"
+#include "../../experiments/runconfig/config.h"
 
 #include <cstddef>
 #include <cstdint>

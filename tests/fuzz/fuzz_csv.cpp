@@ -4,8 +4,8 @@
 // read back; cbs.csv and compare.csv go through the same reader). Every
 // rejection must be a std::runtime_error naming the file; anything else
 // escaping is a bug.
-#include "../../experiments/csv.h"
-#include "../../experiments/results.h"
+#include "../../experiments/io/csv.h"
+#include "../../experiments/sweep/results.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -1,7 +1,7 @@
 // Fuzz target: the TensorBoard event file reader (TFRecords, then each record's
 // Event protobuf), as a resumed trial reads its own file back.
-#include "../../experiments/records.h"
-#include "../../experiments/tensorboard.h"
+#include "../../experiments/io/records.h"
+#include "../../experiments/io/tensorboard.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -2,7 +2,7 @@
 // folder), as a resumed sweep reads it back: the points, written again,
 // read back the same. Every rejection must be a ConfigError; anything else
 // escaping is a bug.
-#include "../../experiments/sweep.h"
+#include "../../experiments/sweep/sweep.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -1,7 +1,7 @@
 // Fuzz target: the IDX reader of the datasets, gzipped or plain, through the
 // file path the trainer uses (the input is written to a temporary file).
 // Rejections must be std::runtime_error naming the file.
-#include "../../experiments/idx.h"
+#include "../../experiments/io/idx.h"
 
 #include <unistd.h>
 

@@ -1,0 +1,259 @@
+// The configs of the experiment runner: sweep and trial configs, and cbs
+// configs (bigbatch cbs, cbs.h); strict JSON parsing (every key known, every
+// type checked, errors naming the key), the expansion of a sweep into
+// trials, and the resolved JSON written beside the results.
+#pragma once
+
+#include "../workload/data.h"
+#include "../workload/models.h"
+#include "../../distributed/compression.h"
+#include "../../config/json_reader.h"
+#include "../../schedules/schedule.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace bigbatch::experiments {
+
+/// The optimizers a config can name; optimizer_registry.h says how each is built.
+enum class OptimizerName { kSgd, kAdam, kAdamW, kLars, kLarc, kLamb, kNovoGrad, kLion, kMuon };
+enum class NoiseType { kNone, kAnnealed, kMultiplicative };
+enum class Metric { kValError, kValLoss };
+enum class DeviceType { kCpu, kCuda };
+/// The arithmetic of a trial's forward and backward passes (docs/experiments.md
+/// "Mixed precision"): fp32; or autocast to bf16 or fp16 with fp32 weights,
+/// fp16 with a dynamic loss scale.
+enum class Precision { kFp32, kBf16, kFp16 };
+
+/// How configs and result files spell them, in the order error messages list
+/// them (the optimizers' spellings are the registry's).
+inline constexpr config::EnumName<NoiseType> kNoiseTypes[] = {
+    {NoiseType::kNone, "none"}, {NoiseType::kAnnealed, "annealed"}, {NoiseType::kMultiplicative, "multiplicative"}};
+inline constexpr config::EnumName<Metric> kMetrics[] = {{Metric::kValError, "val_error"},
+                                                           {Metric::kValLoss, "val_loss"}};
+inline constexpr config::EnumName<DeviceType> kDeviceTypes[] = {{DeviceType::kCpu, "cpu"},
+                                                                   {DeviceType::kCuda, "cuda"}};
+inline constexpr config::EnumName<Precision> kPrecisions[] = {
+    {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}};
+
+std::string to_string(OptimizerName name);
+std::string to_string(NoiseType type);
+std::string to_string(Metric metric);
+std::string to_string(DeviceType device);
+std::string to_string(Precision precision);
+
+struct OptimizerSpec {
+  OptimizerName name = OptimizerName::kLamb;
+  double momentum = 0.9;      ///< sgd, lars, larc, muon (0.95 unless given; the search may set it)
+  std::optional<double> weight_decay;       ///< each optimizer's own default
+  bool nesterov = false;                    ///< sgd, lars, larc, muon (true unless given)
+  std::optional<double> trust_coefficient;  ///< lars, larc
+  std::optional<double> eps;
+  std::optional<std::vector<double>> betas;  ///< adam, adamw, lamb, novograd, lion, muon (its AdamW groups)
+  std::optional<double> max_grad_norm;       ///< lamb
+  bool momentum_correction = false;          ///< lars: rescale the buffer when lr changes
+  std::optional<std::string> adjust_lr;      ///< muon: its update-scale rule (default match_rms_adamw)
+};
+
+struct NoiseSpec {
+  NoiseType type = NoiseType::kNone;
+  double eta = 0.01;          ///< annealed: a variance
+  double gamma = 0.55;        ///< annealed
+  std::int64_t base_batch = 0;  ///< multiplicative: M0
+};
+
+struct TargetSpec {
+  Metric metric = Metric::kValError;  ///< val_error (classification), val_loss
+  double threshold = 0;               ///< reached when metric <= threshold
+  std::int64_t eval_every = 50;       ///< steps between evaluations
+};
+
+struct BudgetSpec {
+  double length = 1000;
+  schedules::Unit unit = schedules::Unit::kSteps;
+};
+
+struct GnsSpec {
+  std::int64_t micro_batches = 0;  ///< >= 2 measures the noise scale; 0 off
+  double beta = 0.99;
+};
+
+/// "distributed": how the ranks of a data-parallel trial exchange their
+/// gradients (distributed/compression.h). Left out of resolved configs when
+/// it is the default (fp32 all-reduce in 25 MiB buckets after backward), so that folders
+/// written before it existed keep their identity.
+struct DistributedSpec {
+  /// "compression": {"name": ..., its parameters}; bucket_bytes comes from
+  /// bucket_mb, overlap from "overlap" and the seed from the trial's seed.
+  distributed::CompressionSpec compression;
+  double bucket_mb = 25;
+  bool is_default() const;
+};
+
+/// How a trial's batches are fetched (loader.h), not what they hold: the
+/// batches are the same whatever these are.
+struct LoaderSpec {
+  /// Background threads fetching (decoding, augmenting) batches ahead of the
+  /// step; 0: fetched in the step itself; -1 (auto): 1 when the training
+  /// data says fetching is costly (Examples::costly), else 0.
+  std::int64_t threads = -1;
+  std::int64_t prefetch = 2;  ///< batches fetched ahead of the step (with threads > 0)
+};
+
+/// One training run: everything fixed.
+struct TrialConfig {
+  std::string sweep;  ///< the sweep's name
+  std::string name;   ///< the trial's folder name
+  WorkloadPart data = dataset_part(DataSpec{});   ///< "dataset"
+  WorkloadPart model = model_part(ModelSpec{});  ///< "model"
+  OptimizerSpec optimizer;
+  schedules::ScheduleSpec schedule;  ///< base_lr is the trial's rate
+  NoiseSpec noise;
+  TargetSpec target;
+  BudgetSpec budget;
+  GnsSpec gns;
+  DistributedSpec distributed;
+  std::int64_t batch_size = 0;
+  std::uint64_t seed = 0;
+  DeviceType device = DeviceType::kCpu;  ///< cuda: each rank its cuda:LOCAL_RANK
+  /// Left out of resolved configs when fp32, so that folders written before
+  /// it existed keep their identity.
+  Precision precision = Precision::kFp32;
+  std::int64_t checkpoint_every = 0;  ///< steps between checkpoints (a multiple of target.eval_every); 0 off
+  bool tensorboard = true;  ///< write a TensorBoard event file in the trial's folder (not part of its identity)
+  LoaderSpec loader;  ///< the sweep's runner.loader_*: not written in the trial's config.json
+};
+
+/// The nuisance-parameter search run at every batch size.
+struct SearchSpec {
+  std::vector<double> lr;              ///< a list of base rates, or:
+  double lr_min = 0, lr_max = 0;       ///< a log-uniform quasi-random search
+  std::int64_t trials = 0;             ///< over [lr_min, lr_max] with this many points
+  std::vector<double> momentum;        ///< optional list (crossed with lr)
+  double momentum_min = 0, momentum_max = 0;  ///< optional: 1 - momentum log-uniform, drawn with lr
+};
+
+/// How the runner goes about a sweep, not what it computes: left out of the
+/// sweep's identity, like "tensorboard".
+struct RunnerSpec {
+  bool prune = true;  ///< stop a trial once it cannot change the steps-to-target table (trial_queue.h)
+  /// Train trials that differ only in rate and momentum as one stacked model
+  /// (batched.h). Unset: on for a CUDA sweep (2.6x faster on an H100), off
+  /// on CPUs (no faster there); docs/experiments.md "Batched trials".
+  std::optional<bool> batch_trials;
+  LoaderSpec loader;  ///< "loader_threads", "prefetch"
+  /// Intra-op threads of each trial (each rank of a data-parallel one). The
+  /// thread count orders floating-point sums, so results depend on it; it is
+  /// part of a sweep's identity, and --jobs runs that many trials side by side
+  /// without changing it (docs/experiments.md "Threads and reproducibility").
+  std::int64_t threads_per_trial = 1;
+};
+
+struct SweepConfig {
+  TrialConfig base;  ///< everything but batch size, rate, momentum, seed, name
+  std::vector<std::int64_t> batch_sizes;
+  SearchSpec search;
+  std::vector<std::uint64_t> seeds{0};
+  RunnerSpec runner;
+};
+
+/// Parses a sweep config. Throws ConfigError "<key>: <problem>".
+SweepConfig parse_sweep(const nlohmann::json& j);
+
+/// A config file may hold one sweep, or a base sweep and "variants": an
+/// object mapping variant names to JSON merge patches (RFC 7386) of the base.
+/// Each variant is a sweep of its own, named after the variant and written to
+/// <out>/<name>/<variant>/. `folder` is the part of the path below <out>.
+struct NamedSweep {
+  std::string folder;
+  SweepConfig sweep;
+};
+std::vector<NamedSweep> parse_sweeps(const nlohmann::json& j);
+std::vector<NamedSweep> load_sweeps(const std::string& path);
+/// The JSON of a config file; ConfigError naming the file when it is missing
+/// or not JSON.
+nlohmann::json read_config(const std::string& path);
+
+/// Every trial of the sweep: batch sizes x search points x seeds, in that order.
+std::vector<TrialConfig> expand(const SweepConfig& sweep);
+
+/// A rate the search added at one batch size beyond the edge of its rates
+/// (bigbatch sweep --extend-search), kept in the sweep folder's
+/// extensions.json. momentum: the trial's, when the search sets it.
+struct ExtraPoint {
+  std::int64_t batch_size = 0;
+  double lr = 0;
+  std::optional<double> momentum;
+};
+/// expand(sweep), then a trial per extra point and seed, named
+/// b<batch>_x<k>_s<seed> (k counts the points of that batch size), in order.
+std::vector<TrialConfig> expand(const SweepConfig& sweep, const std::vector<ExtraPoint>& extra);
+
+/// The resolved configs, every default written out (sweep.json, config.json).
+nlohmann::json to_json(const SweepConfig& sweep);
+nlohmann::json to_json(const TrialConfig& trial);
+
+/// A resolved config (sweep.json, config.json) without the keys that change
+/// how a run is recorded or scheduled but not what it computes ("tensorboard",
+/// "runner" but for its threads_per_trial): what a resumed sweep compares, so
+/// that turning a log on or off redoes nothing. A folder written before
+/// threads_per_trial existed compares without it.
+nlohmann::json identity(nlohmann::json resolved);
+/// Where two resolved configs first differ in identity(): the JSON pointer
+/// of the first change; nullopt when they are the same.
+std::optional<std::string> identity_difference(const nlohmann::json& existing, const nlohmann::json& resolved);
+
+/// Why this LibTorch cannot train `precision` on `device` ("" when it can):
+/// fp16 on the CPU needs LibTorch 2.5 or later (1.13's CPU autocast takes bf16 alone).
+std::string precision_refusal(Precision precision, DeviceType device);
+
+/// A name that can be a folder: [A-Za-z0-9._-]+, not "." or "..". Throws
+/// ConfigError naming `what` otherwise.
+void check_name(const std::string& name, const std::string& what);
+
+// ------------------------------------------------------------ cbs configs --
+
+/// How far a branch's loss may be above a smaller branch's: loss_b <=
+/// loss_a + value (absolute, the paper's 0.01) or loss_a * (1 + value).
+struct CbsTolerance {
+  bool relative = false;
+  double value = 0.01;
+};
+
+struct CbsSpec {
+  std::int64_t reference_batch = 0;
+  double reference_lr = 0;  ///< the rate at reference_batch; branches scale it by schedule.scaling
+  /// Examples the reference has seen at each checkpoint (multiples of
+  /// reference_batch, increasing; 0 is the initialization).
+  std::vector<std::int64_t> checkpoints;
+  std::vector<std::int64_t> branch_batches;  ///< increasing, including reference_batch
+  std::int64_t window = 0;                   ///< examples each branch trains (a multiple of every branch batch)
+  CbsTolerance tolerance;
+  /// The branch rate rule: the scaled rate times each factor; a branch's loss
+  /// is its best factor's (mean over seeds). {1}: the scaling rule alone.
+  std::vector<double> lr_factors{1.0};
+};
+
+/// A cbs config: a sweep config's workload (dataset, model, optimizer,
+/// schedule, noise, gns, target and budget for --compare, seeds, device)
+/// without batch_sizes and search, plus "cbs". `sweep.batch_sizes` holds the
+/// branch batches (checked against the data like a sweep's) and
+/// `sweep.search.lr` the reference rate.
+struct CbsConfig {
+  SweepConfig sweep;
+  CbsSpec cbs;
+};
+
+/// Parses a cbs config; ConfigError "<key>: <problem>" (exit 2 in the CLI).
+CbsConfig parse_cbs(const nlohmann::json& j);
+CbsConfig load_cbs(const std::string& path);
+/// The resolved config (cbs.json): every default written out, the
+/// checkpoints as a list.
+nlohmann::json to_json(const CbsConfig& config);
+
+}  // namespace bigbatch::experiments

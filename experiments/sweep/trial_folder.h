@@ -1,0 +1,66 @@
+// One trial's folder, <sweep>/<trial>/: config.json first, checkpoint.pt while
+// it runs (with checkpoint_every), events.out.tfevents.bigbatch (TensorBoard,
+// one event per evaluation, unless tensorboard is false), metrics.csv and
+// summary.json at the end.
+// summary.json is written last: a trial is finished when it exists beside a
+// config.json equal to the trial's config, and a killed trial is redone (from
+// its checkpoint when it has one: a periodic one, or the one a preempted
+// sweep wrote when it was stopped).
+#pragma once
+
+#include "../runconfig/config.h"
+#include "../train/trial.h"
+#include "../../distributed/process_group.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace bigbatch::experiments {
+
+/// The summary.json of `trial`'s finished run in `dir`, if it has one. A
+/// pruned trial counts as finished only with accept_pruned (a sweep run with
+/// pruning off redoes it in full).
+std::optional<nlohmann::json> finished_summary(const TrialConfig& trial, const std::string& dir,
+                                               bool accept_pruned = true);
+/// Whether `dir` holds the finished run of `trial`.
+bool trial_finished(const TrialConfig& trial, const std::string& dir);
+
+/// What a trial's run in its folder reports and asks, lane by lane (lane 0
+/// for run_one); each may be empty: Trainer::Hooks' progress, prune and
+/// finished, the last called once a trial's files are written.
+struct FolderHooks {
+  std::function<void(const TrialProgress&)> progress;
+  std::function<bool(std::size_t lane, std::int64_t next_eval)> prune;
+  std::function<void(std::size_t lane, const TrialResult&)> finished;
+  /// Trainer::Hooks::interrupt; also asked before each checkpoint is
+  /// written (none once it says kAbandon).
+  std::function<Interrupt()> interrupt;
+  /// Asked once a lane has ended, before its metrics.csv and summary.json
+  /// are written: false refuses the result (nothing is written, finished is
+  /// not called). A sweep's claim commit (claims.h).
+  std::function<bool(std::size_t lane)> commit;
+};
+
+/// Runs one trial into `dir`, resuming from its checkpoint when the folder
+/// holds one of the same config. Data-parallel with a process group; only
+/// rank 0 writes (and reports progress).
+TrialResult run_one(const TrialConfig& trial, const WorkloadData& data, const std::string& dir,
+                    const FolderHooks& hooks = {}, distributed::ProcessGroup* group = nullptr);
+
+/// Marks a trial failed (TrialStatus::kFailed): its summary.json with the
+/// workload's message under "error", what the tables count and a resumed
+/// sweep runs again. The result it recorded.
+TrialResult record_failure(const TrialConfig& trial, const std::string& dir, const std::string& error);
+
+/// Runs a batched group of trials (batched.h), each into its own folder of
+/// `dirs` exactly as run_one would (no checkpoints: batched trials have
+/// none); their results in order.
+std::vector<TrialResult> run_group(const std::vector<TrialConfig>& trials, const WorkloadData& data,
+                                   const std::vector<std::string>& dirs, const FolderHooks& hooks = {});
+
+}  // namespace bigbatch::experiments

@@ -1,0 +1,39 @@
+// One trial's own part of a training run (trial.h): what the loop keeps per
+// lane beside the model's lane (lane_model.h). Internal to experiments/:
+// trial.cpp runs it, checkpoint.cpp saves and restores it.
+#pragma once
+
+#include "trial.h"
+#include "../../optimizers/loss_scaler.h"
+
+#include <limits>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace bigbatch::experiments {
+
+/// Its optimizer over its lane's parameters, schedule, noise, noise scale,
+/// and evaluations so far.
+struct Trainer::Lane {
+  TrialConfig config;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::optional<schedules::LRAdapter> adapter;
+  std::optional<noise::AnnealedGradientNoise> annealed;
+  std::optional<noise::MultiplicativeNoise> multiplicative;
+  noise::GradientNoiseScale gns;
+  std::optional<optim::LossScaler> scaler;  // precision fp16
+  std::vector<at::Tensor> params;
+  bool active = true;
+  double last_lr = 0;    // the rate of the last step (first group)
+  double loss = 0;       // the last step's batch loss
+  double loss_sum = 0;   // since the last evaluation
+  std::int64_t losses = 0;
+  double best_metric = std::numeric_limits<double>::infinity();
+  std::vector<EvalRow> rows;
+  TrialResult result;
+
+  explicit Lane(const TrialConfig& c);
+};
+
+}  // namespace bigbatch::experiments
