@@ -162,7 +162,6 @@ void BM_Resnet8Training(benchmark::State& state) {
   t.batch_size = batch;
   t.schedule.base_lr = 0.05;
   t.schedule.base_batch = batch;
-  t.optimizer.momentum = 0.9;
   t.budget = {static_cast<double>(steps), bigbatch::schedules::Unit::kSteps};
   t.target = {bx::Metric::kValLoss, -1, 1000000};
   t.loader.threads = 1;

@@ -7,7 +7,7 @@
 // disk. docs/benchmarks.md has a run's numbers.
 #include "../experiments/runconfig/config.h"
 #include "../experiments/workload/gpt.h"
-#include "../experiments/runconfig/optimizer_registry.h"
+#include "../experiments/optim/optimizer.h"
 #include "../experiments/workload/text.h"
 #include "../experiments/train/trial.h"
 
@@ -46,12 +46,7 @@ nlohmann::json gpt_params(std::int64_t size) {
                    : nlohmann::json{{"layers", 4}, {"width", 256}, {"heads", 8}};
 }
 
-bx::OptimizerSpec lamb() {
-  bx::OptimizerSpec s;
-  s.name = bx::OptimizerName::kLamb;
-  s.weight_decay = 0.01;
-  return s;
-}
+bx::OptimizerSpec lamb() { return bx::resolve_optimizer("lamb", {{"weight_decay", 0.01}}); }
 
 void BM_LmTrialStep(benchmark::State& state) {
   bx::TrialConfig t;

@@ -101,7 +101,7 @@ Setup setup(std::int64_t workload) {
   t.budget = {1e9, bigbatch::schedules::Unit::kSteps};
   t.target.threshold = -1;
   t.target.eval_every = 1000000;
-  t.optimizer.name = bx::OptimizerName::kLamb;
+  t.optimizer = bx::resolve_optimizer("lamb");
   t.schedule.base_lr = 1e-3;
   if (workload == kMlp) {
     bx::ModelSpec mlp;
@@ -118,7 +118,7 @@ Setup setup(std::int64_t workload) {
     res.width = 16;
     res.depth = 8;
     t.model = bx::model_part(res);
-    t.optimizer.name = bx::OptimizerName::kSgd;
+    t.optimizer = bx::resolve_optimizer("sgd");
     t.batch_size = 128;
     s.data = images(3, 32);
     // A 3x3 convolution from c to o channels on an h x h output is a product
@@ -136,7 +136,7 @@ Setup setup(std::int64_t workload) {
     t.data = {"text", nlohmann::json::object()};  // (not loaded: the data is given)
     t.model = {"gpt", {{"layers", 2}, {"width", 64}, {"heads", 4}}};
     t.target.metric = bx::Metric::kValLoss;
-    t.optimizer.weight_decay = 0.01;
+    t.optimizer = bx::resolve_optimizer("lamb", {{"weight_decay", 0.01}});
     t.batch_size = 64;
     s.data = characters();
     // Per layer: the q, k, v and output projections (4 d^2 a token), the

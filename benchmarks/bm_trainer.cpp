@@ -48,7 +48,7 @@ bx::TrialConfig config() {
   bx::ModelSpec mlp;
   mlp.widths = {256, 256};
   c.model = bx::model_part(mlp);
-  c.optimizer.name = bx::OptimizerName::kLamb;
+  c.optimizer = bx::resolve_optimizer("lamb");
   c.schedule.base_lr = 1e-3;
   c.target.threshold = 0.01;
   c.budget = {1e9, bigbatch::schedules::Unit::kSteps};

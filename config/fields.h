@@ -73,6 +73,7 @@ class Reader {
     v = static_cast<std::uint64_t>(x);
   }
   void read(const std::string& key, bool& v) { v = r_.boolean(key, v); }
+  void read(const std::string& key, std::string& v) { v = r_.string(key, v); }
   void read(const std::string& key, std::optional<bool>& v) {
     if (r_.has(key)) v = r_.boolean(key, false);
   }

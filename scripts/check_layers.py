@@ -13,7 +13,8 @@ experiments/ is the runner, a folder per job, with its own order:
     io         torch-free formats: includes nothing of the repository but io
     cluster    torch-free workers and ranks: io
     workload   the interface, the built-in datasets and models: io and the libraries
-    runconfig  what a trial, a sweep, a cbs run is: + workload
+    optim      the optimizers a config names, one entry each: io and the libraries
+    runconfig  what a trial, a sweep, a cbs run is: + workload and optim
     train      the one training loop: + runconfig
     sweep      sweeps, cbs, results: + train and cluster
     cli        the command line and the programs: + sweep
@@ -35,10 +36,12 @@ RUNNER = {
     "experiments/io": set(),
     "experiments/cluster": {"experiments/io"},
     "experiments/workload": {"experiments/io"} | LIBRARIES,
-    "experiments/runconfig": {"experiments/io", "experiments/workload"} | LIBRARIES,
-    "experiments/train": {"experiments/io", "experiments/workload", "experiments/runconfig"} | LIBRARIES,
-    "experiments/sweep": {"experiments/io", "experiments/cluster", "experiments/workload", "experiments/runconfig",
-                          "experiments/train"} | LIBRARIES,
+    "experiments/optim": {"experiments/io"} | LIBRARIES,
+    "experiments/runconfig": {"experiments/io", "experiments/workload", "experiments/optim"} | LIBRARIES,
+    "experiments/train": {"experiments/io", "experiments/workload", "experiments/optim",
+                          "experiments/runconfig"} | LIBRARIES,
+    "experiments/sweep": {"experiments/io", "experiments/cluster", "experiments/workload", "experiments/optim",
+                          "experiments/runconfig", "experiments/train"} | LIBRARIES,
 }
 RUNNER["experiments/cli"] = set(RUNNER) | LIBRARIES
 FREE = ("tests", "benchmarks", "examples", "scripts")

@@ -7,7 +7,6 @@
 // and models' keys are theirs (workload/data.cpp, workload/models.cpp).
 #include "config.h"
 
-#include "optimizer_registry.h"
 #include "../io/files.h"
 #include "../workload/workload.h"
 #include "../../compat/autocast.h"
@@ -31,45 +30,6 @@ using config::Writer;
 using config::config_error;
 using config::num;
 using nlohmann::json;
-
-template <typename Io, typename Spec>
-void optimizer_fields(Io& io, Spec& o) {
-  io.choice("name", o.name, optimizer_registry());
-  // Muon's own defaults where the config leaves them out (PyTorch's Muon):
-  // momentum 0.95 and Nesterov, not SGD's 0.9 and plain momentum.
-  if constexpr (Io::kReading) {
-    if (o.name == OptimizerName::kMuon && !io.given("momentum", true)) o.momentum = 0.95;
-    if (o.name == OptimizerName::kMuon && !io.given("nesterov", true)) o.nesterov = true;
-  }
-  io.field("momentum", o.momentum);
-  io.check("momentum", o.momentum >= 0 && o.momentum < 1, "must be in [0, 1), got " + num(o.momentum));
-  io.field("weight_decay", o.weight_decay);
-  if (o.weight_decay) io.check("weight_decay", *o.weight_decay >= 0, "must be >= 0, got " + num(*o.weight_decay));
-  io.field("nesterov", o.nesterov);
-  io.field("trust_coefficient", o.trust_coefficient);
-  if (o.trust_coefficient) {
-    io.check("trust_coefficient", *o.trust_coefficient > 0, "must be > 0, got " + num(*o.trust_coefficient));
-  }
-  io.field("eps", o.eps);
-  if (o.eps) io.check("eps", *o.eps >= 0, "must be >= 0, got " + num(*o.eps));
-  io.field("betas", o.betas);
-  if (o.betas) {
-    io.check("betas", o.betas->size() == 2, "expected two numbers [beta1, beta2]");
-    for (const double b : *o.betas) io.check("betas", b >= 0 && b < 1, "each must be in [0, 1), got " + num(b));
-  }
-  io.field("max_grad_norm", o.max_grad_norm);
-  if (o.max_grad_norm) io.check("max_grad_norm", *o.max_grad_norm >= 0, "must be >= 0, got " + num(*o.max_grad_norm));
-  io.field("adjust_lr", o.adjust_lr);
-  if (o.adjust_lr) {
-    io.check("adjust_lr", o.name == OptimizerName::kMuon, "only muon has an update-scale rule");
-    io.check("adjust_lr", *o.adjust_lr == "original" || *o.adjust_lr == "match_rms_adamw" ||
-                              *o.adjust_lr == "spectral_unclamped",
-             "must be \"original\", \"match_rms_adamw\" or \"spectral_unclamped\", got \"" + *o.adjust_lr + "\"");
-  }
-  io.field("momentum_correction", o.momentum_correction);
-  io.check("momentum_correction", !o.momentum_correction || o.name == OptimizerName::kLars,
-           "only lars keeps the learning rate in its momentum buffer");
-}
 
 template <typename Io, typename Spec>
 void noise_fields(Io& io, Spec& n) {
@@ -232,7 +192,7 @@ void search_fields(Io& io, Spec& s) {
   }
 }
 
-// "dataset" and "model": the registered name under `name_key` (absent: the
+// "dataset", "model" and "optimizer": the registered name under `name_key` (absent: the
 // spec's default), the rest resolved by the registration (workload.h).
 json dataset_resolver(const std::string& name, const json& params) {
   const DatasetRegistration r = dataset_registration(name);
@@ -241,6 +201,10 @@ json dataset_resolver(const std::string& name, const json& params) {
 json model_resolver(const std::string& type, const json& params) {
   const ModelRegistration r = model_registration(type);
   return r.resolve ? r.resolve(params) : params;
+}
+// "optimizer": its name (absent: lamb), the rest its entry's keys (optim/).
+json optimizer_resolver(const std::string& name, const json& params) {
+  return resolve_optimizer(name, params).params;
 }
 
 // (Part: WorkloadPart to read into, const WorkloadPart to write from.)
@@ -298,7 +262,7 @@ void common_fields(Io& io, Spec& t, bool with_rate) {
   const auto nested = [&](const char* key, auto& spec, auto fields) { io.object(key, spec, fields); };
   part_field(io, "dataset", "name", t.data, dataset_resolver);
   part_field(io, "model", "type", t.model, model_resolver);
-  nested("optimizer", t.optimizer, [](auto& q, auto& o) { optimizer_fields(q, o); });
+  part_field(io, "optimizer", "name", t.optimizer, optimizer_resolver);
   schedule_field(io, t.schedule, with_rate);
   nested("noise", t.noise, [](auto& q, auto& n) { noise_fields(q, n); });
   need(io, "target", true, "an object with metric, threshold, eval_every");
@@ -341,6 +305,10 @@ void sweep_fields(Io& io, Spec& s) {
   }
   need(io, "search", true, "an object with lr or lr_range");
   io.object("search", s.search, [](auto& q, auto& x) { search_fields(q, x); });
+  // The search's momentum is the optimizer's "momentum" key.
+  io.check(s.search.momentum.empty() ? "search.momentum_range" : "search.momentum",
+           (s.search.momentum.empty() && s.search.momentum_max == 0) || t.optimizer.momentum(),
+           t.optimizer.name + " has no momentum to search");
   io.field("seeds", s.seeds);
   io.check("seeds", !s.seeds.empty(), "must not be empty");
   io.object("runner", s.runner, [](auto& q, auto& r) {
@@ -629,7 +597,7 @@ TrialConfig make_trial(const SweepConfig& sweep, std::int64_t batch, double lr, 
   t.batch_size = batch;
   t.seed = seed;
   t.schedule.base_lr = lr;
-  if (momentum) t.optimizer.momentum = *momentum;
+  if (momentum) t.optimizer.params["momentum"] = *momentum;
   std::ostringstream name;  // (not string +: GCC 12 warns falsely about it, PR 105651)
   name << 'b' << batch << '_' << kind << k << "_s" << seed;
   t.name = name.str();
@@ -689,6 +657,18 @@ void drop_default_depth(json& j) {
   }
 }
 
+// Folders written before each optimizer owned its keys hold every
+// optimizer's momentum, nesterov and momentum_correction, and no defaults of
+// the optional keys: compared as a config of today resolves them.
+void normalize_optimizers(json& j) {
+  if (!j.is_structured()) return;
+  if (j.is_object()) {
+    const auto optimizer = j.find("optimizer");
+    if (optimizer != j.end()) *optimizer = normalized_optimizer(*optimizer);
+  }
+  for (auto& item : j) normalize_optimizers(item);
+}
+
 }  // namespace
 
 json identity(json resolved) {
@@ -703,6 +683,7 @@ json identity(json resolved) {
     }
   }
   drop_default_depth(resolved);
+  normalize_optimizers(resolved);
   return resolved;
 }
 

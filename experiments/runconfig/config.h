@@ -4,6 +4,7 @@
 // trials, and the resolved JSON written beside the results.
 #pragma once
 
+#include "../optim/optimizer.h"
 #include "../workload/data.h"
 #include "../workload/models.h"
 #include "../../distributed/compression.h"
@@ -20,8 +21,6 @@
 
 namespace bigbatch::experiments {
 
-/// The optimizers a config can name; optimizer_registry.h says how each is built.
-enum class OptimizerName { kSgd, kAdam, kAdamW, kLars, kLarc, kLamb, kNovoGrad, kLion, kMuon };
 enum class NoiseType { kNone, kAnnealed, kMultiplicative };
 enum class Metric { kValError, kValLoss };
 enum class DeviceType { kCpu, kCuda };
@@ -31,7 +30,7 @@ enum class DeviceType { kCpu, kCuda };
 enum class Precision { kFp32, kBf16, kFp16 };
 
 /// How configs and result files spell them, in the order error messages list
-/// them (the optimizers' spellings are the registry's).
+/// them (the optimizers' names are their entries', optim/optimizer.h).
 inline constexpr config::EnumName<NoiseType> kNoiseTypes[] = {
     {NoiseType::kNone, "none"}, {NoiseType::kAnnealed, "annealed"}, {NoiseType::kMultiplicative, "multiplicative"}};
 inline constexpr config::EnumName<Metric> kMetrics[] = {{Metric::kValError, "val_error"},
@@ -41,24 +40,10 @@ inline constexpr config::EnumName<DeviceType> kDeviceTypes[] = {{DeviceType::kCp
 inline constexpr config::EnumName<Precision> kPrecisions[] = {
     {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}};
 
-std::string to_string(OptimizerName name);
 std::string to_string(NoiseType type);
 std::string to_string(Metric metric);
 std::string to_string(DeviceType device);
 std::string to_string(Precision precision);
-
-struct OptimizerSpec {
-  OptimizerName name = OptimizerName::kLamb;
-  double momentum = 0.9;      ///< sgd, lars, larc, muon (0.95 unless given; the search may set it)
-  std::optional<double> weight_decay;       ///< each optimizer's own default
-  bool nesterov = false;                    ///< sgd, lars, larc, muon (true unless given)
-  std::optional<double> trust_coefficient;  ///< lars, larc
-  std::optional<double> eps;
-  std::optional<std::vector<double>> betas;  ///< adam, adamw, lamb, novograd, lion, muon (its AdamW groups)
-  std::optional<double> max_grad_norm;       ///< lamb
-  bool momentum_correction = false;          ///< lars: rescale the buffer when lr changes
-  std::optional<std::string> adjust_lr;      ///< muon: its update-scale rule (default match_rms_adamw)
-};
 
 struct NoiseSpec {
   NoiseType type = NoiseType::kNone;
@@ -111,7 +96,8 @@ struct TrialConfig {
   std::string name;   ///< the trial's folder name
   WorkloadPart data = dataset_part(DataSpec{});   ///< "dataset"
   WorkloadPart model = model_part(ModelSpec{});  ///< "model"
-  OptimizerSpec optimizer;
+  /// "optimizer": its name and keys, resolved by its entry (optim/optimizer.h)
+  OptimizerSpec optimizer = resolve_optimizer("lamb");
   schedules::ScheduleSpec schedule;  ///< base_lr is the trial's rate
   NoiseSpec noise;
   TargetSpec target;
@@ -134,7 +120,9 @@ struct SearchSpec {
   std::vector<double> lr;              ///< a list of base rates, or:
   double lr_min = 0, lr_max = 0;       ///< a log-uniform quasi-random search
   std::int64_t trials = 0;             ///< over [lr_min, lr_max] with this many points
-  std::vector<double> momentum;        ///< optional list (crossed with lr)
+  /// optional list (crossed with lr): the optimizer's "momentum" key,
+  /// refused for an optimizer without one
+  std::vector<double> momentum;
   double momentum_min = 0, momentum_max = 0;  ///< optional: 1 - momentum log-uniform, drawn with lr
 };
 
@@ -202,7 +190,9 @@ nlohmann::json to_json(const TrialConfig& trial);
 /// how a run is recorded or scheduled but not what it computes ("tensorboard",
 /// "runner" but for its threads_per_trial): what a resumed sweep compares, so
 /// that turning a log on or off redoes nothing. A folder written before
-/// threads_per_trial existed compares without it.
+/// threads_per_trial existed compares without it; each "optimizer" object is
+/// compared as its entry resolves it today (normalized_optimizer()), so that
+/// folders written before each optimizer owned its keys resume.
 nlohmann::json identity(nlohmann::json resolved);
 /// Where two resolved configs first differ in identity(): the JSON pointer
 /// of the first change; nullopt when they are the same.

@@ -76,7 +76,7 @@ json summary_json(const TrialConfig& t, const TrialResult& r) {
             {"batch_size", t.batch_size},
             {"base_lr", t.schedule.base_lr},
             {"peak_lr", r.peak_lr},
-            {"momentum", t.optimizer.momentum},
+            {"momentum", t.optimizer.momentum() ? json(*t.optimizer.momentum()) : json(nullptr)},
             {"seed", t.seed},
             {"wall_time", r.wall_time},
             {"code_version", code_version()},

@@ -61,7 +61,7 @@ std::vector<ExtraPoint> beyond_edges(const SweepConfig& sweep, const std::vector
     if (!sweep.search.momentum.empty()) {
       for (const double m : sweep.search.momentum) out.push_back({row.batch_size, lr, m});
     } else if (sweep.search.momentum_max > 0 && chosen != trials.end()) {
-      out.push_back({row.batch_size, lr, chosen->optimizer.momentum});
+      out.push_back({row.batch_size, lr, chosen->optimizer.momentum()});
     } else {
       out.push_back({row.batch_size, lr, std::nullopt});
     }

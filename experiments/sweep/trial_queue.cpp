@@ -20,7 +20,7 @@ std::vector<std::vector<std::size_t>> rates_of(const std::vector<TrialConfig>& t
     const auto same = [&](const std::vector<std::size_t>& rate) {
       const TrialConfig& u = trials[rate.front()];
       return u.batch_size == t.batch_size && u.schedule.base_lr == t.schedule.base_lr &&
-             u.optimizer.momentum == t.optimizer.momentum;
+             u.optimizer.momentum() == t.optimizer.momentum();
     };
     const auto it = std::find_if(rates.begin(), rates.end(), same);
     if (it == rates.end()) {

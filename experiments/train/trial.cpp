@@ -10,11 +10,9 @@
 #include "lane_model.h"
 #include "loader.h"
 #include "../workload/models.h"
-#include "../runconfig/optimizer_registry.h"
+#include "../optim/optimizer.h"
 #include "../../compat/autocast.h"
 #include "../../noise/noise_scale.h"
-#include "../../optimizers/layerwise_optimizer.h"
-#include "../../optimizers/muon.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -572,19 +570,13 @@ std::vector<TrialResult> Trainer::run(const Hooks& hooks) {
 }
 
 std::vector<std::pair<std::string, double>> Trainer::layer_scalars(std::size_t lane) const {
-  const auto* layerwise = dynamic_cast<const optim::LayerwiseOptimizerBase*>(lanes_.at(lane)->optimizer.get());
-  if (layerwise == nullptr) return {};  // SGD, Adam, AdamW
+  const Lane& l = *lanes_.at(lane);
+  const std::vector<LayerScalar> scalars = experiments::layer_scalars(l.config.optimizer, *l.optimizer);
+  if (scalars.empty()) return {};  // SGD, Adam, AdamW
   std::map<const void*, std::string> names;
   for (const auto& item : model_->lane(lane).named_parameters()) names[item.value().unsafeGetTensorImpl()] = item.key();
   std::vector<std::pair<std::string, double>> out;
-  for (const auto& r : layerwise->trust_ratios()) {
-    out.emplace_back("trust_ratio/" + names.at(r.param.unsafeGetTensorImpl()), r.ratio);
-  }
-  if (const auto* muon = dynamic_cast<const optim::Muon*>(layerwise)) {
-    for (const auto& r : muon->update_rms()) {
-      out.emplace_back("muon_update_rms/" + names.at(r.param.unsafeGetTensorImpl()), r.rms);
-    }
-  }
+  for (const auto& s : scalars) out.emplace_back(s.tag + "/" + names.at(s.param.unsafeGetTensorImpl()), s.value);
   return out;
 }
 

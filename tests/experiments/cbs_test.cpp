@@ -157,7 +157,7 @@ TEST(Cbs, ABranchAtTheReferenceBatchIsTheReferenceContinued) {
   t.data.params["classes"] = 3;
   t.data.params["dim"] = 5;
   t.model.params["widths"] = std::vector<std::int64_t>{16};
-  t.optimizer.name = OptimizerName::kLamb;
+  t.optimizer = resolve_optimizer("lamb");
   t.schedule.base_lr = 0.01;
   t.schedule.base_batch = 24;
   t.batch_size = 24;

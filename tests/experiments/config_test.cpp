@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 
@@ -34,7 +35,7 @@ TEST(SweepConfig, DefaultsAndExpansion) {
   const SweepConfig s = parse_sweep(minimal());
   EXPECT_EQ(s.base.model.name, "mlp");
   EXPECT_EQ(model_spec(s.base.model).type, ModelType::kMlp);
-  EXPECT_EQ(s.base.optimizer.name, OptimizerName::kLamb);
+  EXPECT_EQ(s.base.optimizer.name, "lamb");
   EXPECT_EQ(s.base.target.metric, Metric::kValError);
   EXPECT_EQ(s.base.target.eval_every, 50);
   const auto trials = expand(s);
@@ -63,6 +64,7 @@ TEST(SweepConfig, QuasiRandomSearchIsLogUniformInRange) {
   json j = minimal();
   j["search"] = {{"lr_range", {{"min", 1e-3}, {"max", 1.0}, {"trials", 16}}},
                  {"momentum_range", {{"min", 0.5}, {"max", 0.99}}}};
+  j["optimizer"] = {{"name", "sgd"}};  // an optimizer with momentum
   j["batch_sizes"] = {64};
   j["seeds"] = {0};
   const auto trials = expand(parse_sweep(j));
@@ -72,8 +74,8 @@ TEST(SweepConfig, QuasiRandomSearchIsLogUniformInRange) {
   for (const auto& t : trials) {
     EXPECT_GE(t.schedule.base_lr, 1e-3);
     EXPECT_LE(t.schedule.base_lr, 1.0);
-    EXPECT_GE(t.optimizer.momentum, 0.5);
-    EXPECT_LE(t.optimizer.momentum, 0.99);
+    EXPECT_GE(t.optimizer.momentum().value_or(-1), 0.5);
+    EXPECT_LE(t.optimizer.momentum().value_or(2), 0.99);
     rates.insert(t.schedule.base_lr);
     below += t.schedule.base_lr < std::sqrt(1e-3) ? 1 : 0;  // the log-midpoint
   }
@@ -85,7 +87,15 @@ TEST(SweepConfig, QuasiRandomSearchIsLogUniformInRange) {
 TEST(SweepConfig, ErrorsNameTheKey) {
   json j = minimal();
   j["optimizer"] = {{"name", "lamb"}, {"momentun", 0.9}};
-  EXPECT_EQ(error_of(j), "optimizer.momentun: unknown key");
+  EXPECT_EQ(error_of(j), "optimizer.momentun: unknown key (lamb's keys: betas, eps, max_grad_norm, weight_decay)");
+  j["optimizer"] = {{"name", "adamw"}, {"momentum", 0.9}};  // a key of other optimizers
+  EXPECT_EQ(error_of(j), "optimizer.momentum: adamw has no such key (its keys: betas, eps, weight_decay); a variant "
+                         "drops its base's with \"momentum\": null");
+  j = minimal();
+  j["search"]["momentum"] = {0.9, 0.99};  // LAMB has no momentum to search
+  EXPECT_EQ(error_of(j), "search.momentum: lamb has no momentum to search");
+  j["optimizer"] = {{"name", "larc"}};
+  EXPECT_EQ(error_of(j), "(no error)");
   j = minimal();
   j["budget"] = {{"steps", "many"}};
   EXPECT_EQ(error_of(j), "budget.steps: expected an integer, got string");
@@ -135,8 +145,8 @@ TEST(SweepConfig, VariantsPatchTheBase) {
   EXPECT_EQ(sweeps[0].sweep.base.sweep, "plain");
   EXPECT_EQ(sweeps[1].folder, "t/warm");
   EXPECT_EQ(sweeps[1].sweep.base.schedule.warmup.length, 10);
-  EXPECT_EQ(sweeps[1].sweep.base.optimizer.name, OptimizerName::kLars);
-  EXPECT_EQ(sweeps[0].sweep.base.optimizer.name, OptimizerName::kLamb);
+  EXPECT_EQ(sweeps[1].sweep.base.optimizer.name, "lars");
+  EXPECT_EQ(sweeps[0].sweep.base.optimizer.name, "lamb");
   j["variants"]["warm"]["optimizer"]["name"] = "adagrad";
   // The optimizer registry is where the names come from.
   EXPECT_EQ(error_of(j), "variants.warm: optimizer.name: unknown value \"adagrad\" "
@@ -150,17 +160,17 @@ TEST(SweepConfig, MuonDefaultsAndItsScaleRule) {
   json j = minimal();
   j["optimizer"] = {{"name", "muon"}};
   SweepConfig s = parse_sweep(j);
-  EXPECT_EQ(s.base.optimizer.name, OptimizerName::kMuon);
-  EXPECT_EQ(s.base.optimizer.momentum, 0.95);
-  EXPECT_TRUE(s.base.optimizer.nesterov);
-  EXPECT_FALSE(s.base.optimizer.adjust_lr.has_value());
+  EXPECT_EQ(s.base.optimizer.name, "muon");
+  EXPECT_EQ(s.base.optimizer.momentum().value_or(-1), 0.95);
+  EXPECT_TRUE(s.base.optimizer.params.at("nesterov").get<bool>());
+  EXPECT_EQ(s.base.optimizer.params.at("adjust_lr"), "match_rms_adamw");  // the runner's default
   EXPECT_EQ(to_json(parse_sweep(to_json(s))), to_json(s));
 
   j["optimizer"] = {{"name", "muon"}, {"momentum", 0.9}, {"nesterov", false}, {"adjust_lr", "original"}};
   s = parse_sweep(j);
-  EXPECT_EQ(s.base.optimizer.momentum, 0.9);
-  EXPECT_FALSE(s.base.optimizer.nesterov);
-  EXPECT_EQ(s.base.optimizer.adjust_lr, std::optional<std::string>("original"));
+  EXPECT_EQ(s.base.optimizer.momentum().value_or(-1), 0.9);
+  EXPECT_FALSE(s.base.optimizer.params.at("nesterov").get<bool>());
+  EXPECT_EQ(s.base.optimizer.params.at("adjust_lr"), "original");
   EXPECT_EQ(to_json(s)["optimizer"]["adjust_lr"], "original");
   EXPECT_EQ(to_json(parse_sweep(to_json(s))), to_json(s));
 
@@ -172,12 +182,15 @@ TEST(SweepConfig, MuonDefaultsAndItsScaleRule) {
   ASSERT_EQ(sweeps.size(), 3u);
   for (const auto& named : sweeps) {
     const OptimizerSpec& o = named.sweep.base.optimizer;
-    if (o.name == OptimizerName::kMuon) {
-      EXPECT_EQ(o.momentum, 0.95);
-      EXPECT_TRUE(o.nesterov);
+    if (o.name == "muon") {
+      EXPECT_EQ(o.momentum().value_or(-1), 0.95);
+      EXPECT_TRUE(o.params.at("nesterov").get<bool>());
+    } else if (o.name == "sgd") {
+      EXPECT_EQ(o.momentum().value_or(-1), 0.9) << named.folder;
+      EXPECT_FALSE(o.params.at("nesterov").get<bool>()) << named.folder;
     } else {
-      EXPECT_EQ(o.momentum, 0.9) << named.folder;
-      EXPECT_FALSE(o.nesterov) << named.folder;
+      EXPECT_FALSE(o.momentum().has_value()) << named.folder;  // lion has none
+      EXPECT_FALSE(o.params.contains("nesterov")) << named.folder;
     }
   }
 
@@ -186,7 +199,8 @@ TEST(SweepConfig, MuonDefaultsAndItsScaleRule) {
   EXPECT_EQ(error_of(j), "optimizer.adjust_lr: must be \"original\", \"match_rms_adamw\" or "
                          "\"spectral_unclamped\", got \"spectral\"");
   j["optimizer"] = {{"name", "lamb"}, {"adjust_lr", "original"}};
-  EXPECT_EQ(error_of(j), "optimizer.adjust_lr: only muon has an update-scale rule");
+  EXPECT_EQ(error_of(j), "optimizer.adjust_lr: lamb has no such key (its keys: betas, eps, max_grad_norm, "
+                         "weight_decay); a variant drops its base's with \"adjust_lr\": null");
   j["optimizer"] = {{"name", "lion"}, {"betas", {0.9, 1.0}}};
   EXPECT_NE(error_of(j).find("optimizer.betas"), std::string::npos) << error_of(j);
   j["optimizer"] = {{"name", "muon"}, {"momentum", 1.0}};
@@ -194,20 +208,42 @@ TEST(SweepConfig, MuonDefaultsAndItsScaleRule) {
 }
 
 // The resolved JSON (sweep.json, each trial's config.json) is what a resumed
-// sweep compares against, so its form must not drift: these files were
-// written by the parser and writer before they shared one field list
-// (tests/experiments/resolved/, one per shipped config and one that sets
-// every field). Each also parses back to itself.
+// sweep compares against, so its form must not drift unnoticed: these files
+// hold it for each shipped config and one that sets every field
+// (tests/experiments/resolved/). Each also parses back to itself. Where the
+// form changes on purpose, BIGBATCH_WRITE_RESOLVED=1 rewrites them (and the
+// legacy test below says whether old folders still resume).
+const char* const kResolvedConfigs[] = {"every_field", "quickstart", "shallue_fmnist_cnn", "goyal_warmup",
+                                        "hoffer_gbn", "smith_batch_increase", "optimizers_large_batch", "gd_vs_sgd"};
+
+std::string resolved_source(const std::string& name) {
+  const std::string root = BIGBATCH_SOURCE_DIR;
+  return name == "every_field" ? root + "/tests/experiments/resolved/every_field.json"
+                               : root + "/experiments/configs/" + name + ".json";
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in) << path;
+  return in ? json::parse(in) : json::object();
+}
+
 TEST(SweepConfig, ResolvedConfigsMatchTheRecordedOnes) {
   const std::string root = BIGBATCH_SOURCE_DIR;
-  for (const std::string name : {"every_field", "quickstart", "shallue_fmnist_cnn", "goyal_warmup", "hoffer_gbn",
-                                 "smith_batch_increase", "optimizers_large_batch", "gd_vs_sgd"}) {
-    const std::string config = name == "every_field" ? root + "/tests/experiments/resolved/every_field.json"
-                                                     : root + "/experiments/configs/" + name + ".json";
-    std::ifstream in(root + "/tests/experiments/resolved/" + name + ".expected.json");
-    ASSERT_TRUE(in) << name;
-    const json expected = json::parse(in);
-    const auto sweeps = load_sweeps(config);
+  const bool write = std::getenv("BIGBATCH_WRITE_RESOLVED") != nullptr;
+  for (const std::string name : kResolvedConfigs) {
+    const std::string path = root + "/tests/experiments/resolved/" + name + ".expected.json";
+    const auto sweeps = load_sweeps(resolved_source(name));
+    if (write) {
+      json out = json::object();
+      for (const auto& s : sweeps) {
+        const auto trials = expand(s.sweep);
+        out[s.folder] = {{"sweep", to_json(s.sweep)}, {"first_trial", to_json(trials.front())},
+                         {"last_trial", to_json(trials.back())}, {"trials", trials.size()}};
+      }
+      std::ofstream(path) << out.dump(2) << "\n";
+    }
+    const json expected = read_json(path);
     ASSERT_EQ(sweeps.size(), expected.size()) << name;
     for (const auto& s : sweeps) {
       SCOPED_TRACE(name + ": " + s.folder);
@@ -222,6 +258,38 @@ TEST(SweepConfig, ResolvedConfigsMatchTheRecordedOnes) {
   }
 }
 
+// Folders written before each optimizer owned its keys (every optimizer
+// then recorded the union's momentum, nesterov and momentum_correction, and
+// no defaults of the optional keys): tests/experiments/resolved/legacy/ holds
+// what that code wrote for the same configs. Their sweeps and trials are the
+// same as today's in identity(), so a resumed sweep redoes nothing. One
+// variant of every_field changed: it searched momentum for LAMB, which has
+// none (now refused), and is now LARC's.
+TEST(SweepConfig, FoldersWrittenBeforeOptimizerEntriesResume) {
+  const std::string root = BIGBATCH_SOURCE_DIR;
+  int compared = 0;
+  for (const std::string name : kResolvedConfigs) {
+    const json legacy = read_json(root + "/tests/experiments/resolved/legacy/" + name + ".expected.json");
+    for (const auto& s : load_sweeps(resolved_source(name))) {
+      if (s.folder == "every_field/resnet_multiplicative") continue;
+      SCOPED_TRACE(name + ": " + s.folder);
+      const json& old = legacy.at(s.folder);
+      const auto trials = expand(s.sweep);
+      EXPECT_EQ(identity_difference(old.at("sweep"), to_json(s.sweep)), std::nullopt);
+      EXPECT_EQ(identity_difference(old.at("first_trial"), to_json(trials.front())), std::nullopt);
+      EXPECT_EQ(identity_difference(old.at("last_trial"), to_json(trials.back())), std::nullopt);
+      EXPECT_EQ(trials.size(), old.at("trials").get<std::size_t>());
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 18);
+  // A key that changed still differs, and is named.
+  json old = read_json(root + "/tests/experiments/resolved/legacy/every_field.expected.json").at("every_field/as_is");
+  old["sweep"]["optimizer"]["trust_coefficient"] = 0.003;
+  EXPECT_EQ(identity_difference(old.at("sweep"), to_json(load_sweeps(resolved_source("every_field")).front().sweep)),
+            std::optional<std::string>("/optimizer/trust_coefficient"));
+}
+
 TEST(SweepConfig, EveryEnumIsSpelledAsInTheConfig) {
   json j = minimal();
   j["device"] = "tpu";
@@ -233,7 +301,8 @@ TEST(SweepConfig, EveryEnumIsSpelledAsInTheConfig) {
   j["target"]["metric"] = "accuracy";
   EXPECT_EQ(error_of(j), "target.metric: unknown value \"accuracy\" (one of: val_error, val_loss)");
   EXPECT_EQ(to_string(TrialStatus::kNotReached), "not_reached");
-  EXPECT_EQ(to_string(OptimizerName::kNovoGrad), "novograd");
+  EXPECT_EQ(registered_optimizers(),
+            (std::vector<std::string>{"sgd", "adam", "adamw", "lars", "larc", "lamb", "novograd", "lion", "muon"}));
 }
 
 // A folder written before "resnet" had a depth (its depth was 8) is the

@@ -5,7 +5,7 @@
 // groups the runner gives it.
 #include "../../experiments/runconfig/config.h"
 #include "../../experiments/workload/gpt.h"
-#include "../../experiments/runconfig/optimizer_registry.h"
+#include "../../experiments/optim/optimizer.h"
 #include "../../experiments/workload/workload.h"
 
 #include <gtest/gtest.h>
@@ -142,8 +142,7 @@ TEST(GptTest, ForwardAndBackwardMatchAFloat64Rederivation) {
 
 TEST(GptTest, EmbeddingsLayerNormAndBiasesGetNoDecayAndNoTrustRatio) {
   Gpt model = small_model();
-  OptimizerSpec spec;
-  spec.weight_decay = 0.1;
+  OptimizerSpec spec = resolve_optimizer("lamb", {{"weight_decay", 0.1}});
   const auto lamb = make_optimizer(spec, 1e-3, *model);
   ASSERT_EQ(lamb->param_groups().size(), 2u);
   const auto& adapted = lamb->param_groups()[0];
@@ -163,7 +162,7 @@ TEST(GptTest, EmbeddingsLayerNormAndBiasesGetNoDecayAndNoTrustRatio) {
   EXPECT_TRUE(in(plain, model->wte->weight));
   EXPECT_TRUE(in(plain, model->wpe->weight));
   // AdamW: the same two groups, no decay on the plain one.
-  spec.name = OptimizerName::kAdamW;
+  spec = resolve_optimizer("adamw", {{"weight_decay", 0.1}});
   const auto adamw = make_optimizer(spec, 1e-3, *model);
   ASSERT_EQ(adamw->param_groups().size(), 2u);
   EXPECT_TRUE(in(adamw->param_groups()[1], model->wte->weight));

@@ -284,7 +284,6 @@ TrialConfig cifar_trial(const fs::path& data, std::int64_t threads) {
   t.batch_size = 4;
   t.schedule.base_lr = 0.05;
   t.schedule.base_batch = 4;
-  t.optimizer.momentum = 0.9;
   t.budget = {7, bigbatch::schedules::Unit::kSteps};
   t.target = {Metric::kValError, -1, 100};
   t.loader.threads = threads;

@@ -87,7 +87,7 @@ TrialConfig mixture_trial(Precision precision, std::uint64_t seed) {
   c.data.params["dim"] = 32;
   c.data.params["separation"] = 0.6;
   c.model.params["widths"] = std::vector<std::int64_t>{64, 64};
-  c.optimizer.name = OptimizerName::kLamb;
+  c.optimizer = resolve_optimizer("lamb");
   c.schedule.base_lr = 0.01;
   c.target.threshold = 0;  // never reached: every run goes the whole budget
   c.target.eval_every = 50;
@@ -214,8 +214,7 @@ TEST(MixedPrecision, TheFp16LoopSkipsOverflowsAndHalvesTheScale) {
   ModelSpec model;
   model.type = ModelType::kLinear;
   c.model = model_part(model);
-  c.optimizer.name = OptimizerName::kSgd;
-  c.optimizer.momentum = 0;
+  c.optimizer = resolve_optimizer("sgd", {{"momentum", 0}});
   c.schedule.base_lr = 0.001;
   c.target.metric = Metric::kValLoss;
   c.target.threshold = 0;

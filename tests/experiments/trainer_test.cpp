@@ -78,7 +78,7 @@ TrialConfig mixture_trial(double lr, double threshold) {
   c.data.params["dim"] = 5;
   c.data.params["separation"] = 3;
   c.model.params["widths"] = std::vector<std::int64_t>{16};
-  c.optimizer.name = OptimizerName::kSgd;
+  c.optimizer = resolve_optimizer("sgd");
   c.schedule.base_lr = lr;
   c.target.threshold = threshold;
   c.target.eval_every = 5;
@@ -143,9 +143,9 @@ TEST(Trainer, AWorldOfOneMeasuresTheNoiseScaleInMicroBatches) {
 // state that must survive: LAMB's moments and step counts, the sampler in the
 // middle of an epoch, the noise-scale averages, and a warmup schedule.
 TEST(Trainer, ResumedFromACheckpointEqualsUninterrupted) {
-  for (const auto optimizer : {OptimizerName::kLamb, OptimizerName::kSgd}) {
+  for (const std::string optimizer : {"lamb", "sgd"}) {
     TrialConfig c = mixture_trial(0.05, 0.001);
-    c.optimizer.name = optimizer;
+    c.optimizer = resolve_optimizer(optimizer);
     c.data.params["separation"] = 0.5;  // overlapping classes: the target is never reached
     c.checkpoint_every = 20;
     c.gns.micro_batches = 2;
@@ -176,11 +176,11 @@ TEST(Trainer, ResumedFromACheckpointEqualsUninterrupted) {
     EXPECT_EQ(b.step(), 40);
     const TrialResult resumed = b.run().front();
 
-    ASSERT_EQ(resumed.rows.size(), full.rows.size()) << to_string(optimizer);
+    ASSERT_EQ(resumed.rows.size(), full.rows.size()) << optimizer;
     for (std::size_t i = 0; i < full.rows.size(); ++i) {
       EXPECT_EQ(resumed.rows[i].step, full.rows[i].step);
-      EXPECT_EQ(resumed.rows[i].train_loss, full.rows[i].train_loss) << to_string(optimizer) << ", row " << i;
-      EXPECT_EQ(resumed.rows[i].val_loss, full.rows[i].val_loss) << to_string(optimizer) << ", row " << i;
+      EXPECT_EQ(resumed.rows[i].train_loss, full.rows[i].train_loss) << optimizer << ", row " << i;
+      EXPECT_EQ(resumed.rows[i].val_loss, full.rows[i].val_loss) << optimizer << ", row " << i;
       EXPECT_EQ(resumed.rows[i].lr, full.rows[i].lr);
       EXPECT_TRUE(resumed.rows[i].gns == full.rows[i].gns || (std::isnan(resumed.rows[i].gns) && std::isnan(full.rows[i].gns)));
     }
@@ -188,7 +188,7 @@ TEST(Trainer, ResumedFromACheckpointEqualsUninterrupted) {
     EXPECT_EQ(resumed.best_metric, full.best_metric);
     const auto pw = whole.model()->parameters();
     const auto pb = b.model()->parameters();
-    for (std::size_t k = 0; k < pw.size(); ++k) EXPECT_TRUE(at::equal(pw[k], pb[k])) << to_string(optimizer) << ", parameter " << k;
+    for (std::size_t k = 0; k < pw.size(); ++k) EXPECT_TRUE(at::equal(pw[k], pb[k])) << optimizer << ", parameter " << k;
   }
 }
 
@@ -198,7 +198,7 @@ TEST(Trainer, ResumedFromACheckpointEqualsUninterrupted) {
 // losses since the last evaluation are part of the checkpoint.
 TEST(Trainer, InterruptedBetweenEvaluationsResumesExactly) {
   TrialConfig c = mixture_trial(0.05, 0.001);
-  c.optimizer.name = OptimizerName::kLamb;
+  c.optimizer = resolve_optimizer("lamb");
   c.data.params["separation"] = 0.5;  // the target is never reached
   c.target.eval_every = 10;
   c.checkpoint_every = 0;
@@ -322,9 +322,9 @@ TEST(TrialFolder, AnUnreadableCheckpointRestartsTheTrial) {
 
 TEST(Trainer, CudaTrialFollowsTheCpuTrial_CUDA) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const auto optimizer : {OptimizerName::kSgd, OptimizerName::kLamb, OptimizerName::kLars}) {
-    TrialConfig c = mixture_trial(optimizer == OptimizerName::kLars ? 1.0 : 0.05, 0.001);
-    c.optimizer.name = optimizer;
+  for (const std::string optimizer : {"sgd", "lamb", "lars"}) {
+    TrialConfig c = mixture_trial(optimizer == "lars" ? 1.0 : 0.05, 0.001);
+    c.optimizer = resolve_optimizer(optimizer);
     const WorkloadData d = load_dataset(c.data);
     Trainer cpu(c, d);
     c.device = DeviceType::kCuda;
@@ -336,11 +336,11 @@ TEST(Trainer, CudaTrialFollowsTheCpuTrial_CUDA) {
     for (int i = 0; i < 10; ++i) {
       const double a = cpu.train_step().front();
       const double b = gpu.train_step().front();
-      EXPECT_NEAR(a, b, 1e-3 * std::abs(a) + 1e-4) << to_string(optimizer) << ", step " << i;
+      EXPECT_NEAR(a, b, 1e-3 * std::abs(a) + 1e-4) << optimizer << ", step " << i;
     }
     const double loss_cpu = cpu.evaluate().front().loss;
     const double loss_gpu = gpu.evaluate().front().loss;
-    EXPECT_NEAR(loss_cpu, loss_gpu, 1e-2 * loss_cpu) << to_string(optimizer);
+    EXPECT_NEAR(loss_cpu, loss_gpu, 1e-2 * loss_cpu) << optimizer;
   }
 }
 

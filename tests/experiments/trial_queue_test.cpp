@@ -43,7 +43,7 @@ std::vector<TrialConfig> seeded() {
 
 TEST(TrialQueue, RatesAreTrialsThatDifferOnlyInTheirSeed) {
   auto trials = seeded();
-  trials[5].optimizer.momentum = 0.5;  // another momentum: a rate of its own
+  trials[5].optimizer.params["momentum"] = 0.5;  // another momentum: a rate of its own (only grouped here)
   const auto rates = rates_of(trials);
   ASSERT_EQ(rates.size(), 3u);
   EXPECT_EQ(rates[0], (std::vector<std::size_t>{0, 1, 2}));

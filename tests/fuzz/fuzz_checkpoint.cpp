@@ -30,7 +30,7 @@ bx::TrialConfig trial() {
   t.data.params["classes"] = 3;
   t.data.params["dim"] = 4;
   t.model.params["widths"] = std::vector<std::int64_t>{8};
-  t.optimizer.name = bx::OptimizerName::kLamb;
+  t.optimizer = bx::resolve_optimizer("lamb");
   t.schedule.base_lr = 0.01;
   t.schedule.base_batch = 16;
   t.target.eval_every = 2;

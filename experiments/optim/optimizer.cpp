@@ -1,0 +1,173 @@
+// The optimizer registry and what the runner asks of an entry (optimizer.h),
+// and the helpers the entries share (entry.h).
+#include "optimizer.h"
+
+#include "builtin.h"
+#include "entry.h"
+#include "../../config/json_reader.h"
+#include "../../optimizers/layerwise_optimizer.h"
+
+#include <c10/util/Exception.h>
+#include <torch/nn/modules/embedding.h>
+
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_set>
+
+namespace bigbatch::experiments {
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::deque<OptimizerEntry> entries;  // a deque: entries stay where they are as others are added
+};
+
+void add(Registry& r, OptimizerEntry entry) {
+  if (entry.name.empty()) throw std::invalid_argument("register_optimizer: an empty name");
+  if (!entry.resolve || !entry.make) {
+    throw std::invalid_argument("register_optimizer: \"" + entry.name + "\" needs resolve and make");
+  }
+  for (const auto& e : r.entries) {
+    if (e.name == entry.name) {
+      throw std::invalid_argument("register_optimizer: \"" + entry.name + "\" is registered already");
+    }
+  }
+  r.entries.push_back(std::move(entry));
+}
+
+// The registry, with the built-ins added on first use (not by static
+// initializers, which a static library's linker may drop).
+Registry& registry() {
+  static Registry* r = [] {
+    auto* out = new Registry;  // never destroyed: entries may be read at exit
+    for (auto& e : builtin_optimizers()) add(*out, std::move(e));
+    return out;
+  }();
+  return *r;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+std::vector<std::string> keys_of(const nlohmann::json& object) {
+  std::vector<std::string> out;
+  for (const auto& item : object.items()) out.push_back(item.key());
+  return out;
+}
+
+}  // namespace
+
+std::optional<double> OptimizerSpec::momentum() const {
+  const auto it = params.find("momentum");
+  if (it == params.end() || !it->is_number()) return std::nullopt;
+  return it->get<double>();
+}
+
+void register_optimizer(OptimizerEntry entry) {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  add(r, std::move(entry));
+}
+
+std::vector<std::string> registered_optimizers() {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> out;
+  for (const auto& e : r.entries) out.push_back(e.name);
+  return out;
+}
+
+const OptimizerEntry& optimizer_entry(const std::string& name) {
+  {
+    Registry& r = registry();
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    for (const auto& e : r.entries) {
+      if (e.name == name) return e;
+    }
+  }
+  config::config_error("optimizer.name",
+                       "unknown value \"" + name + "\" (one of: " + joined(registered_optimizers()) + ")");
+}
+
+OptimizerSpec resolve_optimizer(const std::string& name, const nlohmann::json& keys) {
+  const OptimizerEntry& entry = optimizer_entry(name);
+  if (!keys.is_object()) config::config_error("optimizer", std::string("expected an object, got ") + keys.type_name());
+  // The optimizer's keys are those its defaults are written with.
+  const nlohmann::json defaults = entry.resolve(nlohmann::json::object());
+  const std::string own = joined(keys_of(defaults));
+  for (const auto& item : keys.items()) {
+    if (defaults.contains(item.key())) continue;
+    bool other = false;
+    for (const auto& n : registered_optimizers()) {
+      other = other || (n != name && optimizer_entry(n).resolve(nlohmann::json::object()).contains(item.key()));
+    }
+    if (other) {
+      config::config_error("optimizer." + item.key(), name + " has no such key (its keys: " + own + "); a variant drops its base's with \"" +
+                                                          item.key() + "\": null");
+    }
+    config::config_error("optimizer." + item.key(), "unknown key (" + name + "'s keys: " + own + ")");
+  }
+  nlohmann::json resolved = entry.resolve(keys);
+  TORCH_CHECK(resolved.is_object(), "optimizer \"", name, "\": its entry resolved the keys to a non-object");
+  return {name, std::move(resolved)};
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec, double lr,
+                                                        torch::nn::Module& model) {
+  return optimizer_entry(spec.name).make(spec.params, lr, model);
+}
+
+schedules::LRAdapter::RateChange rate_change(const OptimizerSpec& spec, torch::optim::Optimizer& optimizer) {
+  const OptimizerEntry& entry = optimizer_entry(spec.name);
+  return entry.rate_change ? entry.rate_change(spec.params, optimizer) : schedules::LRAdapter::RateChange{};
+}
+
+std::vector<LayerScalar> layer_scalars(const OptimizerSpec& spec, const torch::optim::Optimizer& optimizer) {
+  const OptimizerEntry& entry = optimizer_entry(spec.name);
+  return entry.scalars ? entry.scalars(optimizer) : std::vector<LayerScalar>{};
+}
+
+nlohmann::json normalized_optimizer(const nlohmann::json& resolved) {
+  if (!resolved.is_object() || !resolved.contains("name") || !resolved["name"].is_string()) return resolved;
+  try {
+    const std::string name = resolved["name"].get<std::string>();
+    const nlohmann::json defaults = optimizer_entry(name).resolve(nlohmann::json::object());
+    nlohmann::json keys = nlohmann::json::object();
+    for (const auto& item : resolved.items()) {
+      if (defaults.contains(item.key())) keys[item.key()] = item.value();
+    }
+    nlohmann::json out = optimizer_entry(name).resolve(keys);
+    out["name"] = name;
+    return out;
+  } catch (const c10::Error&) {
+    return resolved;  // not a config of today: compared as it is
+  }
+}
+
+// ------------------------------------------------------------- entry.h --
+
+std::function<bool(const at::Tensor&)> plain_rule(const torch::nn::Module& model) {
+  std::unordered_set<const void*> tables;
+  const auto note = [&](const torch::nn::Module& m) {
+    if (const auto* e = dynamic_cast<const torch::nn::EmbeddingImpl*>(&m)) tables.insert(e->weight.unsafeGetTensorImpl());
+  };
+  note(model);
+  for (const auto& m : model.modules(/*include_self=*/false)) note(*m);
+  return [tables = std::move(tables)](const at::Tensor& p) {
+    return p.dim() < 2 || tables.count(p.unsafeGetTensorImpl()) > 0;
+  };
+}
+
+std::vector<LayerScalar> trust_ratio_scalars(const torch::optim::Optimizer& optimizer) {
+  std::vector<LayerScalar> out;
+  if (const auto* layerwise = dynamic_cast<const optim::LayerwiseOptimizerBase*>(&optimizer)) {
+    for (const auto& r : layerwise->trust_ratios()) out.push_back({"trust_ratio", r.param, r.ratio});
+  }
+  return out;
+}
+
+}  // namespace bigbatch::experiments
