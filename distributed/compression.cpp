@@ -413,162 +413,193 @@ void GradientExchange::finish_overlap(const std::vector<at::Tensor>& grads) {
 
 void GradientExchange::exchange_bucket(ProcessGroup& group, Bucket& bucket, std::size_t index, at::Tensor& flat,
                                        bool dense) {
+  if (dense) {  // allreduce_gradients' exchange, operation for operation
+    allreduce(group, flat);
+    flat.div_(static_cast<double>(group.size()));
+    return;
+  }
+  switch (spec_.method) {
+    case Compression::kFp16:
+    case Compression::kBf16:
+      return exchange_half(group, flat);
+    case Compression::kTopK:
+    case Compression::kDgc:
+      return exchange_largest(group, bucket, flat);
+    case Compression::kRandomK:
+      return exchange_random(group, bucket, index, flat);
+    case Compression::kSign:
+    case Compression::kTernGrad:
+      return exchange_codes(group, bucket, index, flat);
+    case Compression::kQsgd:
+      return exchange_qsgd(group, index, flat);
+    default:
+      TORCH_CHECK(false, "gradient compression: ", compression_name(spec_.method), " has no bucket exchange");
+  }
+}
+
+at::Tensor& GradientExchange::memory_of(Bucket& bucket, const at::Tensor& flat) {
+  if (!bucket.memory.defined()) bucket.memory = at::zeros({flat.numel()}, flat.options());
+  return bucket.memory;
+}
+
+void GradientExchange::exchange_half(ProcessGroup& group, at::Tensor& flat) {
   const double w = group.size();
   const std::int64_t n = flat.numel();
   const auto opts = flat.options();
-  if (dense) {  // allreduce_gradients' exchange, operation for operation
-    allreduce(group, flat);
-    flat.div_(w);
-    return;
+  const auto type = spec_.method == Compression::kFp16 ? at::kHalf : at::kBFloat16;
+  // g / W cast to 16 bits in one pass (the product in fp32, then rounded once).
+  at::Tensor half = at::empty({n}, opts.dtype(type));
+  at::mul_out(half, flat, at::scalar_tensor(1.0 / w, opts));
+  // Gloo (LibTorch 1.13 at least) has no bf16 collectives: bf16 travels
+  // there as the bits of fp16 values (copied, never added), all-gathered,
+  // and is added in fp32 (for 2 ranks the bytes of an all-reduce).
+  if (spec_.method == Compression::kBf16 && group.backend() == Backend::kGloo) {
+    at::Tensor sum = at::zeros({n}, opts);
+    for (const auto& part : allgather(group, half.view(at::kHalf))) sum.add_(part.view(at::kBFloat16).to(at::kFloat));
+    flat.copy_(sum);
+  } else {
+    allreduce(group, half);
+    flat.copy_(half);
   }
-  const auto memory = [&]() -> at::Tensor& {
-    if (!bucket.memory.defined()) bucket.memory = at::zeros({n}, opts);
-    return bucket.memory;
-  };
-  switch (spec_.method) {
-    case Compression::kFp16:
-    case Compression::kBf16: {
-      const auto type = spec_.method == Compression::kFp16 ? at::kHalf : at::kBFloat16;
-      // g / W cast to 16 bits in one pass (the product in fp32, then rounded once).
-      at::Tensor half = at::empty({n}, opts.dtype(type));
-      at::mul_out(half, flat, at::scalar_tensor(1.0 / w, opts));
-      // Gloo (LibTorch 1.13 at least) has no bf16 collectives: bf16 travels
-      // there as the bits of fp16 values (copied, never added), all-gathered,
-      // and is added in fp32 (for 2 ranks the bytes of an all-reduce).
-      if (spec_.method == Compression::kBf16 && group.backend() == Backend::kGloo) {
-        at::Tensor sum = at::zeros({n}, opts);
-        for (const auto& part : allgather(group, half.view(at::kHalf))) sum.add_(part.view(at::kBFloat16).to(at::kFloat));
-        flat.copy_(sum);
-      } else {
-        allreduce(group, half);
-        flat.copy_(half);
-      }
-      return;
+}
+
+void GradientExchange::exchange_largest(ProcessGroup& group, Bucket& bucket, at::Tensor& flat) {
+  const double w = group.size();
+  const std::int64_t n = flat.numel();
+  const auto opts = flat.options();
+  at::Tensor& acc = memory_of(bucket, flat);
+  double ratio = spec_.ratio;
+  if (spec_.method == Compression::kDgc) {
+    // Momentum correction: u = m u + g; v = v + u; v is what is selected and sent.
+    if (!bucket.velocity.defined()) bucket.velocity = at::zeros({n}, opts);
+    bucket.velocity.mul_(spec_.momentum).add_(flat);
+    acc.add_(bucket.velocity);
+    ratio = dgc_ratio(spec_, steps_);
+  } else {
+    acc.add_(flat);
+  }
+  const std::int64_t k = kept(ratio, n);
+  at::Tensor index = std::get<1>(acc.abs().topk(k, 0, true, false)).to(at::kInt);
+  at::Tensor values = at::empty({k}, opts);
+  const bool clear = spec_.method == Compression::kDgc || spec_.error_feedback;
+  BIGBATCH_COMPRESS(acc, sparse_pack, acc.data_ptr<float>(), index.data_ptr<std::int32_t>(), k, clear,
+                    values.data_ptr<float>());
+  if (spec_.method == Compression::kDgc) {
+    bucket.velocity.index_fill_(0, index.to(at::kLong), 0.0);  // momentum-factor masking
+  } else if (!spec_.error_feedback) {
+    acc.zero_();
+  }
+  const auto all_values = allgather(group, values);
+  const auto all_index = allgather(group, index);
+  flat.zero_();
+  for (std::size_t r = 0; r < all_values.size(); ++r) {
+    BIGBATCH_COMPRESS(flat, sparse_unpack_add, all_index[r].data_ptr<std::int32_t>(), all_values[r].data_ptr<float>(),
+                      k, static_cast<float>(1.0 / w), flat.data_ptr<float>());
+  }
+}
+
+void GradientExchange::exchange_random(ProcessGroup& group, Bucket& bucket, std::size_t index, at::Tensor& flat) {
+  const double w = group.size();
+  const std::int64_t n = flat.numel();
+  const std::int64_t k = kept(spec_.ratio, n);
+  at::Tensor coords = draw_subset(n, k, stream_seed(spec_.seed, steps_, index, -1)).to(flat.device());
+  at::Tensor values = at::empty({k}, flat.options());
+  at::Tensor& source = spec_.error_feedback ? memory_of(bucket, flat) : flat;
+  if (spec_.error_feedback) source.add_(flat);
+  BIGBATCH_COMPRESS(source, sparse_pack, source.data_ptr<float>(), coords.data_ptr<std::int32_t>(), k,
+                    spec_.error_feedback, values.data_ptr<float>());
+  allreduce(group, values);  // the same coordinates on every rank: the values add up
+  const double scale = spec_.error_feedback ? 1.0 / w : static_cast<double>(n) / static_cast<double>(k) / w;
+  flat.zero_();
+  BIGBATCH_COMPRESS(flat, sparse_unpack_add, coords.data_ptr<std::int32_t>(), values.data_ptr<float>(), k,
+                    static_cast<float>(scale), flat.data_ptr<float>());
+}
+
+// One code per tensor of the bucket, each with its own scale (the papers'
+// layer-wise scales): the tensors' words, then their scales.
+void GradientExchange::exchange_codes(ProcessGroup& group, Bucket& bucket, std::size_t index, at::Tensor& flat) {
+  const bool sign = spec_.method == Compression::kSign;
+  at::Tensor& x = sign && spec_.error_feedback ? memory_of(bucket, flat) : flat;
+  if (sign && spec_.error_feedback) x.add_(flat);
+  const at::Tensor packed = pack_codes(group, bucket, index, x);
+  flat.zero_();
+  for (const auto& received : allgather(group, packed)) add_codes(bucket, received, group.size(), flat);
+}
+
+at::Tensor GradientExchange::pack_codes(ProcessGroup& group, const Bucket& bucket, std::size_t index, at::Tensor& x) {
+  const bool sign = spec_.method == Compression::kSign;
+  const std::int64_t per_word = sign ? kc::kSignPerWord : kc::kTernaryPerWord;
+  std::int64_t words_total = 0;
+  for (const std::int64_t size : bucket.sizes) words_total += kc::words_for(size, per_word);
+  const auto segments = static_cast<std::int64_t>(bucket.sizes.size());
+  at::Tensor packed = at::empty({words_total + segments}, x.options().dtype(at::kInt));
+  const at::Tensor scales = at::empty({segments}, x.options());
+  std::int64_t begin = 0, word = 0;
+  for (std::int64_t j = 0; j < segments; ++j) {
+    const std::int64_t size = bucket.sizes[static_cast<std::size_t>(j)];
+    at::Tensor part = x.slice(0, begin, begin + size);
+    std::uint32_t* out = words(packed) + word;
+    if (sign) {
+      // The scale that brings c sign(x) closest to x: the mean magnitude.
+      const float scale = static_cast<float>(part.norm(1).item<double>() / static_cast<double>(size));
+      scales[j].fill_(scale);
+      BIGBATCH_COMPRESS(part, sign_pack, part.data_ptr<float>(), size, scale, spec_.error_feedback, out);
+    } else {
+      const float scale = part.abs().max().item<float>();
+      scales[j].fill_(scale);
+      const std::uint64_t seed = kc::mix64(stream_seed(spec_.seed, steps_, index, group.rank()) + j);
+      BIGBATCH_COMPRESS(part, ternary_pack, part.data_ptr<float>(), size, scale, seed, out);
     }
-    case Compression::kTopK:
-    case Compression::kDgc: {
-      at::Tensor& acc = memory();
-      double ratio = spec_.ratio;
-      if (spec_.method == Compression::kDgc) {
-        // Momentum correction: u = m u + g; v = v + u; v is what is selected and sent.
-        if (!bucket.velocity.defined()) bucket.velocity = at::zeros({n}, opts);
-        bucket.velocity.mul_(spec_.momentum).add_(flat);
-        acc.add_(bucket.velocity);
-        ratio = dgc_ratio(spec_, steps_);
-      } else {
-        acc.add_(flat);
-      }
-      const std::int64_t k = kept(ratio, n);
-      at::Tensor index = std::get<1>(acc.abs().topk(k, 0, true, false)).to(at::kInt);
-      at::Tensor values = at::empty({k}, opts);
-      const bool clear = spec_.method == Compression::kDgc || spec_.error_feedback;
-      BIGBATCH_COMPRESS(acc, sparse_pack, acc.data_ptr<float>(), index.data_ptr<std::int32_t>(), k, clear,
-                        values.data_ptr<float>());
-      if (spec_.method == Compression::kDgc) {
-        bucket.velocity.index_fill_(0, index.to(at::kLong), 0.0);  // momentum-factor masking
-      } else if (!spec_.error_feedback) {
-        acc.zero_();
-      }
-      const auto all_values = allgather(group, values);
-      const auto all_index = allgather(group, index);
-      flat.zero_();
-      for (std::size_t r = 0; r < all_values.size(); ++r) {
-        BIGBATCH_COMPRESS(flat, sparse_unpack_add, all_index[r].data_ptr<std::int32_t>(),
-                          all_values[r].data_ptr<float>(), k, static_cast<float>(1.0 / w), flat.data_ptr<float>());
-      }
-      return;
+    begin += size;
+    word += kc::words_for(size, per_word);
+  }
+  packed.slice(0, words_total).copy_(scales.view(at::kInt));
+  return packed;
+}
+
+void GradientExchange::add_codes(const Bucket& bucket, const at::Tensor& received, double w, at::Tensor& flat) {
+  const bool sign = spec_.method == Compression::kSign;
+  const std::int64_t per_word = sign ? kc::kSignPerWord : kc::kTernaryPerWord;
+  const auto segments = static_cast<std::int64_t>(bucket.sizes.size());
+  const std::int64_t words_total = received.numel() - segments;
+  const at::Tensor their_scales = received.slice(0, words_total).view(at::kFloat).cpu();
+  std::int64_t begin = 0, word = 0;
+  for (std::int64_t j = 0; j < segments; ++j) {
+    const std::int64_t size = bucket.sizes[static_cast<std::size_t>(j)];
+    at::Tensor part = flat.slice(0, begin, begin + size);
+    const float scale = static_cast<float>(their_scales[j].item<float>() / w);
+    const std::uint32_t* in = words(received) + word;
+    if (sign) {
+      BIGBATCH_COMPRESS(part, sign_unpack_add, in, size, scale, part.data_ptr<float>());
+    } else {
+      BIGBATCH_COMPRESS(part, ternary_unpack_add, in, size, scale, part.data_ptr<float>());
     }
-    case Compression::kRandomK: {
-      const std::int64_t k = kept(spec_.ratio, n);
-      at::Tensor coords = draw_subset(n, k, stream_seed(spec_.seed, steps_, index, -1)).to(flat.device());
-      at::Tensor values = at::empty({k}, opts);
-      at::Tensor& source = spec_.error_feedback ? memory() : flat;
-      if (spec_.error_feedback) source.add_(flat);
-      BIGBATCH_COMPRESS(source, sparse_pack, source.data_ptr<float>(), coords.data_ptr<std::int32_t>(), k,
-                        spec_.error_feedback, values.data_ptr<float>());
-      allreduce(group, values);  // the same coordinates on every rank: the values add up
-      const double scale = spec_.error_feedback ? 1.0 / w : static_cast<double>(n) / static_cast<double>(k) / w;
-      flat.zero_();
-      BIGBATCH_COMPRESS(flat, sparse_unpack_add, coords.data_ptr<std::int32_t>(), values.data_ptr<float>(), k,
-                        static_cast<float>(scale), flat.data_ptr<float>());
-      return;
-    }
-    case Compression::kSign:
-    case Compression::kTernGrad: {
-      // One code per tensor of the bucket, each with its own scale (the
-      // papers' layer-wise scales): the tensors' words, then their scales.
-      const bool sign = spec_.method == Compression::kSign;
-      const std::int64_t per_word = sign ? kc::kSignPerWord : kc::kTernaryPerWord;
-      at::Tensor& x = sign && spec_.error_feedback ? memory() : flat;
-      if (sign && spec_.error_feedback) x.add_(flat);
-      std::int64_t words_total = 0;
-      for (const std::int64_t size : bucket.sizes) words_total += kc::words_for(size, per_word);
-      const auto segments = static_cast<std::int64_t>(bucket.sizes.size());
-      at::Tensor packed = at::empty({words_total + segments}, opts.dtype(at::kInt));
-      const at::Tensor scales = at::empty({segments}, opts);
-      std::int64_t begin = 0, word = 0;
-      for (std::int64_t j = 0; j < segments; ++j) {
-        const std::int64_t size = bucket.sizes[static_cast<std::size_t>(j)];
-        at::Tensor part = x.slice(0, begin, begin + size);
-        std::uint32_t* out = words(packed) + word;
-        if (sign) {
-          // The scale that brings c sign(x) closest to x: the mean magnitude.
-          const float scale = static_cast<float>(part.norm(1).item<double>() / static_cast<double>(size));
-          scales[j].fill_(scale);
-          BIGBATCH_COMPRESS(part, sign_pack, part.data_ptr<float>(), size, scale, spec_.error_feedback, out);
-        } else {
-          const float scale = part.abs().max().item<float>();
-          scales[j].fill_(scale);
-          const std::uint64_t seed = kc::mix64(stream_seed(spec_.seed, steps_, index, group.rank()) + j);
-          BIGBATCH_COMPRESS(part, ternary_pack, part.data_ptr<float>(), size, scale, seed, out);
-        }
-        begin += size;
-        word += kc::words_for(size, per_word);
-      }
-      packed.slice(0, words_total).copy_(scales.view(at::kInt));
-      flat.zero_();
-      for (const auto& received : allgather(group, packed)) {
-        const at::Tensor their_scales = received.slice(0, words_total).view(at::kFloat).cpu();
-        begin = word = 0;
-        for (std::int64_t j = 0; j < segments; ++j) {
-          const std::int64_t size = bucket.sizes[static_cast<std::size_t>(j)];
-          at::Tensor part = flat.slice(0, begin, begin + size);
-          const float scale = static_cast<float>(their_scales[j].item<float>() / w);
-          const std::uint32_t* in = words(received) + word;
-          if (sign) {
-            BIGBATCH_COMPRESS(part, sign_unpack_add, in, size, scale, part.data_ptr<float>());
-          } else {
-            BIGBATCH_COMPRESS(part, ternary_unpack_add, in, size, scale, part.data_ptr<float>());
-          }
-          begin += size;
-          word += kc::words_for(size, per_word);
-        }
-      }
-      return;
-    }
-    case Compression::kQsgd: {
-      // The norm of each chunk of `chunk` elements (QSGD's buckets), then n levels as bytes.
-      const std::int64_t chunk = std::min(spec_.chunk, n);  // one norm for the bucket at most
-      const std::int64_t chunks = (n + chunk - 1) / chunk;
-      at::Tensor padded = at::zeros({chunks * chunk}, opts);
-      padded.slice(0, 0, n).copy_(flat);
-      const at::Tensor norms = padded.view({chunks, chunk}).norm(2, 1).contiguous();
-      at::Tensor packed = at::empty({4 * chunks + n}, opts.dtype(at::kChar));
-      packed.slice(0, 0, 4 * chunks).copy_(norms.view(at::kChar));
-      BIGBATCH_COMPRESS(flat, qsgd_pack, flat.data_ptr<float>(), n, norms.data_ptr<float>(), chunk,
-                        static_cast<int>(spec_.levels), stream_seed(spec_.seed, steps_, index, group.rank()),
-                        packed.data_ptr<std::int8_t>() + 4 * chunks);
-      flat.zero_();
-      const float scale = static_cast<float>(1.0 / static_cast<double>(spec_.levels) / w);
-      for (const auto& received : allgather(group, packed)) {
-        const at::Tensor their_norms = received.slice(0, 0, 4 * chunks).view(at::kFloat);
-        BIGBATCH_COMPRESS(flat, qsgd_unpack_add, received.data_ptr<std::int8_t>() + 4 * chunks, n,
-                          their_norms.data_ptr<float>(), chunk, scale, flat.data_ptr<float>());
-      }
-      return;
-    }
-    default:
-      TORCH_CHECK(false, "gradient compression: ", compression_name(spec_.method), " has no bucket exchange");
+    begin += size;
+    word += kc::words_for(size, per_word);
+  }
+}
+
+// The norm of each chunk of `chunk` elements (QSGD's buckets), then n levels as bytes.
+void GradientExchange::exchange_qsgd(ProcessGroup& group, std::size_t index, at::Tensor& flat) {
+  const double w = group.size();
+  const std::int64_t n = flat.numel();
+  const auto opts = flat.options();
+  const std::int64_t chunk = std::min(spec_.chunk, n);  // one norm for the bucket at most
+  const std::int64_t chunks = (n + chunk - 1) / chunk;
+  at::Tensor padded = at::zeros({chunks * chunk}, opts);
+  padded.slice(0, 0, n).copy_(flat);
+  const at::Tensor norms = padded.view({chunks, chunk}).norm(2, 1).contiguous();
+  at::Tensor packed = at::empty({4 * chunks + n}, opts.dtype(at::kChar));
+  packed.slice(0, 0, 4 * chunks).copy_(norms.view(at::kChar));
+  BIGBATCH_COMPRESS(flat, qsgd_pack, flat.data_ptr<float>(), n, norms.data_ptr<float>(), chunk,
+                    static_cast<int>(spec_.levels), stream_seed(spec_.seed, steps_, index, group.rank()),
+                    packed.data_ptr<std::int8_t>() + 4 * chunks);
+  flat.zero_();
+  const float scale = static_cast<float>(1.0 / static_cast<double>(spec_.levels) / w);
+  for (const auto& received : allgather(group, packed)) {
+    const at::Tensor their_norms = received.slice(0, 0, 4 * chunks).view(at::kFloat);
+    BIGBATCH_COMPRESS(flat, qsgd_unpack_add, received.data_ptr<std::int8_t>() + 4 * chunks, n,
+                      their_norms.data_ptr<float>(), chunk, scale, flat.data_ptr<float>());
   }
 }
 

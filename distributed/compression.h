@@ -197,7 +197,16 @@ class GradientExchange {
   void launch(std::size_t bucket, const std::vector<at::Tensor>& grads);
   void finish_overlap(const std::vector<at::Tensor>& grads);
   void add_to_totals();
+  // One bucket's exchange (`index` seeds the random ones), by compressor.
   void exchange_bucket(ProcessGroup& group, Bucket& bucket, std::size_t index, at::Tensor& flat, bool dense);
+  static at::Tensor& memory_of(Bucket& bucket, const at::Tensor& flat);  ///< zeros on first use
+  void exchange_half(ProcessGroup& group, at::Tensor& flat);                    // fp16, bf16
+  void exchange_largest(ProcessGroup& group, Bucket& bucket, at::Tensor& flat);  // topk, dgc
+  void exchange_random(ProcessGroup& group, Bucket& bucket, std::size_t index, at::Tensor& flat);  // randomk
+  void exchange_codes(ProcessGroup& group, Bucket& bucket, std::size_t index, at::Tensor& flat);   // sign, terngrad
+  at::Tensor pack_codes(ProcessGroup& group, const Bucket& bucket, std::size_t index, at::Tensor& x);
+  void add_codes(const Bucket& bucket, const at::Tensor& received, double w, at::Tensor& flat);  ///< / w ranks
+  void exchange_qsgd(ProcessGroup& group, std::size_t index, at::Tensor& flat);
   void exchange_powersgd(ProcessGroup& group, const std::vector<at::Tensor>& grads);
   void allreduce(ProcessGroup& group, at::Tensor& t);
   std::vector<at::Tensor> allgather(ProcessGroup& group, const at::Tensor& t);
