@@ -258,10 +258,15 @@ class MuonFusedState {
   std::unique_ptr<kernels::MultiTensorStep<kernels::MuonApplyPlan>> apply;
 };
 
-bool Muon::step_fused(const std::vector<Group>& groups) {
-  // The fused path takes contiguous tensors on one device the engine runs on.
-  std::optional<at::Device> device;
-  std::vector<std::tuple<std::int64_t, at::Tensor, at::Tensor>> key;  // (group, param, grad)
+namespace {
+
+using FusedKey = std::vector<std::tuple<std::int64_t, at::Tensor, at::Tensor>>;  // (group, param, grad), in step order
+
+// The matrices with a gradient and their device into `key` and `device`
+// (left unset when none has one); false when the fused path cannot take
+// them: it takes contiguous tensors on one device the engine runs on.
+template <typename Groups>
+bool fused_key(const Groups& groups, FusedKey& key, std::optional<at::Device>& device) {
   for (std::size_t i = 0; i < groups.size(); ++i) {
     for (const auto& pg : groups[i].params) {
       if (!groups[i].options->fused() || !pg.param.is_contiguous() ||
@@ -272,44 +277,92 @@ bool Muon::step_fused(const std::vector<Group>& groups) {
       key.emplace_back(static_cast<std::int64_t>(i), pg.param, pg.grad);
     }
   }
+  return true;
+}
+
+// Whether `f` holds the batches of exactly these matrices, on this device.
+bool same_batches(const MuonFusedState* f, const FusedKey& key, at::Device device, bool cuda) {
+  bool same = f != nullptr && f->cuda == cuda && f->device == device && f->matrices.size() == key.size();
+  for (std::size_t k = 0; same && k < key.size(); ++k) {
+    const auto& mat = f->matrices[k];
+    same = mat.param.is_same(std::get<1>(key[k])) && f->batches[mat.batch].group == std::get<0>(key[k]);
+  }
+  return same;
+}
+
+// The batches of `key`: one per (group, rows, cols), and the two engines.
+std::unique_ptr<MuonFusedState> fused_batches(const FusedKey& key, at::Device device, bool cuda) {
+  auto fresh = std::make_unique<MuonFusedState>();
+  fresh->device = device;
+  fresh->cuda = cuda;
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::size_t> index;
+  std::vector<std::int64_t> counts;
+  for (const auto& [group, param, grad] : key) {
+    const auto [rows, cols] = muon_matrix_shape(param);
+    const auto it = index.emplace(std::make_tuple(group, rows, cols), fresh->batches.size()).first;
+    if (it->second == fresh->batches.size()) {
+      fresh->batches.push_back({group, rows, cols, {}, 0});
+      counts.push_back(0);
+    }
+    fresh->matrices.push_back({param, it->second, counts[it->second]++});
+  }
+  for (std::size_t b = 0; b < fresh->batches.size(); ++b) {
+    auto& batch = fresh->batches[b];
+    batch.buffer = at::empty({counts[b], batch.rows, batch.cols}, at::TensorOptions(device).dtype(at::kFloat));
+  }
+  rethrow_as_torch_error("Muon", [&] {
+    fresh->momentum = make_engine_step<kernels::MuonMomentumPlan>(cuda);
+    fresh->apply = make_engine_step<kernels::MuonApplyPlan>(cuda);
+  });
+  return fresh;
+}
+
+// The iteration, one batched product chain per batch, and the apply pass's
+// kernel groups: one per batch (its decay and scale).
+template <typename Groups>
+std::vector<kernels::MuonApplyGroup> orthogonalize(MuonFusedState& f, const Groups& groups) {
+  std::vector<kernels::MuonApplyGroup> apply_groups;
+  for (auto& batch : f.batches) {
+    const MuonOptions& o = *groups[static_cast<std::size_t>(batch.group)].options;
+    newton_schulz_(batch.buffer, o);
+    batch.scale = o.lr() * muon_scale(o.adjust_lr(), batch.rows, batch.cols);
+  }
+  for (const auto& batch : f.batches) {
+    const MuonOptions& o = *groups[static_cast<std::size_t>(batch.group)].options;
+    apply_groups.push_back({1 - o.lr() * o.weight_decay(), batch.scale, false});
+  }
+  return apply_groups;
+}
+
+// The momentum pass's slots as the apply pass's: each reads its direction O
+// from its batch buffer, in its batch's group.
+void retarget_for_apply(const MuonFusedState& f, std::vector<kernels::TensorSlot>& slots,
+                        const std::vector<at::Tensor>& masters) {
+  for (std::size_t k = 0; k < slots.size(); ++k) {
+    const auto& mat = f.matrices[k];
+    float* direction = slots[k].v;
+    slots[k].m = direction;  // O
+    slots[k].v = nullptr;
+    slots[k].grad = direction;  // not read
+    slots[k].master = masters[k].defined() ? masters[k].data_ptr<float>() : nullptr;
+    slots[k].group = static_cast<std::int32_t>(mat.batch);
+  }
+}
+
+}  // namespace
+
+bool Muon::step_fused(const std::vector<Group>& groups) {
+  FusedKey key;
+  std::optional<at::Device> device;
+  if (!fused_key(groups, key, device)) return false;
   if (!device) {  // no matrix has a gradient: nothing to step, and no update RMS to report
     fused_.reset();
     return true;
   }
   const bool cuda = runner_for(*device) == Runner::kCuda;
   const DeviceGuard guard(*device);
-
-  // The batches: one per (group, rows, cols), kept while the same matrices step.
-  bool same = fused_ && fused_->cuda == cuda && fused_->device == *device && fused_->matrices.size() == key.size();
-  for (std::size_t k = 0; same && k < key.size(); ++k) {
-    const auto& mat = fused_->matrices[k];
-    same = mat.param.is_same(std::get<1>(key[k])) && fused_->batches[mat.batch].group == std::get<0>(key[k]);
-  }
-  if (!same) {
-    auto fresh = std::make_unique<MuonFusedState>();
-    fresh->device = *device;
-    fresh->cuda = cuda;
-    std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::size_t> index;
-    std::vector<std::int64_t> counts;
-    for (const auto& [group, param, grad] : key) {
-      const auto [rows, cols] = muon_matrix_shape(param);
-      const auto it = index.emplace(std::make_tuple(group, rows, cols), fresh->batches.size()).first;
-      if (it->second == fresh->batches.size()) {
-        fresh->batches.push_back({group, rows, cols, {}, 0});
-        counts.push_back(0);
-      }
-      fresh->matrices.push_back({param, it->second, counts[it->second]++});
-    }
-    for (std::size_t b = 0; b < fresh->batches.size(); ++b) {
-      auto& batch = fresh->batches[b];
-      batch.buffer = at::empty({counts[b], batch.rows, batch.cols}, at::TensorOptions(*device).dtype(at::kFloat));
-    }
-    rethrow_as_torch_error("Muon", [&] {
-      fresh->momentum = make_engine_step<kernels::MuonMomentumPlan>(cuda);
-      fresh->apply = make_engine_step<kernels::MuonApplyPlan>(cuda);
-    });
-    fused_ = std::move(fresh);
-  }
+  // The batches are kept while the same matrices step.
+  if (!same_batches(fused_.get(), key, *device, cuda)) fused_ = fused_batches(key, *device, cuda);
   MuonFusedState& f = *fused_;
 
   // The momentum pass: m and U (into the batch buffers).
@@ -340,28 +393,8 @@ bool Muon::step_fused(const std::vector<Group>& groups) {
     f.momentum->run(stream);
   });
 
-  // The iteration, one batched product chain per batch.
-  for (auto& batch : f.batches) {
-    const MuonOptions& o = *groups[static_cast<std::size_t>(batch.group)].options;
-    newton_schulz_(batch.buffer, o);
-    batch.scale = o.lr() * muon_scale(o.adjust_lr(), batch.rows, batch.cols);
-  }
-
-  // The apply pass: one kernel group per batch (its decay and scale).
-  std::vector<kernels::MuonApplyGroup> apply_groups;
-  for (const auto& batch : f.batches) {
-    const MuonOptions& o = *groups[static_cast<std::size_t>(batch.group)].options;
-    apply_groups.push_back({1 - o.lr() * o.weight_decay(), batch.scale, false});
-  }
-  for (std::size_t k = 0; k < slots.size(); ++k) {
-    const auto& mat = f.matrices[k];
-    float* direction = slots[k].v;
-    slots[k].m = direction;  // O
-    slots[k].v = nullptr;
-    slots[k].grad = direction;  // not read
-    slots[k].master = masters[k].defined() ? masters[k].data_ptr<float>() : nullptr;
-    slots[k].group = static_cast<std::int32_t>(mat.batch);
-  }
+  const std::vector<kernels::MuonApplyGroup> apply_groups = orthogonalize(f, groups);
+  retarget_for_apply(f, slots, masters);
   rethrow_as_torch_error("Muon", [&] {
     f.apply->bind(slots, apply_groups, stream);
     f.apply->run(stream);
