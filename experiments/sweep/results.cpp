@@ -181,13 +181,124 @@ std::string cell(const std::optional<double>& x) { return x ? steps_text(*x) : s
 // "90%": the intervals' level, as the report and the comparison write it.
 std::string level_text() { return std::to_string(std::lround(100 * kIntervalLevel)) + "%"; }
 
+double metric_of(const json& summary) {
+  return summary["best_metric"].is_number() ? summary["best_metric"].get<double>() : kInf;
+}
+
+// One batch size's row: its best rate by the median over seeds, and the
+// rate's median seed (the lower of the two middle ones, ties in seed order)
+// as the trial it names; none reached: the rate of the trial with the best
+// metric, which it names. `rates` are the batch size's, their trials'
+// indices into `results`.
+std::pair<TargetRow, std::size_t> batch_row(std::int64_t batch, const std::vector<std::vector<std::size_t>>& rates,
+                                            const std::vector<SeedResult>& results) {
+  TargetRow row;
+  row.batch_size = batch;
+  std::optional<std::size_t> best;
+  double best_median = kInf;
+  std::optional<std::size_t> closest;
+  for (std::size_t r = 0; r < rates.size(); ++r) {
+    std::vector<double> steps;
+    for (const auto i : rates[r]) {
+      steps.push_back(results[i].steps);
+      if (results[i].summary["status"] == to_string(TrialStatus::kFailed)) ++row.failed;
+      if (!closest || metric_of(results[i].summary) < metric_of(results[*closest].summary)) closest = i;
+    }
+    const double m = noise::median_steps(steps);
+    if (m < best_median) {
+      best_median = m;
+      best = r;
+    }
+  }
+  const std::vector<std::size_t>& rate = best ? rates[*best] : *std::find_if(rates.begin(), rates.end(), [&](const auto& q) {
+    return std::find(q.begin(), q.end(), *closest) != q.end();
+  });
+  std::vector<double> steps, examples, bytes;
+  for (const auto i : rate) {
+    steps.push_back(results[i].steps);
+    examples.push_back(results[i].examples);
+    if (!std::isnan(results[i].bytes)) bytes.push_back(results[i].bytes);
+  }
+  row.seeds = static_cast<std::int64_t>(rate.size());
+  row.seeds_reached = std::count_if(steps.begin(), steps.end(), [](double x) { return std::isfinite(x); });
+  row.seed_steps = steps;
+  if (!best) return {row, *closest};
+  std::vector<std::size_t> order(rate.size());
+  for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return steps[a] < steps[b]; });
+  row.reached = true;
+  row.steps = best_median;
+  row.examples = noise::median_steps(examples);
+  if (bytes.size() == steps.size()) row.bytes = noise::median_steps(bytes);
+  row.steps_min = *std::min_element(steps.begin(), steps.end());
+  row.steps_max = *std::max_element(steps.begin(), steps.end());
+  if (steps.size() > 1) {
+    const noise::Interval in = noise::bootstrap_median(steps, kResamples, kIntervalLevel, static_cast<std::uint64_t>(batch));
+    row.steps_low = in.low;
+    row.steps_high = in.high;
+  }
+  return {row, rate[order[(order.size() - 1) / 2]]};
+}
+
+// A row of steps_to_target.csv; `summary` is its trial's.
+std::string csv_row(const TargetRow& row, const json& summary, const std::vector<TrialConfig>& trials) {
+  std::string seed_cells;
+  for (const double x : row.seed_steps) seed_cells += (seed_cells.empty() ? "" : " ") + steps_text(x);
+  std::ostringstream csv;
+  csv << row.batch_size << ',' << cell(row.steps) << ',' << cell(row.examples) << ','
+      << csv_number(summary["peak_lr"].get<double>()) << ',' << row.trial << ',' << (row.reached ? 1 : 0) << ','
+      << search_edge(trials, row.trial) << ',' << row.failed << ',' << row.seeds << ',' << row.seeds_reached << ','
+      << cell(row.steps_min) << ',' << cell(row.steps_max) << ',' << cell(row.steps_low) << ','
+      << cell(row.steps_high) << ',' << seed_cells << ',' << (row.bytes ? csv_number(*row.bytes) : std::string())
+      << "\n";
+  return csv.str();
+}
+
+// fit.json: S(B) = S_min (1 + B_crit / B) through the rows that reached the
+// target, with its bootstrap range: over seeds where rows have several,
+// else over the residuals about the curve.
+json fit_json(const std::vector<TargetRow>& reached) {
+  json fit_batches = json::array(), fit_steps = json::array();
+  std::vector<std::pair<double, double>> points;
+  std::vector<std::pair<double, std::vector<double>>> seed_points;
+  std::size_t most_seeds = 0;
+  for (const TargetRow& row : reached) {
+    points.emplace_back(static_cast<double>(row.batch_size), *row.steps);
+    seed_points.emplace_back(static_cast<double>(row.batch_size), row.seed_steps);
+    most_seeds = std::max(most_seeds, row.seed_steps.size());
+    fit_batches.push_back(row.batch_size);
+    fit_steps.push_back(*row.steps);
+  }
+  json fit = {{"batch_sizes", fit_batches}, {"steps", fit_steps}};
+  if (points.size() < 3) {
+    // Two points fit two parameters exactly: no residual, no range, no evidence.
+    fit["error"] = "too few batch sizes: " + std::to_string(points.size()) +
+                   " reached the target, the fit needs 3 (2 parameters and a residual)";
+    return fit;
+  }
+  const noise::CriticalBatchFit f = noise::fit_critical_batch(points);
+  fit["s_min"] = f.s_min;
+  fit["e_min"] = f.e_min;
+  fit["b_crit"] = finite_or_null(f.b_crit);
+  fit["rms_relative_error"] = f.rms_relative_error;
+  // Several seeds: their spread is the uncertainty (drawn per batch size);
+  // one seed: the residuals about the curve stand in for it.
+  const bool by_seeds = most_seeds > 1;
+  const noise::CriticalBatchRange range = by_seeds
+                                              ? noise::bootstrap_critical_batch_seeds(seed_points, kResamples, kIntervalLevel)
+                                              : noise::bootstrap_critical_batch(points, kResamples, kIntervalLevel);
+  fit["range"] = {{"level", range.level},
+                  {"resamples", range.resamples},
+                  {"method", by_seeds ? "seeds" : "residuals"},
+                  {"b_crit", {finite_or_null(range.b_crit_low), finite_or_null(range.b_crit_high)}},
+                  {"s_min", {range.s_min_low, range.s_min_high}}};
+  return fit;
+}
+
 }  // namespace
 
 std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::string& sweep_dir) {
   const fs::path dir(sweep_dir);
-  const auto metric_of = [](const json& s) {
-    return s["best_metric"].is_number() ? s["best_metric"].get<double>() : kInf;
-  };
   std::vector<SeedResult> results;
   std::int64_t reached = 0;
   for (const auto& t : trials) {
@@ -198,105 +309,19 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
   std::map<std::int64_t, std::vector<std::vector<std::size_t>>> batches;
   for (auto& rate : rates_of(trials)) batches[trials[rate.front()].batch_size].push_back(std::move(rate));
 
-  std::ostringstream csv;
-  csv << "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,"
-         "steps_low,steps_high,seed_steps,bytes\n";
-  std::vector<std::pair<double, double>> points;
-  std::vector<std::pair<double, std::vector<double>>> seed_points;
-  std::size_t most_seeds = 0;
-  json fit_batches = json::array(), fit_steps = json::array();
+  std::string csv =
+      "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,"
+      "steps_low,steps_high,seed_steps,bytes\n";
+  std::vector<TargetRow> reached_rows;
   for (const auto& [batch, rates] : batches) {
-    TargetRow row;
-    row.batch_size = batch;
-    // The least median; else (none reached) the trial with the best metric.
-    std::optional<std::size_t> best;
-    double best_median = kInf;
-    std::optional<std::size_t> closest;
-    for (std::size_t r = 0; r < rates.size(); ++r) {
-      std::vector<double> steps;
-      for (const auto i : rates[r]) {
-        steps.push_back(results[i].steps);
-        if (results[i].summary["status"] == to_string(TrialStatus::kFailed)) ++row.failed;
-        if (!closest || metric_of(results[i].summary) < metric_of(results[*closest].summary)) closest = i;
-      }
-      const double m = noise::median_steps(steps);
-      if (m < best_median) {
-        best_median = m;
-        best = r;
-      }
-    }
-    const std::vector<std::size_t>& rate = best ? rates[*best] : *std::find_if(rates.begin(), rates.end(), [&](const auto& q) {
-      return std::find(q.begin(), q.end(), *closest) != q.end();
-    });
-    std::vector<double> steps, examples, bytes;
-    for (const auto i : rate) {
-      steps.push_back(results[i].steps);
-      examples.push_back(results[i].examples);
-      if (!std::isnan(results[i].bytes)) bytes.push_back(results[i].bytes);
-    }
-    row.seeds = static_cast<std::int64_t>(rate.size());
-    row.seeds_reached = std::count_if(steps.begin(), steps.end(), [](double x) { return std::isfinite(x); });
-    row.seed_steps = steps;
-    std::size_t chosen = *closest;
-    if (best) {
-      // The median seed (the lower of the two middle ones), ties in seed order.
-      std::vector<std::size_t> order(rate.size());
-      for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
-      std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return steps[a] < steps[b]; });
-      chosen = rate[order[(order.size() - 1) / 2]];
-      row.reached = true;
-      row.steps = best_median;
-      row.examples = noise::median_steps(examples);
-      if (bytes.size() == steps.size()) row.bytes = noise::median_steps(bytes);
-      row.steps_min = *std::min_element(steps.begin(), steps.end());
-      row.steps_max = *std::max_element(steps.begin(), steps.end());
-      if (steps.size() > 1) {
-        const noise::Interval in =
-            noise::bootstrap_median(steps, kResamples, kIntervalLevel, static_cast<std::uint64_t>(batch));
-        row.steps_low = in.low;
-        row.steps_high = in.high;
-      }
-      points.emplace_back(static_cast<double>(batch), best_median);
-      seed_points.emplace_back(static_cast<double>(batch), steps);
-      most_seeds = std::max(most_seeds, steps.size());
-      fit_batches.push_back(batch);
-      fit_steps.push_back(best_median);
-    }
-    const json& s = results[chosen].summary;
-    row.trial = s["trial"].get<std::string>();
-    std::string seed_cells;
-    for (const double x : steps) seed_cells += (seed_cells.empty() ? "" : " ") + steps_text(x);
-    csv << batch << ',' << cell(row.steps) << ',' << cell(row.examples) << ',' << csv_number(s["peak_lr"].get<double>())
-        << ',' << row.trial << ',' << (row.reached ? 1 : 0) << ',' << search_edge(trials, row.trial) << ','
-        << row.failed << ',' << row.seeds << ',' << row.seeds_reached << ',' << cell(row.steps_min) << ','
-        << cell(row.steps_max) << ',' << cell(row.steps_low) << ',' << cell(row.steps_high) << ',' << seed_cells
-        << ',' << (row.bytes ? csv_number(*row.bytes) : std::string()) << "\n";
+    auto [row, chosen] = batch_row(batch, rates, results);
+    const json& summary = results[chosen].summary;
+    row.trial = summary["trial"].get<std::string>();
+    csv += csv_row(row, summary, trials);
+    if (row.reached) reached_rows.push_back(row);
   }
-  write_file_atomic((dir / "steps_to_target.csv").string(), csv.str());
-  json fit = {{"batch_sizes", fit_batches}, {"steps", fit_steps}};
-  if (points.size() < 3) {
-    // Two points fit two parameters exactly: no residual, no range, no evidence.
-    fit["error"] = "too few batch sizes: " + std::to_string(points.size()) +
-                   " reached the target, the fit needs 3 (2 parameters and a residual)";
-  } else {
-    const noise::CriticalBatchFit f = noise::fit_critical_batch(points);
-    fit["s_min"] = f.s_min;
-    fit["e_min"] = f.e_min;
-    fit["b_crit"] = finite_or_null(f.b_crit);
-    fit["rms_relative_error"] = f.rms_relative_error;
-    // Several seeds: their spread is the uncertainty (drawn per batch size);
-    // one seed: the residuals about the curve stand in for it.
-    const bool by_seeds = most_seeds > 1;
-    const noise::CriticalBatchRange range =
-        by_seeds ? noise::bootstrap_critical_batch_seeds(seed_points, kResamples, kIntervalLevel)
-                 : noise::bootstrap_critical_batch(points, kResamples, kIntervalLevel);
-    fit["range"] = {{"level", range.level},
-                    {"resamples", range.resamples},
-                    {"method", by_seeds ? "seeds" : "residuals"},
-                    {"b_crit", {finite_or_null(range.b_crit_low), finite_or_null(range.b_crit_high)}},
-                    {"s_min", {range.s_min_low, range.s_min_high}}};
-  }
-  write_file_atomic((dir / "fit.json").string(), fit.dump(2) + "\n");
+  write_file_atomic((dir / "steps_to_target.csv").string(), csv);
+  write_file_atomic((dir / "fit.json").string(), fit_json(reached_rows).dump(2) + "\n");
   return reached;
 }
 
