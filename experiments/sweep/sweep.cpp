@@ -358,6 +358,172 @@ struct RoundWatch {
   }
 };
 
+// One round's jobs: a trial, or a batched group of them, run into its
+// folder with the hooks that tie it to the round (the queue's bounds, the
+// progress board, the claim board of a shared folder), and what happens
+// when it ends, is stopped, is taken over or throws.
+class RoundRunner {
+ public:
+  RoundRunner(const std::vector<TrialConfig>& trials, const WorkloadData& data, const fs::path& dir,
+              distributed::ProcessGroup* group, ClaimBoard* board, TrialQueue& queue, JobSource& source,
+              ProgressBoard& progress, RoundTotals& totals)
+      : trials_(trials), data_(data), dir_(dir), group_(group), board_(board), queue_(queue), source_(source),
+        progress_(progress), totals_(totals) {}
+
+  void run(const Job& job) {
+    Lanes l;
+    l.lanes = job.group.empty() ? std::vector<std::size_t>{job.index} : job.group;
+    l.ended.assign(l.lanes.size(), false);
+    l.committed.assign(l.lanes.size(), false);
+    const FolderHooks hooks = hooks_for(job, l);
+    if (own_claims() && !still_ours(l)) return;
+    try {
+      if (job.group.empty()) {
+        run_one(trials_[job.index], data_, folder(job.index), hooks, group_);
+        return;
+      }
+      std::vector<TrialConfig> configs;
+      std::vector<std::string> dirs;
+      for (const auto i : l.lanes) {
+        configs.push_back(trials_[i]);
+        dirs.push_back(folder(i));
+      }
+      run_group(configs, data_, dirs, hooks);
+    } catch (const TrialInterrupted&) {
+      give_back_interrupted(l);
+    } catch (const std::exception& e) {
+      // The workload threw: the trial fails with its message and the sweep
+      // goes on. (Data-parallel, the ranks may be out of step: stop.)
+      if (group_ != nullptr) throw;
+      fail(l, error_line(e));
+    }
+  }
+
+ private:
+  // A job's trials (its lanes) and, per lane, whether it has ended and
+  // whether its result was committed on the claim board.
+  struct Lanes {
+    std::vector<std::size_t> lanes;
+    std::vector<bool> ended, committed;
+  };
+
+  bool writer() const { return group_ == nullptr || group_->rank() == 0; }
+  // A data-parallel trial is fenced at its commit only.
+  bool own_claims() const { return board_ != nullptr && group_ == nullptr; }
+  std::string folder(std::size_t i) const { return (dir_ / trials_[i].name).string(); }
+
+  // A trial's end: its bound for its siblings, the counts, the board.
+  void record(std::size_t i, const TrialResult& r) {
+    if (board_ != nullptr && writer()) board_->announce(trials_[i].name);  // its files are written: tell the others
+    source_.known(i);
+    finish(queue_, i, r);
+    if (r.status == TrialStatus::kPruned) ++totals_.pruned;
+    if (writer()) progress_.finished(trials_[i].name, r, trials_[i].target.metric);
+  }
+
+  // A lane whose result was refused (another worker took it over) goes back
+  // to the queue: the round then waits for the other's result, which its
+  // tables need.
+  void refused(Lanes& l, std::size_t lane) {
+    l.ended[lane] = true;
+    queue_.give_back(l.lanes[lane]);
+  }
+
+  FolderHooks hooks_for(const Job& job, Lanes& l) {
+    FolderHooks hooks;
+    hooks.progress = [this, &l](const TrialProgress& p) { progress_.update(trials_[l.lanes.front()].name, p); };
+    hooks.prune = [this, &job, &l](std::size_t lane, std::int64_t next_eval) {
+      if (group_ != nullptr) return TrialQueue::beaten(job.prune_from, next_eval);
+      source_.refresh_if_due();  // the other workers' results, for the bounds
+      return queue_.pruned(l.lanes[lane], next_eval);
+    };
+    hooks.finished = [this, &l](std::size_t lane, const TrialResult& r) {
+      l.ended[lane] = true;
+      record(l.lanes[lane], r);
+    };
+    if (board_ != nullptr && writer()) {
+      hooks.commit = [this, &l](std::size_t lane) {
+        if (board_->commit(trials_[l.lanes[lane]].name)) {
+          l.committed[lane] = true;
+          return true;
+        }
+        refused(l, lane);
+        return false;
+      };
+    }
+    if (own_claims()) {
+      hooks.interrupt = [this, &l] {
+        // No longer this worker's first: such a trial writes nothing more,
+        // not even the checkpoint a stop would.
+        for (std::size_t lane = 0; lane < l.lanes.size(); ++lane) {
+          if (!l.ended[lane] && board_->robbed(trials_[l.lanes[lane]].name)) return Interrupt::kAbandon;
+        }
+        return source_.stopped() ? Interrupt::kCheckpoint : Interrupt::kNone;
+      };
+    }
+    return hooks;
+  }
+
+  // Whether every lane's claim is still this worker's, looked up now, before
+  // its folder is touched (a claim taken over while this worker stalled
+  // since it claimed). If one is not, all the job's claims are let go and
+  // its trials go back to the queue.
+  bool still_ours(const Lanes& l) {
+    for (std::size_t lane = 0; lane < l.lanes.size(); ++lane) {
+      if (board_->verify(trials_[l.lanes[lane]].name)) continue;
+      for (const std::size_t i : l.lanes) {
+        const std::string& name = trials_[i].name;
+        board_->verify(name) ? board_->release(name) : board_->abandon(name);
+        queue_.give_back(i);
+      }
+      return false;
+    }
+    return true;
+  }
+
+  // Stopped (preemption), or no longer this worker's: give back what it
+  // still holds; the queue takes the trials back for a later look.
+  void give_back_interrupted(const Lanes& l) {
+    for (std::size_t lane = 0; lane < l.lanes.size(); ++lane) {
+      if (l.ended[lane]) continue;
+      const std::string& name = trials_[l.lanes[lane]].name;
+      if (board_->robbed(name)) {
+        board_->abandon(name);
+        std::cerr << "trial " << name << ": taken over by another worker while this one stalled; stopped here\n";
+      } else {
+        board_->release(name);
+        ++totals_.released;
+      }
+      queue_.give_back(l.lanes[lane]);
+    }
+  }
+
+  // Each lane still running fails with the workload's message.
+  void fail(Lanes& l, const std::string& message) {
+    for (std::size_t lane = 0; lane < l.lanes.size(); ++lane) {
+      if (l.ended[lane]) continue;
+      const TrialConfig& t = trials_[l.lanes[lane]];
+      // (Committed already when writing its result failed: a full disk.)
+      if (board_ != nullptr && !l.committed[lane] && !board_->commit(t.name)) {  // taken over: the other's result stands
+        refused(l, lane);
+        continue;
+      }
+      std::cerr << "trial " << t.name << " failed: " << message << "\n";
+      record(l.lanes[lane], record_failure(t, folder(l.lanes[lane]), message));
+    }
+  }
+
+  const std::vector<TrialConfig>& trials_;
+  const WorkloadData& data_;
+  const fs::path& dir_;
+  distributed::ProcessGroup* group_;
+  ClaimBoard* board_;
+  TrialQueue& queue_;
+  JobSource& source_;
+  ProgressBoard& progress_;
+  RoundTotals& totals_;
+};
+
 // Runs what is left of `trials` into `dir`, `jobs` at a time: the body of
 // run_sweep (sweep.h), once per round of the search.
 void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data, const fs::path& dir,
@@ -385,116 +551,11 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
     }
   } unwatch{watch};
   ProgressBoard progress(left);
-  const int threads = static_cast<int>(runner.threads_per_trial);
+  RoundRunner round(trials, data, dir, group, board, queue, source, progress, totals);
   const int jobs = std::min<int>(jobs_granted, static_cast<int>(std::max<std::int64_t>(1, left)));
-  // A trial's end: its bound for its siblings, the counts, the board.
-  const auto record = [&](std::size_t i, const TrialResult& r) {
-    if (board != nullptr && writer) board->announce(trials[i].name);  // its files are written: tell the others
-    source.known(i);
-    finish(queue, i, r);
-    if (r.status == TrialStatus::kPruned) ++totals.pruned;
-    if (writer) progress.finished(trials[i].name, r, trials[i].target.metric);
-  };
-  const bool own_claims = board != nullptr && group == nullptr;  // a data-parallel trial is fenced at its commit only
-  const auto run_job = [&](const Job& job) {
-    const std::vector<std::size_t> lanes = job.group.empty() ? std::vector<std::size_t>{job.index} : job.group;
-    FolderHooks hooks;
-    hooks.progress = [&](const TrialProgress& p) { progress.update(trials[lanes.front()].name, p); };
-    hooks.prune = [&](std::size_t lane, std::int64_t next_eval) {
-      if (group != nullptr) return TrialQueue::beaten(job.prune_from, next_eval);
-      source.refresh_if_due();  // the other workers' results, for the bounds
-      return queue.pruned(lanes[lane], next_eval);
-    };
-    std::vector<bool> ended(lanes.size(), false), committed(lanes.size(), false);
-    hooks.finished = [&](std::size_t lane, const TrialResult& r) {
-      ended[lane] = true;
-      record(lanes[lane], r);
-    };
-    // A lane whose result was refused (another worker took it over) goes
-    // back to the queue: the round then waits for the other's result, which
-    // its tables need.
-    const auto refused = [&](std::size_t lane) {
-      ended[lane] = true;
-      queue.give_back(lanes[lane]);
-    };
-    if (board != nullptr && writer) {
-      hooks.commit = [&](std::size_t lane) {
-        if (board->commit(trials[lanes[lane]].name)) {
-          committed[lane] = true;
-          return true;
-        }
-        refused(lane);
-        return false;
-      };
-    }
-    if (own_claims) {
-      hooks.interrupt = [&] {
-        // No longer this worker's first: such a trial writes nothing more,
-        // not even the checkpoint a stop would.
-        for (std::size_t lane = 0; lane < lanes.size(); ++lane) {
-          if (!ended[lane] && board->robbed(trials[lanes[lane]].name)) return Interrupt::kAbandon;
-        }
-        return source.stopped() ? Interrupt::kCheckpoint : Interrupt::kNone;
-      };
-      // Still this worker's, looked up now, before its folder is touched (a
-      // claim taken over while this worker stalled since it claimed).
-      for (std::size_t lane = 0; lane < lanes.size(); ++lane) {
-        if (board->verify(trials[lanes[lane]].name)) continue;
-        for (std::size_t l = 0; l < lanes.size(); ++l) {
-          const std::string& name = trials[lanes[l]].name;
-          board->verify(name) ? board->release(name) : board->abandon(name);
-          queue.give_back(lanes[l]);
-        }
-        return;
-      }
-    }
-    try {
-      if (job.group.empty()) {
-        run_one(trials[job.index], data, (dir / trials[job.index].name).string(), hooks, group);
-        return;
-      }
-      std::vector<TrialConfig> configs;
-      std::vector<std::string> dirs;
-      for (const auto i : lanes) {
-        configs.push_back(trials[i]);
-        dirs.push_back((dir / trials[i].name).string());
-      }
-      run_group(configs, data, dirs, hooks);
-    } catch (const TrialInterrupted& stopped) {
-      // Stopped (preemption), or no longer this worker's: give back what it
-      // still holds; the queue takes the trials back for a later look.
-      for (std::size_t lane = 0; lane < lanes.size(); ++lane) {
-        if (ended[lane]) continue;
-        const std::string& name = trials[lanes[lane]].name;
-        if (board->robbed(name)) {
-          board->abandon(name);
-          std::cerr << "trial " << name << ": taken over by another worker while this one stalled; stopped here\n";
-        } else {
-          board->release(name);
-          ++totals.released;
-        }
-        queue.give_back(lanes[lane]);
-      }
-    } catch (const std::exception& e) {
-      // The workload threw: the trial fails with its message and the sweep
-      // goes on. (Data-parallel, the ranks may be out of step: stop.)
-      if (group != nullptr) throw;
-      const std::string message = error_line(e);
-      for (std::size_t lane = 0; lane < lanes.size(); ++lane) {
-        if (ended[lane]) continue;
-        const TrialConfig& t = trials[lanes[lane]];
-        // (Committed already when writing its result failed: a full disk.)
-        if (board != nullptr && !committed[lane] && !board->commit(t.name)) {  // taken over: the other's result stands
-          refused(lane);
-          continue;
-        }
-        std::cerr << "trial " << t.name << " failed: " << message << "\n";
-        record(lanes[lane], record_failure(t, (dir / t.name).string(), message));
-      }
-    }
-  };
   // Each worker's intra-op pool: the config's, whatever --jobs is.
-  run_workers(jobs, threads, [&] { return source.next(); }, run_job);
+  run_workers(jobs, static_cast<int>(runner.threads_per_trial), [&] { return source.next(); },
+              [&](const Job& job) { round.run(job); });
 }
 
 }  // namespace
@@ -539,36 +600,31 @@ std::vector<ExtraPoint> parse_extensions(const std::string& text, const std::str
   return out;
 }
 
-SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, distributed::ProcessGroup* group) {
-  const auto start = std::chrono::steady_clock::now();
-  check_jobs(options.jobs, group != nullptr, "sweep runs one trial");
-  const bool writer = group == nullptr || group->rank() == 0;
-  if (group != nullptr) check_world(sweep, group->size());
-  const fs::path dir = fs::path(options.out) / sweep.base.sweep;
-  const json resolved = to_json(sweep);
-  if (fs::exists(dir / "sweep.json")) {
-    if (const auto where = identity_difference(read_json((dir / "sweep.json").string()), resolved)) {
-      throw ConfigError(dir.string() + " holds a different config for sweep \"" + sweep.base.sweep +
-                        "\" (first difference at " + *where + "); use another --out or sweep name");
-    }
+namespace {
+
+// A folder that holds another config's sweep.json is refused, naming where
+// the two first differ.
+void check_same_sweep(const fs::path& dir, const json& resolved, const std::string& name) {
+  if (!fs::exists(dir / "sweep.json")) return;
+  if (const auto where = identity_difference(read_json((dir / "sweep.json").string()), resolved)) {
+    throw ConfigError(dir.string() + " holds a different config for sweep \"" + name + "\" (first difference at " +
+                      *where + "); use another --out or sweep name");
   }
-  // The folder is made (and tried) before the data: a bad --out fails in a moment.
-  if (writer) check_folder(dir.string(), "--out");
-  // Rates an earlier --extend-search added: part of this folder's sweep.
-  const fs::path extensions = dir / "extensions.json";
-  std::string extra_text;
-  if (writer && fs::exists(extensions)) extra_text = read_file(extensions.string());
-  if (group != nullptr) extra_text = distributed::broadcast_bytes(*group, extra_text);
-  std::vector<ExtraPoint> extra;
-  if (!extra_text.empty()) extra = parse_extensions(extra_text, extensions.string());
-  if (!(options.lease > 0) || !std::isfinite(options.lease)) {
-    throw ConfigError("--lease: must be a number of seconds > 0, got " + seconds_text(options.lease));
-  }
-  // This process's share of the machine's cores (cores.h), before the data:
-  // a worker with no core free says so in a moment. A data-parallel sweep's
-  // ranks were placed by their launcher.
-  const int threads = static_cast<int>(sweep.runner.threads_per_trial);
-  std::optional<CoreLedger> ledger;
+}
+
+// Rates an earlier --extend-search added (rank 0 reads, every rank learns them).
+std::vector<ExtraPoint> read_extensions(const fs::path& extensions, bool writer, distributed::ProcessGroup* group) {
+  std::string text;
+  if (writer && fs::exists(extensions)) text = read_file(extensions.string());
+  if (group != nullptr) text = distributed::broadcast_bytes(*group, text);
+  return text.empty() ? std::vector<ExtraPoint>() : parse_extensions(text, extensions.string());
+}
+
+// This process's share of the machine's cores (cores.h), before the data: a
+// worker with no core free says so in a moment. A data-parallel sweep's
+// ranks were placed by their launcher. The jobs it may run at once.
+int grant_jobs(const SweepOptions& options, int threads, distributed::ProcessGroup* group, bool writer,
+               std::optional<CoreLedger>& ledger) {
   int jobs = jobs_that_fit(options.jobs, threads, group != nullptr ? group->local_size() : 1);
   if (group == nullptr) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -588,6 +644,87 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
               << "this machine's cores" << (ledger && !ledger->others().empty() ? " (shared with other workers)" : "")
               << ": running " << jobs << " at a time\n";
   }
+  return jobs;
+}
+
+// Whether the sweep's trials run batched: runner.batch_trials, unset the
+// measured default (on for CUDA); off, said when it was asked for, where
+// batching cannot be done.
+bool batch_trials(const SweepConfig& sweep, const WorkloadData& data, distributed::ProcessGroup* group, bool writer) {
+  const bool asked = sweep.runner.batch_trials.value_or(false);
+  if (!sweep.runner.batch_trials.value_or(sweep.base.device == DeviceType::kCuda)) return false;
+  std::string refusal = group != nullptr ? "a data-parallel sweep" : batch_refusal(sweep.base);
+  if (refusal.empty()) {
+    const std::string model = stack_refusal(build_model(sweep.base.model, data, sweep.seeds.front()));
+    if (!model.empty()) refusal = "model \"" + sweep.base.model.name + "\" cannot be stacked: " + model;
+  }
+  if (refusal.empty()) return true;
+  if (writer && asked) std::cerr << "note: no batched trials (" << refusal << "): each trial runs alone\n";
+  return false;
+}
+
+// One --extend-search round's points: `extra` with the rates beyond the
+// edges of the last round's table added (or the points another worker
+// wrote already: every worker derives the same from the same table); rank
+// 0 decides and writes extensions.json, every rank learns them. Empty when
+// no edge is left.
+std::string extend(const SweepConfig& sweep, const std::vector<TrialConfig>& trials, const fs::path& dir,
+                   std::vector<ExtraPoint> extra, int round, int rounds, bool writer, distributed::ProcessGroup* group) {
+  const fs::path extensions = dir / "extensions.json";
+  std::string more;
+  if (writer) {
+    const std::vector<ExtraPoint> on_disk = fs::exists(extensions)
+                                                ? parse_extensions(read_file(extensions.string()), extensions.string())
+                                                : std::vector<ExtraPoint>();
+    const std::vector<ExtraPoint> added =
+        on_disk.size() > extra.size() ? std::vector<ExtraPoint>() : beyond_edges(sweep, trials, dir);
+    if (on_disk.size() > extra.size()) {
+      more = extensions_json(on_disk);
+    } else if (!added.empty()) {
+      extra.insert(extra.end(), added.begin(), added.end());
+      more = extensions_json(extra);
+      write_file_atomic(extensions.string(), more);
+      std::cerr << "extending the search (round " << round + 1 << " of " << rounds << "): " << added.size()
+                << " rate(s) beyond the edge\n";
+    }
+  }
+  if (group != nullptr) more = distributed::broadcast_bytes(*group, more);
+  return more;
+}
+
+// The sweep folder's TensorBoard text (its tables, on the folder's own run
+// "."), or no event file when the config turns TensorBoard off.
+void write_sweep_events(const SweepConfig& sweep, const fs::path& dir) {
+  if (sweep.base.tensorboard) {
+    tensorboard::EventWriter(dir.string())
+        .text("steps_to_target", 0,
+              compare_report({{sweep.base.sweep, dir.string()}}, TableFormat::kMarkdown) + "\n\n```\n" +
+                  report(dir.string()) + "```\n");
+  } else {
+    fs::remove(dir / tensorboard::kEventFileName);
+  }
+}
+
+}  // namespace
+
+SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, distributed::ProcessGroup* group) {
+  const auto start = std::chrono::steady_clock::now();
+  check_jobs(options.jobs, group != nullptr, "sweep runs one trial");
+  const bool writer = group == nullptr || group->rank() == 0;
+  if (group != nullptr) check_world(sweep, group->size());
+  const fs::path dir = fs::path(options.out) / sweep.base.sweep;
+  const json resolved = to_json(sweep);
+  check_same_sweep(dir, resolved, sweep.base.sweep);
+  // The folder is made (and tried) before the data: a bad --out fails in a moment.
+  if (writer) check_folder(dir.string(), "--out");
+  // Rates an earlier --extend-search added: part of this folder's sweep.
+  const fs::path extensions = dir / "extensions.json";
+  std::vector<ExtraPoint> extra = read_extensions(extensions, writer, group);
+  if (!(options.lease > 0) || !std::isfinite(options.lease)) {
+    throw ConfigError("--lease: must be a number of seconds > 0, got " + seconds_text(options.lease));
+  }
+  std::optional<CoreLedger> ledger;
+  const int jobs = grant_jobs(options, static_cast<int>(sweep.runner.threads_per_trial), group, writer, ledger);
   // The math check, before any trial runs (machine.h): recorded beside the
   // config, and said once when the math is slow.
   const json written = with_machine(resolved, writer);
@@ -605,21 +742,7 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   summary.dir = dir.string();
   summary.jobs = jobs;
   RunnerSpec runner = sweep.runner;
-  // Unset: the measured default, on for CUDA. A refusal is said only when
-  // batching was asked for.
-  const bool asked = runner.batch_trials.value_or(false);
-  runner.batch_trials = runner.batch_trials.value_or(sweep.base.device == DeviceType::kCuda);
-  if (*runner.batch_trials) {  // say when batching cannot be done, and why
-    std::string refusal = group != nullptr ? "a data-parallel sweep" : batch_refusal(sweep.base);
-    if (refusal.empty()) {
-      const std::string model = stack_refusal(build_model(sweep.base.model, data, sweep.seeds.front()));
-      if (!model.empty()) refusal = "model \"" + sweep.base.model.name + "\" cannot be stacked: " + model;
-    }
-    if (!refusal.empty()) {
-      if (writer && asked) std::cerr << "note: no batched trials (" << refusal << "): each trial runs alone\n";
-      runner.batch_trials = false;
-    }
-  }
+  runner.batch_trials = batch_trials(sweep, data, group, writer);
   // One round; false when a stop ended it before every trial had its result.
   const auto run_round = [&](const std::vector<TrialConfig>& trials, bool first) {
     RoundTotals totals;
@@ -643,42 +766,14 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   std::vector<TrialConfig> trials = expand(sweep, extra);
   if (!run_round(trials, true)) return interrupted();
   for (int round = 0; round < options.extend_search; ++round) {
-    std::string more;
-    if (writer) {
-      // Another worker may have extended the search already (the same
-      // points: every worker derives them from the same table).
-      const std::vector<ExtraPoint> on_disk =
-          fs::exists(extensions) ? parse_extensions(read_file(extensions.string()), extensions.string())
-                                 : std::vector<ExtraPoint>();
-      const std::vector<ExtraPoint> added =
-          on_disk.size() > extra.size() ? std::vector<ExtraPoint>() : beyond_edges(sweep, trials, dir);
-      if (on_disk.size() > extra.size()) {
-        extra = on_disk;
-        more = extensions_json(extra);
-      } else if (!added.empty()) {
-        extra.insert(extra.end(), added.begin(), added.end());
-        more = extensions_json(extra);
-        write_file_atomic(extensions.string(), more);
-        std::cerr << "extending the search (round " << round + 1 << " of " << options.extend_search << "): "
-                  << added.size() << " rate(s) beyond the edge\n";
-      }
-    }
-    if (group != nullptr) more = distributed::broadcast_bytes(*group, more);
+    const std::string more = extend(sweep, trials, dir, extra, round, options.extend_search, writer, group);
     if (more.empty()) break;
     extra = parse_extensions(more, extensions.string());
     trials = expand(sweep, extra);
     if (!run_round(trials, false)) return interrupted();
   }
   if (!writer) return summary;
-  if (sweep.base.tensorboard) {
-    // TensorBoard's Text tab, on the sweep folder's own run ".".
-    tensorboard::EventWriter(dir.string())
-        .text("steps_to_target", 0,
-              compare_report({{sweep.base.sweep, dir.string()}}, TableFormat::kMarkdown) + "\n\n```\n" +
-                  report(dir.string()) + "```\n");
-  } else {
-    fs::remove(dir / tensorboard::kEventFileName);
-  }
+  write_sweep_events(sweep, dir);
   summary.wall_time = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return summary;
 }
