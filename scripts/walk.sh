@@ -64,5 +64,9 @@ if [ "$which" = sweep ] || [ "$which" = all ]; then
  "gns": {"micro_batches": 2, "beta": 0.99}, "batch_sizes": [256], "search": {"lr": [0.01]}, "seeds": [0]}
 EOF
   record "$work/sweep.json" "$root/$build/experiments/bigbatch" sweep "$work/walk.json" --out "$work/runs"
+  # A sweep that stopped early (no free core, no data) would count a shorter
+  # walk without a word: its tables are the proof it ran to the end.
+  [ -f "$work/runs/walk/steps_to_target.csv" ] ||
+    { echo "walk.sh: the sweep did not run to its tables; its walk is not the one described" >&2; exit 1; }
   analyze "one trial of bigbatch sweep" "$work/sweep.json" '^main'
 fi

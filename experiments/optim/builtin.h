@@ -1,6 +1,5 @@
-// The built-in optimizers' entries, one file each (optimizer.h). The
-// registry lists them through builtin_optimizers(), in the order error
-// messages list them.
+// The built-in optimizers' entries, one file each (optimizer.h), listed
+// once, in the order error messages name them.
 #pragma once
 
 #include "optimizer.h"
@@ -19,9 +18,15 @@ OptimizerEntry novograd_entry();  // novograd.cpp
 OptimizerEntry lion_entry();      // lion.cpp
 OptimizerEntry muon_entry();      // muon.cpp
 
-inline std::vector<OptimizerEntry> builtin_optimizers() {
-  return {sgd_entry(),  adam_entry(),     adamw_entry(), lars_entry(), larc_entry(),
-          lamb_entry(), novograd_entry(), lion_entry(),  muon_entry()};
-}
+/// A built-in's name and the function that makes its entry: the registry
+/// makes an entry the first time its optimizer is asked for, so a run of
+/// LAMB reads lamb.cpp and none of the others.
+struct BuiltinOptimizer {
+  const char* name;
+  OptimizerEntry (*entry)();
+};
+inline constexpr BuiltinOptimizer kBuiltinOptimizers[] = {
+    {"sgd", sgd_entry},   {"adam", adam_entry}, {"adamw", adamw_entry},       {"lars", lars_entry}, {"larc", larc_entry},
+    {"lamb", lamb_entry}, {"novograd", novograd_entry}, {"lion", lion_entry}, {"muon", muon_entry}};
 
 }  // namespace bigbatch::experiments

@@ -18,30 +18,25 @@
 namespace bigbatch::experiments {
 namespace {
 
-struct Registry {
-  std::mutex mutex;
-  std::deque<OptimizerEntry> entries;  // a deque: entries stay where they are as others are added
+// An optimizer a config can name: a built-in, whose entry is made on first
+// use (`make`), or one registered whole.
+struct Slot {
+  std::string name;
+  OptimizerEntry (*make)() = nullptr;
+  std::unique_ptr<OptimizerEntry> entry;
 };
 
-void add(Registry& r, OptimizerEntry entry) {
-  if (entry.name.empty()) throw std::invalid_argument("register_optimizer: an empty name");
-  if (!entry.resolve || !entry.make) {
-    throw std::invalid_argument("register_optimizer: \"" + entry.name + "\" needs resolve and make");
-  }
-  for (const auto& e : r.entries) {
-    if (e.name == entry.name) {
-      throw std::invalid_argument("register_optimizer: \"" + entry.name + "\" is registered already");
-    }
-  }
-  r.entries.push_back(std::move(entry));
-}
+struct Registry {
+  std::mutex mutex;
+  std::deque<Slot> slots;  // a deque: entries stay where they are as others are added
+};
 
-// The registry, with the built-ins added on first use (not by static
-// initializers, which a static library's linker may drop).
+// The registry, with the built-ins' names in it from the start (not added by
+// static initializers, which a static library's linker may drop).
 Registry& registry() {
   static Registry* r = [] {
     auto* out = new Registry;  // never destroyed: entries may be read at exit
-    for (auto& e : builtin_optimizers()) add(*out, std::move(e));
+    for (const auto& b : kBuiltinOptimizers) out->slots.push_back({b.name, b.entry, nullptr});
     return out;
   }();
   return *r;
@@ -68,16 +63,26 @@ std::optional<double> OptimizerSpec::momentum() const {
 }
 
 void register_optimizer(OptimizerEntry entry) {
+  if (entry.name.empty()) throw std::invalid_argument("register_optimizer: an empty name");
+  if (!entry.resolve || !entry.make) {
+    throw std::invalid_argument("register_optimizer: \"" + entry.name + "\" needs resolve and make");
+  }
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
-  add(r, std::move(entry));
+  for (const auto& slot : r.slots) {
+    if (slot.name == entry.name) {
+      throw std::invalid_argument("register_optimizer: \"" + entry.name + "\" is registered already");
+    }
+  }
+  std::string name = entry.name;
+  r.slots.push_back({std::move(name), nullptr, std::make_unique<OptimizerEntry>(std::move(entry))});
 }
 
 std::vector<std::string> registered_optimizers() {
   Registry& r = registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
   std::vector<std::string> out;
-  for (const auto& e : r.entries) out.push_back(e.name);
+  for (const auto& slot : r.slots) out.push_back(slot.name);
   return out;
 }
 
@@ -85,8 +90,14 @@ const OptimizerEntry& optimizer_entry(const std::string& name) {
   {
     Registry& r = registry();
     const std::lock_guard<std::mutex> lock(r.mutex);
-    for (const auto& e : r.entries) {
-      if (e.name == name) return e;
+    for (auto& slot : r.slots) {
+      if (slot.name != name) continue;
+      if (!slot.entry) {
+        slot.entry = std::make_unique<OptimizerEntry>(slot.make());
+        TORCH_INTERNAL_ASSERT(slot.entry->name == name, "the built-in \"", name, "\" made an entry named \"",
+                              slot.entry->name, "\"");
+      }
+      return *slot.entry;
     }
   }
   config::config_error("optimizer.name",
