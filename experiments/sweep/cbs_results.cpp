@@ -225,6 +225,51 @@ std::string compare_csv(const std::vector<CompareRun>& runs, const std::vector<T
   return s.str();
 }
 
+namespace {
+
+// The --compare runs (compare.csv): per run, its batch, how many seeds
+// reached the target, and their mean steps and examples.
+std::string comparison_text(const fs::path& dir, const CbsConfig& c) {
+  std::ostringstream s;
+  s << "comparison to " << to_string(c.sweep.base.target.metric) << " <= " << c.sweep.base.target.threshold
+    << " (mean over seeds; compare.csv):\n";
+  const CsvTable runs = CsvTable::read((dir / "compare.csv").string());
+  struct Sum {
+    std::int64_t batch = 0;
+    double steps = 0, examples = 0;
+    int reached = 0, runs = 0;
+  };
+  std::vector<std::pair<std::string, Sum>> sums;
+  for (std::size_t i = 0; i < runs.rows(); ++i) {
+    const std::string& kind = runs.at(i, "run");
+    auto it = std::find_if(sums.begin(), sums.end(), [&](const auto& p) { return p.first == kind; });
+    if (it == sums.end()) it = sums.insert(sums.end(), {kind, Sum{}});
+    Sum& m = it->second;
+    m.batch = runs.integer(i, "batch_size").value_or(0);
+    ++m.runs;
+    if (const auto steps = runs.number(i, "steps_to_target")) {
+      ++m.reached;
+      m.steps += *steps;
+      m.examples += runs.number(i, "examples_to_target").value_or(0);
+    }
+  }
+  s << std::setw(10) << "run" << std::setw(8) << "batch" << std::setw(10) << "reached" << std::setw(10) << "steps"
+    << std::setw(12) << "examples" << "\n";
+  for (const auto& [name, m] : sums) {
+    s << std::setw(10) << name << std::setw(8) << m.batch << std::setw(10)
+      << (std::to_string(m.reached) + "/" + std::to_string(m.runs));
+    if (m.reached == m.runs && m.runs > 0) {
+      s << std::setw(10) << std::llround(m.steps / m.runs) << std::setw(12) << std::llround(m.examples / m.runs);
+    } else {
+      s << std::setw(10) << "-" << std::setw(12) << "-";
+    }
+    s << "\n";
+  }
+  return s.str();
+}
+
+}  // namespace
+
 std::string cbs_report(const std::string& folder) {
   const fs::path dir(folder);
   // The resolved config parses as given, once the machine it ran on is set aside.
@@ -258,42 +303,7 @@ std::string cbs_report(const std::string& folder) {
   s << (warmup.stages.empty() ? "none: the measured critical batch never reached twice the reference batch; "
                               : "then ")
     << warmup.final_batch << "\n";
-  if (fs::exists(dir / "compare.csv")) {
-    s << "comparison to " << to_string(c.sweep.base.target.metric) << " <= " << c.sweep.base.target.threshold
-      << " (mean over seeds; compare.csv):\n";
-    const CsvTable runs = CsvTable::read((dir / "compare.csv").string());
-    struct Sum {
-      std::int64_t batch = 0;
-      double steps = 0, examples = 0;
-      int reached = 0, runs = 0;
-    };
-    std::vector<std::pair<std::string, Sum>> sums;
-    for (std::size_t i = 0; i < runs.rows(); ++i) {
-      const std::string& kind = runs.at(i, "run");
-      auto it = std::find_if(sums.begin(), sums.end(), [&](const auto& p) { return p.first == kind; });
-      if (it == sums.end()) it = sums.insert(sums.end(), {kind, Sum{}});
-      Sum& m = it->second;
-      m.batch = runs.integer(i, "batch_size").value_or(0);
-      ++m.runs;
-      if (const auto steps = runs.number(i, "steps_to_target")) {
-        ++m.reached;
-        m.steps += *steps;
-        m.examples += runs.number(i, "examples_to_target").value_or(0);
-      }
-    }
-    s << std::setw(10) << "run" << std::setw(8) << "batch" << std::setw(10) << "reached" << std::setw(10) << "steps"
-      << std::setw(12) << "examples" << "\n";
-    for (const auto& [name, m] : sums) {
-      s << std::setw(10) << name << std::setw(8) << m.batch << std::setw(10)
-        << (std::to_string(m.reached) + "/" + std::to_string(m.runs));
-      if (m.reached == m.runs && m.runs > 0) {
-        s << std::setw(10) << std::llround(m.steps / m.runs) << std::setw(12) << std::llround(m.examples / m.runs);
-      } else {
-        s << std::setw(10) << "-" << std::setw(12) << "-";
-      }
-      s << "\n";
-    }
-  }
+  if (fs::exists(dir / "compare.csv")) s << comparison_text(dir, c);
   return s.str();
 }
 

@@ -456,6 +456,82 @@ std::string format_table(std::vector<std::string> header, const std::vector<std:
 
 }  // namespace
 
+namespace {
+
+std::string fixed2(double x) {
+  if (std::isinf(x)) return std::string("inf");
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(2) << x;
+  return o.str();
+}
+
+// The comparison's columns: batch, steps per sweep, then ratios to the first
+// (in CSV each with its interval's ends and whether it excludes 1).
+std::vector<std::string> compare_header(const std::vector<LabelledSweep>& sweeps, bool csv) {
+  std::vector<std::string> header{"batch size"};
+  for (const auto& s : sweeps) header.push_back(s.label);
+  for (std::size_t k = 1; k < sweeps.size(); ++k) {
+    const std::string name = sweeps[k].label + " / " + sweeps[0].label;
+    header.push_back(name);
+    if (csv) {
+      for (const char* part : {" low", " high", " differs"}) header.push_back(name + part);
+    }
+  }
+  return header;
+}
+
+// Whether a table's ratios had intervals, and whether some had none.
+struct RatioNotes {
+  bool intervals = false, without = false;
+};
+
+// The cells of the ratio b / a at one batch size (`none` where a side did
+// not reach the target): the ratio of the medians and, where both sides
+// have several seeds, its bootstrap interval over them.
+void append_ratio(std::vector<std::string>& row, const TargetRow* a, const TargetRow* b, std::int64_t batch,
+                  bool csv, const std::string& none, RatioNotes& notes) {
+  if (!a || !b) {
+    row.insert(row.end(), csv ? 4 : 1, none);
+    return;
+  }
+  const double ratio = *b->steps / *a->steps;
+  std::optional<noise::Interval> in;
+  if (a->seed_steps.size() > 1 && b->seed_steps.size() > 1) {
+    in = noise::bootstrap_median_ratio(a->seed_steps, b->seed_steps, kResamples, kIntervalLevel,
+                                       static_cast<std::uint64_t>(batch));
+  }
+  const bool differs = in && (in->low > 1 || in->high < 1);
+  notes.intervals = notes.intervals || in.has_value();
+  notes.without = notes.without || !in;
+  if (csv) {
+    row.push_back(fixed2(ratio));
+    row.push_back(in ? fixed2(in->low) : "");
+    row.push_back(in ? fixed2(in->high) : "");
+    row.push_back(in ? (differs ? "1" : "0") : "");
+  } else {
+    row.push_back(fixed2(ratio) + (in ? " [" + fixed2(in->low) + "-" + fixed2(in->high) + "]" : "") +
+                  (differs ? " *" : ""));
+  }
+}
+
+// What the text and Markdown tables say below the ratios.
+std::string ratio_footnotes(const RatioNotes& notes, TableFormat format) {
+  std::string out;
+  if (notes.intervals) {
+    out += (format == TableFormat::kMarkdown ? "\n" : "") + std::string("ratio [") + level_text() +
+           " bootstrap interval over both sweeps' seeds]; * the interval excludes 1: the seeds support a "
+           "difference\n";
+  }
+  if (notes.without) {
+    out += (format == TableFormat::kMarkdown ? "\n" : "") +
+           std::string("a ratio without an interval has one seed on a side: it carries no spread, and a "
+                       "difference of 20% may be noise\n");
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string compare_report(const std::vector<LabelledSweep>& sweeps, TableFormat format) {
   check_comparable(sweeps);
   std::vector<std::map<std::int64_t, TargetRow>> tables;
@@ -468,25 +544,8 @@ std::string compare_report(const std::vector<LabelledSweep>& sweeps, TableFormat
     }
   }
   const bool csv = format == TableFormat::kCsv;
-  // The cells of each row: batch, steps per sweep, then ratios to the first
-  // (in CSV each with its interval's ends and whether it excludes 1).
-  std::vector<std::string> header{"batch size"};
-  for (const auto& s : sweeps) header.push_back(s.label);
-  for (std::size_t k = 1; k < sweeps.size(); ++k) {
-    const std::string name = sweeps[k].label + " / " + sweeps[0].label;
-    header.push_back(name);
-    if (csv) {
-      for (const char* part : {" low", " high", " differs"}) header.push_back(name + part);
-    }
-  }
   const std::string none = csv ? "" : "-";
-  const auto fixed2 = [](double x) {
-    if (std::isinf(x)) return std::string("inf");
-    std::ostringstream o;
-    o << std::fixed << std::setprecision(2) << x;
-    return o.str();
-  };
-  bool intervals = false, without = false;
+  RatioNotes notes;
   std::vector<std::vector<std::string>> rows;
   for (const auto batch : batches) {
     std::vector<const TargetRow*> row_of;
@@ -496,47 +555,12 @@ std::string compare_report(const std::vector<LabelledSweep>& sweeps, TableFormat
     }
     std::vector<std::string> row{std::to_string(batch)};
     for (const auto* r : row_of) row.push_back(r ? steps_text(*r->steps) : none);
-    for (std::size_t k = 1; k < row_of.size(); ++k) {
-      const TargetRow* a = row_of[0];
-      const TargetRow* b = row_of[k];
-      if (!a || !b) {
-        row.insert(row.end(), csv ? 4 : 1, none);
-        continue;
-      }
-      const double ratio = *b->steps / *a->steps;
-      std::optional<noise::Interval> in;
-      if (a->seed_steps.size() > 1 && b->seed_steps.size() > 1) {
-        in = noise::bootstrap_median_ratio(a->seed_steps, b->seed_steps, kResamples, kIntervalLevel,
-                                           static_cast<std::uint64_t>(batch));
-      }
-      const bool differs = in && (in->low > 1 || in->high < 1);
-      intervals = intervals || in.has_value();
-      without = without || !in;
-      if (csv) {
-        row.push_back(fixed2(ratio));
-        row.push_back(in ? fixed2(in->low) : "");
-        row.push_back(in ? fixed2(in->high) : "");
-        row.push_back(in ? (differs ? "1" : "0") : "");
-      } else {
-        row.push_back(fixed2(ratio) + (in ? " [" + fixed2(in->low) + "-" + fixed2(in->high) + "]" : "") +
-                      (differs ? " *" : ""));
-      }
-    }
+    for (std::size_t k = 1; k < row_of.size(); ++k) append_ratio(row, row_of[0], row_of[k], batch, csv, none, notes);
     rows.push_back(std::move(row));
   }
-  std::string out = format_table(header, rows, format);
+  std::string out = format_table(compare_header(sweeps, csv), rows, format);
   if (sweeps.size() > 1 && (format == TableFormat::kText || format == TableFormat::kMarkdown)) {
-    const std::string level = level_text();
-    if (intervals) {
-      out += (format == TableFormat::kMarkdown ? "\n" : "") + std::string("ratio [") + level +
-             " bootstrap interval over both sweeps' seeds]; * the interval excludes 1: the seeds support a "
-             "difference\n";
-    }
-    if (without) {
-      out += (format == TableFormat::kMarkdown ? "\n" : "") +
-             std::string("a ratio without an interval has one seed on a side: it carries no spread, and a "
-                         "difference of 20% may be noise\n");
-    }
+    out += ratio_footnotes(notes, format);
   }
   return out;
 }

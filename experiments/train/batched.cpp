@@ -101,6 +101,9 @@ bool stack_norm(const std::shared_ptr<torch::nn::Module>& module, std::int64_t l
 }
 
 // One Sequential of the unbatched model, stacked (recursively for blocks).
+// The constructor is one branch per layer kind the stacking knows (about 70
+// lines): kept in one function so that the kinds read as one list, beside
+// forward's switch over the same kinds.
 class StackedSequence : public torch::nn::Module {
  public:
   StackedSequence(const torch::nn::Sequential& unbatched, std::int64_t lanes, const std::string& prefix,
