@@ -40,13 +40,19 @@ Options lars_like_options(const LarsKeys& k, double lr) {
       .eps(k.eps);
 }
 
+// The keys' defaults: the trust coefficient and eps are each optimizer's own.
+template <typename Options>
+LarsKeys lars_like_defaults() {
+  const Options d(0);
+  LarsKeys k;
+  k.trust_coefficient = d.trust_coefficient();
+  k.eps = d.eps();
+  return k;
+}
+
 }  // namespace
 
 OptimizerEntry lars_entry() {
-  const optim::LARSOptions d(0);
-  LarsKeys defaults;
-  defaults.trust_coefficient = d.trust_coefficient();
-  defaults.eps = d.eps();
   OptimizerEntry e = keyed_entry<LarsKeys>(
       "lars",
       [](auto& io, auto& k) {
@@ -56,7 +62,7 @@ OptimizerEntry lars_entry() {
       [](const LarsKeys& k, double lr, torch::nn::Module& model) {
         return layerwise<optim::LARS>(lars_like_options<optim::LARSOptions>(k, lr), model);
       },
-      defaults);
+      lars_like_defaults<optim::LARSOptions>());
   // LARS keeps the rate in its momentum buffer: with the correction, a rate
   // change rescales the buffer by the same factor.
   e.rate_change = [](const nlohmann::json& keys, torch::optim::Optimizer& optimizer) {
@@ -72,16 +78,12 @@ OptimizerEntry lars_entry() {
 }
 
 OptimizerEntry larc_entry() {
-  const optim::LARCOptions d(0);
-  LarsKeys defaults;
-  defaults.trust_coefficient = d.trust_coefficient();
-  defaults.eps = d.eps();
   OptimizerEntry e = keyed_entry<LarsKeys>(
       "larc", [](auto& io, auto& k) { lars_like_keys(io, k); },
       [](const LarsKeys& k, double lr, torch::nn::Module& model) {
         return layerwise<optim::LARC>(lars_like_options<optim::LARCOptions>(k, lr), model);
       },
-      defaults);
+      lars_like_defaults<optim::LARCOptions>());
   e.scalars = trust_ratio_scalars;
   return e;
 }

@@ -48,6 +48,9 @@ std::string joined(const std::vector<std::string>& names) {
   return out;
 }
 
+// An entry's keys with their defaults: its keys are those resolve({}) writes.
+nlohmann::json default_keys(const OptimizerEntry& entry) { return entry.resolve(nlohmann::json::object()); }
+
 std::vector<std::string> keys_of(const nlohmann::json& object) {
   std::vector<std::string> out;
   for (const auto& item : object.items()) out.push_back(item.key());
@@ -107,18 +110,18 @@ const OptimizerEntry& optimizer_entry(const std::string& name) {
 OptimizerSpec resolve_optimizer(const std::string& name, const nlohmann::json& keys) {
   const OptimizerEntry& entry = optimizer_entry(name);
   if (!keys.is_object()) config::config_error("optimizer", std::string("expected an object, got ") + keys.type_name());
-  // The optimizer's keys are those its defaults are written with.
-  const nlohmann::json defaults = entry.resolve(nlohmann::json::object());
+  const nlohmann::json defaults = default_keys(entry);
   const std::string own = joined(keys_of(defaults));
   for (const auto& item : keys.items()) {
     if (defaults.contains(item.key())) continue;
     bool other = false;
     for (const auto& n : registered_optimizers()) {
-      other = other || (n != name && optimizer_entry(n).resolve(nlohmann::json::object()).contains(item.key()));
+      other = other || (n != name && default_keys(optimizer_entry(n)).contains(item.key()));
     }
     if (other) {
-      config::config_error("optimizer." + item.key(), name + " has no such key (its keys: " + own + "); a variant drops its base's with \"" +
-                                                          item.key() + "\": null");
+      config::config_error("optimizer." + item.key(), name + " has no such key (its keys: " + own +
+                                                          "); a variant drops its base's with \"" + item.key() +
+                                                          "\": null");
     }
     config::config_error("optimizer." + item.key(), "unknown key (" + name + "'s keys: " + own + ")");
   }
@@ -146,12 +149,13 @@ nlohmann::json normalized_optimizer(const nlohmann::json& resolved) {
   if (!resolved.is_object() || !resolved.contains("name") || !resolved["name"].is_string()) return resolved;
   try {
     const std::string name = resolved["name"].get<std::string>();
-    const nlohmann::json defaults = optimizer_entry(name).resolve(nlohmann::json::object());
+    const OptimizerEntry& entry = optimizer_entry(name);
+    const nlohmann::json defaults = default_keys(entry);
     nlohmann::json keys = nlohmann::json::object();
     for (const auto& item : resolved.items()) {
       if (defaults.contains(item.key())) keys[item.key()] = item.value();
     }
-    nlohmann::json out = optimizer_entry(name).resolve(keys);
+    nlohmann::json out = entry.resolve(keys);
     out["name"] = name;
     return out;
   } catch (const c10::Error&) {

@@ -192,8 +192,9 @@ void search_fields(Io& io, Spec& s) {
   }
 }
 
-// "dataset", "model" and "optimizer": the registered name under `name_key` (absent: the
-// spec's default), the rest resolved by the registration (workload.h).
+// "dataset", "model" and "optimizer": the registered name under `name_key`
+// (absent: the spec's default), the rest resolved by its registration
+// (workload.h) or entry (optim/optimizer.h).
 json dataset_resolver(const std::string& name, const json& params) {
   const DatasetRegistration r = dataset_registration(name);
   return r.resolve ? r.resolve(params) : params;
