@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -31,6 +32,52 @@ struct TensorSlot {
   std::int32_t group = 0;       ///< index into the groups
   DType dtype = DType::kFloat32;
 };
+
+/// Where a rank's slots lie in whole tensors cut across data-parallel ranks
+/// (distributed/sharded.h): slot t holds chunks [first_chunk[t],
+/// first_chunk[t] + its own chunks) of a tensor of tensor_chunks[t] chunks,
+/// cut at chunk boundaries, so that each of its chunks is one chunk of the
+/// whole tensor. Every rank binds the same tensors in the same order (a slot
+/// may hold no element). After each reduce pass the runner places its chunk
+/// sums in an array of every chunk of every whole tensor (zero elsewhere),
+/// calls allreduce_sum on it (2 doubles per chunk; device memory on `stream`
+/// for the CUDA runner), and the finalizer adds each tensor's chunk sums in
+/// chunk order: the sums, trust ratios, clipping norm and skip decision of
+/// the unsharded step, bit for bit, on every rank.
+struct ShardSpec {
+  std::vector<std::int64_t> tensor_chunks;  ///< [T] chunks of the whole tensor
+  std::vector<std::int64_t> first_chunk;    ///< [T] the whole tensor's chunk where the slot starts
+  std::function<void(double* data, std::int64_t count, cudaStream_t stream)> allreduce_sum;
+};
+
+/// The chunk arrays of a sharded step: where each whole tensor's chunks start
+/// in the array allreduce_sum sees, and the index there of each local chunk.
+struct ShardLayout {
+  std::vector<std::int64_t> chunk_start;  ///< [T + 1] over the whole tensors
+  std::vector<std::int64_t> chunk_index;  ///< [local chunks] each local chunk's place in the whole array
+};
+
+/// Checks `spec` against the slots (a slot whose chunks overrun its tensor,
+/// arrays of the wrong length) and lays out its chunks; throws std::invalid_argument.
+inline ShardLayout shard_layout(const ShardSpec& spec, const std::vector<TensorSlot>& slots) {
+  if (spec.tensor_chunks.size() != slots.size() || spec.first_chunk.size() != slots.size() || !spec.allreduce_sum) {
+    throw std::invalid_argument("bigbatch: a shard spec for " + std::to_string(spec.tensor_chunks.size()) +
+                                " tensors (or without allreduce_sum) bound to " + std::to_string(slots.size()));
+  }
+  ShardLayout layout;
+  layout.chunk_start.assign(slots.size() + 1, 0);
+  for (std::size_t t = 0; t < slots.size(); ++t) {
+    const std::int64_t own = (slots[t].numel + kChunkElements - 1) / kChunkElements;
+    if (spec.first_chunk[t] < 0 || spec.first_chunk[t] + own > spec.tensor_chunks[t]) {
+      throw std::invalid_argument("bigbatch: slot " + std::to_string(t) + " holds " + std::to_string(own) +
+                                  " chunks from chunk " + std::to_string(spec.first_chunk[t]) + " of a tensor of " +
+                                  std::to_string(spec.tensor_chunks[t]));
+    }
+    layout.chunk_start[t + 1] = layout.chunk_start[t] + spec.tensor_chunks[t];
+    for (std::int64_t c = 0; c < own; ++c) layout.chunk_index.push_back(layout.chunk_start[t] + spec.first_chunk[t] + c);
+  }
+  return layout;
+}
 
 /// The multi-tensor step of one optimizer. bind() describes the tensors and
 /// the options of each group; run() executes (CPU) or enqueues (CUDA) one
@@ -55,6 +102,10 @@ class MultiTensorStep {
   /// std::runtime_error on a CUDA error or on a rebuild under capture.
   virtual void bind(const std::vector<TensorSlot>& slots, const std::vector<Group>& groups,
                     cudaStream_t stream) = 0;
+
+  /// Shards the next steps' sums across ranks (ShardSpec), or, with null,
+  /// not. Takes effect at the next bind(), which checks it against the slots.
+  virtual void set_shard(std::shared_ptr<const ShardSpec> spec) = 0;
 
   /// One step of the bound tensors: done on return (CPU), enqueued on `stream` (CUDA).
   virtual void run(cudaStream_t stream) = 0;

@@ -95,6 +95,21 @@ bool same_fields(const Fields& a, const Fields& b) {
   }, a);
 }
 
+/// Bytes of the defined tensors among the fields.
+template <typename Fields>
+std::int64_t tensor_bytes(const Fields& fields) {
+  std::int64_t bytes = 0;
+  std::apply([&](const auto&... f) {
+    ((void)[&] {
+      using T = std::remove_cv_t<std::remove_reference_t<decltype(f.value)>>;
+      if constexpr (std::is_base_of_v<at::Tensor, T>) {
+        if (f.value.defined()) bytes += static_cast<std::int64_t>(f.value.nbytes());
+      }
+    }(), ...);
+  }, fields);
+  return bytes;
+}
+
 }  // namespace bigbatch::optim::internal
 
 // Defines serialize (both directions) and operator== of an options or state
@@ -110,3 +125,7 @@ bool same_fields(const Fields& a, const Fields& b) {
   bool operator==(const Name& lhs, const Name& rhs) {                                                  \
     return ::bigbatch::optim::internal::same_fields(Name::fields(lhs), Name::fields(rhs));              \
   }
+
+// Defines a state type's tensor_bytes() from the same fields(self).
+#define BIGBATCH_DEFINE_STATE_BYTES(Name)                                                              \
+  std::int64_t Name::tensor_bytes() const { return ::bigbatch::optim::internal::tensor_bytes(fields(*this)); }

@@ -17,6 +17,7 @@ namespace bigbatch::optim {
 template <>
 struct FusedTraits<LAMBOptions> : MomentState<LAMBParamState> {
   using Plan = kernels::LambPlan;
+  using Optimizer = LAMB;
 };
 
 LAMBOptions::LAMBOptions(double lr) : lr_(lr) {}
@@ -56,6 +57,7 @@ auto LAMBParamState::fields(Self& self) {
                          field("master", master));
 }
 BIGBATCH_DEFINE_FIELD_IO(LAMBParamState)
+BIGBATCH_DEFINE_STATE_BYTES(LAMBParamState)
 
 void LAMBOptions::validate() const {
   using namespace internal;

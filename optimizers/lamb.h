@@ -84,6 +84,8 @@ struct LAMBParamState : public torch::optim::OptimizerCloneableParamState<LAMBPa
   static LAMBParamState fresh(const at::Tensor& param);
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Bytes of its tensors (the moments, buffers and master copy it holds).
+  std::int64_t tensor_bytes() const;
   friend bool operator==(const LAMBParamState& lhs, const LAMBParamState& rhs);
   ~LAMBParamState() override = default;
 

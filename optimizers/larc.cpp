@@ -12,6 +12,7 @@ namespace bigbatch::optim {
 template <>
 struct FusedTraits<LARCOptions> : BufferState<LARCParamState> {
   using Plan = kernels::LarcPlan;
+  using Optimizer = LARC;
 };
 
 LARCOptions::LARCOptions(double lr) : lr_(lr) {}
@@ -44,6 +45,7 @@ auto LARCParamState::fields(Self& self) {
                          field("master", master));
 }
 BIGBATCH_DEFINE_FIELD_IO(LARCParamState)
+BIGBATCH_DEFINE_STATE_BYTES(LARCParamState)
 
 void LARCOptions::validate() const {
   using namespace internal;

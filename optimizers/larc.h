@@ -67,6 +67,8 @@ struct LARCParamState : public torch::optim::OptimizerCloneableParamState<LARCPa
   static LARCParamState fresh(const at::Tensor& param);
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Bytes of its tensors (the moments, buffers and master copy it holds).
+  std::int64_t tensor_bytes() const;
   friend bool operator==(const LARCParamState& lhs, const LARCParamState& rhs);
   ~LARCParamState() override = default;
 

@@ -14,6 +14,7 @@ namespace bigbatch::optim {
 template <>
 struct FusedTraits<LARSOptions> : BufferState<LARSParamState> {
   using Plan = kernels::LarsPlan;
+  using Optimizer = LARS;
 };
 
 LARSOptions::LARSOptions(double lr) : lr_(lr) {}
@@ -45,6 +46,7 @@ auto LARSParamState::fields(Self& self) {
                          field("master", master));
 }
 BIGBATCH_DEFINE_FIELD_IO(LARSParamState)
+BIGBATCH_DEFINE_STATE_BYTES(LARSParamState)
 
 void LARSOptions::validate() const {
   using namespace internal;

@@ -64,6 +64,8 @@ struct LARSParamState : public torch::optim::OptimizerCloneableParamState<LARSPa
   static LARSParamState fresh(const at::Tensor& param);
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Bytes of its tensors (the moments, buffers and master copy it holds).
+  std::int64_t tensor_bytes() const;
   friend bool operator==(const LARSParamState& lhs, const LARSParamState& rhs);
   ~LARSParamState() override = default;
 

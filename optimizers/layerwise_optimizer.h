@@ -18,7 +18,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <unordered_map>
 #include <vector>
+
+typedef struct CUstream_st* cudaStream_t;  // as cuda_runtime_api.h declares it
 
 namespace bigbatch::optim {
 
@@ -53,6 +56,22 @@ struct TrustRatio {
   double ratio = 0;
 };
 
+/// Where a parameter an optimizer holds lies in a whole tensor cut across
+/// data-parallel ranks at chunk boundaries (kernels/engine.h's ShardSpec).
+struct ParamShard {
+  std::int64_t tensor_chunks = 0;  ///< chunks of the whole tensor
+  std::int64_t first_chunk = 0;    ///< its chunk where this parameter starts
+};
+
+/// The sharding of an optimizer's parameters (distributed/sharded.h builds
+/// it): where each lies in its whole tensor, and the all-reduce that adds the
+/// ranks' chunk sums (host memory and a null stream for CPU tensors, device
+/// memory on `stream` for CUDA tensors).
+struct OptimizerSharding {
+  std::unordered_map<const void*, ParamShard> shards;  ///< by the parameter's TensorImpl
+  std::function<void(double* data, std::int64_t count, cudaStream_t stream)> allreduce_sum;
+};
+
 /// What the four optimizers offer beyond torch::optim::Optimizer, for code
 /// that holds any of them (or any optimizer: dynamic_cast to this).
 class LayerwiseOptimizerBase : public torch::optim::Optimizer {
@@ -70,6 +89,24 @@ class LayerwiseOptimizerBase : public torch::optim::Optimizer {
   /// after a skipped one, and for NovoGrad. After fused CUDA steps this reads
   /// the device's ratios (waiting for the stream).
   virtual std::vector<TrustRatio> trust_ratios() const = 0;
+
+  /// From now on every parameter is a shard of a tensor cut across ranks,
+  /// placed by `sharding`, and every rank steps the same parameters in the
+  /// same order: the norms, trust ratios, clipping and skip decision of each
+  /// step are those of the whole tensors (docs/distributed.md). Only the
+  /// fused engine takes sharded steps; a step that would take the reference
+  /// path throws. Null ends the sharding.
+  virtual void shard(std::shared_ptr<const OptimizerSharding> sharding) = 0;
+
+  /// Bytes of the optimizer state this process holds: every parameter's
+  /// moments, buffers and fp32 master copy (what sharding divides).
+  virtual std::int64_t state_bytes() const = 0;
+
+  /// A fresh optimizer of the same kind, with the same defaults, over
+  /// `groups` (each group's own options, where it has them, win):
+  /// distributed/sharded.h builds one over each rank's slices.
+  virtual std::unique_ptr<LayerwiseOptimizerBase> make_like(
+      std::vector<torch::optim::OptimizerParamGroup> groups) const = 0;
 
  protected:
   using torch::optim::Optimizer::Optimizer;
@@ -96,6 +133,10 @@ class LayerwiseOptimizer : public LayerwiseOptimizerBase {
 
   std::int64_t skipped_steps() const override;
   std::vector<TrustRatio> trust_ratios() const override;
+  void shard(std::shared_ptr<const OptimizerSharding> sharding) override { sharding_ = std::move(sharding); }
+  std::int64_t state_bytes() const override;
+  std::unique_ptr<LayerwiseOptimizerBase> make_like(
+      std::vector<torch::optim::OptimizerParamGroup> groups) const override;
 
   /// The state of `param`, or nullptr before its first step. After fused steps
   /// this first copies the step counts the engine keeps into the states.
@@ -193,6 +234,7 @@ class LayerwiseOptimizer : public LayerwiseOptimizerBase {
   void release_engine();
 
   const char* name_;
+  std::shared_ptr<const OptimizerSharding> sharding_;
   std::shared_ptr<EngineBinding> engine_;
   bool engine_ran_ = false;                   // the last step ran on the engine: its ratios are trust_ratios()
   std::vector<TrustRatio> noted_ratios_;      // the last reference step's

@@ -32,6 +32,7 @@ namespace bigbatch::optim {
 /// What the fused step needs of an optimizer beyond its public header,
 /// specialized in the optimizer's .cpp before it instantiates the class:
 ///   using Plan = kernels::XPlan;                            its plan (kernels/x.h)
+///   using Optimizer = X;                                    the class (make_like builds one)
 ///   static void bind(XParamState&, kernels::TensorSlot&);   where its state is
 ///   static void set_step(XParamState&, std::int64_t);       the step count the engine kept
 /// (the last two from BufferState or MomentState below, where they fit).
@@ -89,6 +90,20 @@ void LayerwiseOptimizer<Options, ParamState>::add_param_group(
 template <typename Options, typename ParamState>
 std::int64_t LayerwiseOptimizer<Options, ParamState>::skipped_steps() const {
   return skipped_steps_ + engine_skipped_steps();
+}
+
+template <typename Options, typename ParamState>
+std::unique_ptr<LayerwiseOptimizerBase> LayerwiseOptimizer<Options, ParamState>::make_like(
+    std::vector<torch::optim::OptimizerParamGroup> groups) const {
+  using Optimizer = typename FusedTraits<Options>::Optimizer;
+  return std::make_unique<Optimizer>(std::move(groups), static_cast<const Options&>(defaults()));
+}
+
+template <typename Options, typename ParamState>
+std::int64_t LayerwiseOptimizer<Options, ParamState>::state_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& entry : state_) bytes += static_cast<const ParamState&>(*entry.second).tensor_bytes();
+  return bytes;
 }
 
 template <typename Options, typename ParamState>
@@ -164,7 +179,11 @@ torch::Tensor LayerwiseOptimizer<Options, ParamState>::step(LossClosure closure)
   const auto groups = gather();
   engine_ran_ = false;
   noted_ratios_.clear();
-  if (!step_engine(groups)) step_reference(groups);
+  if (!step_engine(groups)) {
+    TORCH_CHECK(sharding_ == nullptr, name_, ": a sharded step runs on the fused engine only; every group must "
+                "be fused(true) and every parameter contiguous on one device the engine runs on");
+    step_reference(groups);
+  }
   return loss;
 }
 
@@ -345,6 +364,18 @@ bool LayerwiseOptimizer<Options, ParamState>::step_engine(const std::vector<Grou
   // states made above stay even if the engine skips this step; they are zero.
   skip_nonfinite(groups, std::vector<bool>(groups.size(), true));
 
+  std::shared_ptr<kernels::ShardSpec> shard;
+  if (sharding_ != nullptr) {
+    shard = std::make_shared<kernels::ShardSpec>();
+    for (const at::Tensor& p : params) {
+      const auto it = sharding_->shards.find(p.unsafeGetTensorImpl());
+      TORCH_CHECK(it != sharding_->shards.end(), name_, ": a sharded step met a parameter of shape ", p.sizes(),
+                  " that its sharding does not place");
+      shard->tensor_chunks.push_back(it->second.tensor_chunks);
+      shard->first_chunk.push_back(it->second.first_chunk);
+    }
+    shard->allreduce_sum = sharding_->allreduce_sum;
+  }
   const cudaStream_t stream = current_stream(*device);
   rethrow_as_torch_error(name_, [&] {
     if (engine_ && !engine_step<Options>(*engine_).same_tensors(slots)) {
@@ -360,6 +391,7 @@ bool LayerwiseOptimizer<Options, ParamState>::step_engine(const std::vector<Grou
     engine_->states = std::move(states);
     engine_->params = std::move(params);
     auto& step = engine_step<Options>(*engine_);
+    step.set_shard(shard);
     step.bind(slots, options, stream);
     step.run(stream);
     engine_ran_ = true;

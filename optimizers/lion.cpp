@@ -14,6 +14,7 @@ namespace bigbatch::optim {
 template <>
 struct FusedTraits<LionOptions> {
   using Plan = kernels::LionPlan;
+  using Optimizer = Lion;
   static void bind(LionParamState& st, kernels::TensorSlot& slot) {
     slot.m = st.exp_avg().data_ptr<float>();
     slot.step = st.step();
@@ -45,6 +46,7 @@ auto LionParamState::fields(Self& self) {
   return std::make_tuple(field("step", step), field("exp_avg", exp_avg), field("master", master));
 }
 BIGBATCH_DEFINE_FIELD_IO(LionParamState)
+BIGBATCH_DEFINE_STATE_BYTES(LionParamState)
 
 void LionOptions::validate() const {
   using namespace internal;

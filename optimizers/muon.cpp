@@ -24,6 +24,7 @@ namespace bigbatch::optim {
 template <>
 struct FusedTraits<MuonOptions> : MomentState<MuonParamState> {
   using Plan = kernels::LambPlan;
+  using Optimizer = Muon;
 };
 
 MuonOptions::MuonOptions(double lr) : lr_(lr) {}
@@ -62,6 +63,7 @@ auto MuonParamState::fields(Self& self) {
                          field("master", master));
 }
 BIGBATCH_DEFINE_FIELD_IO(MuonParamState)
+BIGBATCH_DEFINE_STATE_BYTES(MuonParamState)
 
 namespace {
 
@@ -405,6 +407,12 @@ bool Muon::step_fused(const std::vector<Group>& groups) {
 // ------------------------------------------------------------ the step ----
 
 template class LayerwiseOptimizer<MuonOptions, MuonParamState>;
+
+void Muon::shard(std::shared_ptr<const OptimizerSharding> sharding) {
+  TORCH_CHECK(sharding == nullptr, "Muon: sharded optimizer state is not supported yet: orthogonalization needs "
+              "whole matrices, and a shard cuts them at chunk boundaries; run Muon unsharded");
+  LayerwiseOptimizer::shard(nullptr);
+}
 
 torch::Tensor Muon::step(LossClosure closure) {
   at::NoGradGuard no_grad;

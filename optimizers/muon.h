@@ -96,6 +96,8 @@ struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonPa
   static MuonParamState fresh(const at::Tensor& param);
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Bytes of its tensors (the moments, buffers and master copy it holds).
+  std::int64_t tensor_bytes() const;
   friend bool operator==(const MuonParamState& lhs, const MuonParamState& rhs);
   ~MuonParamState() override = default;
 
@@ -141,6 +143,10 @@ class Muon : public LayerwiseOptimizer<MuonOptions, MuonParamState> {
   ~Muon() override;
 
   void add_param_group(const torch::optim::OptimizerParamGroup& group);
+
+  /// Refuses a sharding: orthogonalization needs whole matrices, which a cut
+  /// at chunk boundaries does not give (docs/distributed.md).
+  void shard(std::shared_ptr<const OptimizerSharding> sharding) override;
 
   /// Each orthogonalized parameter's update RMS in the last step (empty before
   /// the first, after a skipped one, and after one in which no orthogonalized

@@ -15,6 +15,7 @@ namespace bigbatch::optim {
 template <>
 struct FusedTraits<NovoGradOptions> : MomentState<NovoGradParamState> {
   using Plan = kernels::NovoGradPlan;
+  using Optimizer = NovoGrad;
 };
 
 NovoGradOptions::NovoGradOptions(double lr) : lr_(lr) {}
@@ -46,6 +47,7 @@ auto NovoGradParamState::fields(Self& self) {
                          field("master", master));
 }
 BIGBATCH_DEFINE_FIELD_IO(NovoGradParamState)
+BIGBATCH_DEFINE_STATE_BYTES(NovoGradParamState)
 
 void NovoGradOptions::validate() const {
   using namespace internal;

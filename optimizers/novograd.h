@@ -68,6 +68,8 @@ struct NovoGradParamState : public torch::optim::OptimizerCloneableParamState<No
   static NovoGradParamState fresh(const at::Tensor& param);
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Bytes of its tensors (the moments, buffers and master copy it holds).
+  std::int64_t tensor_bytes() const;
   friend bool operator==(const NovoGradParamState& lhs, const NovoGradParamState& rhs);
   ~NovoGradParamState() override = default;
 

@@ -101,6 +101,9 @@ template <typename Group>
 struct CpuRunner {
   const Table<Group>& table;
   const std::vector<std::int64_t>& chunk_offset;  // [chunks + 1] first element of each chunk, over all tensors
+  const ShardSpec* shard = nullptr;               // sharded across ranks (engine.h), or null
+  const ShardLayout* shard_layout = nullptr;
+  double* whole = nullptr;                        // [2 x chunks of the whole tensors]
 
   template <typename Pass>
   void pass(const Pass& pass) const {
@@ -140,12 +143,25 @@ struct CpuRunner {
 
   template <typename Fin>
   void finalize(const Fin& fin) const {
+    const double* partial = table.partial;
+    const std::int64_t* chunk_start = table.chunk_start;
+    if (shard != nullptr) {  // every rank's chunk sums, in the whole tensors' chunk order
+      const std::int64_t whole_chunks = shard_layout->chunk_start.back();
+      std::fill(whole, whole + 2 * whole_chunks, 0.0);
+      for (std::int64_t c = 0; c < table.num_chunks; ++c) {
+        whole[2 * shard_layout->chunk_index[c]] = partial[2 * c];
+        whole[2 * shard_layout->chunk_index[c] + 1] = partial[2 * c + 1];
+      }
+      shard->allreduce_sum(whole, 2 * whole_chunks, nullptr);
+      partial = whole;
+      chunk_start = shard_layout->chunk_start.data();
+    }
     for (int t = 0; t < table.num_tensors; ++t) {
       double a = 0;
       double b = 0;
-      for (std::int64_t c = table.chunk_start[t]; c < table.chunk_start[t + 1]; ++c) {
-        a += table.partial[2 * c];
-        b += table.partial[2 * c + 1];
+      for (std::int64_t c = chunk_start[t]; c < chunk_start[t + 1]; ++c) {
+        a += partial[2 * c];
+        b += partial[2 * c + 1];
       }
       table.sums[2 * t] = a;
       table.sums[2 * t + 1] = b;
@@ -165,6 +181,10 @@ class CpuStep final : public MultiTensorStep<Plan> {
 
   void bind(const std::vector<TensorSlot>& slots, const std::vector<Group>& groups, cudaStream_t) override {
     check_slot_groups(slots, groups.size());
+    if (shard_ != nullptr) {  // checked before anything changes
+      shard_layout_ = shard_layout(*shard_, slots);
+      whole_.assign(2 * static_cast<std::size_t>(shard_layout_.chunk_start.back()), 0.0);
+    }
     if (!same_tensors(slots)) rebuild(slots);
     for (std::size_t i = 0; i < slots.size(); ++i) grads_[i] = slots[i].grad;
     if (!same_groups(groups, groups_)) {
@@ -180,11 +200,13 @@ class CpuStep final : public MultiTensorStep<Plan> {
   void run(cudaStream_t) override {
     if (slots_.empty()) return;
     scalars_.skip = 0;
-    const CpuRunner<Group> runner{table_, chunk_offset_};
+    const CpuRunner<Group> runner{table_, chunk_offset_, shard_.get(), &shard_layout_, whole_.data()};
     Plan::run(runner, config_);
   }
 
   std::vector<std::int64_t> steps() const override { return steps_; }
+  void set_shard(std::shared_ptr<const ShardSpec> spec) override { shard_ = std::move(spec); }
+
   std::vector<double> trust_ratios() const override { return ratio_; }
   std::int64_t skipped_steps() const override { return scalars_.skipped_steps; }
   void check_rebuild_allowed(cudaStream_t) const override {}
@@ -244,6 +266,9 @@ class CpuStep final : public MultiTensorStep<Plan> {
   std::vector<float> group_coef_;
   Scalars scalars_{0, 0u, 0};
   Table<Group> table_{};
+  std::shared_ptr<const ShardSpec> shard_;
+  ShardLayout shard_layout_;
+  std::vector<double> whole_;
 };
 
 }  // namespace cpu

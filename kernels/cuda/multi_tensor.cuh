@@ -292,12 +292,38 @@ __global__ void __launch_bounds__(kThreads) finalize_kernel(Table<Group> table, 
   if (threadIdx.x == 0) table.scalars->blocks_done = 0;
 }
 
+/// A sharded step's chunk sums placed among every whole tensor's (engine.h's
+/// ShardSpec): whole chunk i gets local chunk local_of[i]'s two sums, or 0.
+/// A template (of the plan's group, unused) as every kernel in a header: one
+/// definition per instantiation rather than one per .cu.
+template <typename Group>
+__global__ void __launch_bounds__(kThreads) place_whole_kernel(double* whole, const double* partial,
+                                                               const std::int64_t* local_of, std::int64_t n) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  const std::int64_t local = local_of[i];
+  whole[2 * i] = local >= 0 ? partial[2 * local] : 0.0;
+  whole[2 * i + 1] = local >= 0 ? partial[2 * local + 1] : 0.0;
+}
+
+/// The device arrays of a sharded step (CudaStep keeps them).
+struct DeviceShard {
+  const ShardSpec* spec = nullptr;
+  double* whole = nullptr;                    ///< [2 x whole chunks]
+  const std::int64_t* chunk_start = nullptr;  ///< [T + 1] over the whole tensors
+  const std::int64_t* local_of = nullptr;     ///< [whole chunks] the local chunk, or -1
+  std::int64_t whole_chunks = 0;
+};
+
 /// Runs a plan on the device: each pass one chunk kernel over every chunk,
 /// each finalizer one finalize kernel with a warp per tensor; all on `stream`.
+/// Sharded, a finalizer first places the chunk sums among the whole tensors'
+/// and all-reduces them (ShardSpec), then finalizes over those.
 template <typename Group>
 struct DeviceRunner {
   const Table<Group>& table;
   cudaStream_t stream;
+  DeviceShard shard{};
 
   template <typename Pass>
   void pass(const Pass& pass) const {
@@ -309,8 +335,20 @@ struct DeviceRunner {
 
   template <typename Fin>
   void finalize(const Fin& fin) const {
+    Table<Group> over = table;
+    if (shard.spec != nullptr) {
+      if (shard.whole_chunks > 0) {
+        const auto place_blocks = static_cast<unsigned>((shard.whole_chunks + kThreads - 1) / kThreads);
+        launch_kernel(place_whole_kernel<Group>, dim3(place_blocks), dim3(kThreads), stream, shard.whole, table.partial,
+                      shard.local_of, shard.whole_chunks);
+        BIGBATCH_CUDA_CHECK(cudaGetLastError());
+      }
+      shard.spec->allreduce_sum(shard.whole, 2 * shard.whole_chunks, stream);
+      over.partial = shard.whole;
+      over.chunk_start = shard.chunk_start;
+    }
     const int blocks = (table.num_tensors + kWarps - 1) / kWarps;
-    launch_kernel(finalize_kernel<Group, Fin>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream, table,
+    launch_kernel(finalize_kernel<Group, Fin>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream, over,
                   fin);
     BIGBATCH_CUDA_CHECK(cudaGetLastError());
   }

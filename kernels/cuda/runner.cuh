@@ -77,6 +77,7 @@ class CudaStep final : public MultiTensorStep<Plan> {
     // A destructor must not throw: errors here (a device already torn down) are ignored.
     if (arena_ != nullptr) cudaFree(arena_);
     if (scalars_ != nullptr) cudaFree(scalars_);
+    if (shard_arena_ != nullptr) cudaFree(shard_arena_);
     if (done_ != nullptr) cudaEventDestroy(done_);
   }
 
@@ -86,6 +87,7 @@ class CudaStep final : public MultiTensorStep<Plan> {
 
   void bind(const std::vector<TensorSlot>& slots, const std::vector<Group>& groups, cudaStream_t stream) override {
     check_slot_groups(slots, groups.size());
+    if (shard_ != nullptr) shard_layout(*shard_, slots);  // checked before anything changes
     bind_launches_ = 0;
     if (slots.empty()) {
       slots_.clear();
@@ -108,6 +110,7 @@ class CudaStep final : public MultiTensorStep<Plan> {
         bind_launches_ += upload(const_cast<const void**>(table_.grads), grads, stream);
       }
     }
+    bind_shard(slots, stream);
     if (!same_groups(groups, groups_)) {
       bind_launches_ += upload(const_cast<Group*>(table_.groups), groups, stream);
       groups_ = groups;
@@ -118,7 +121,7 @@ class CudaStep final : public MultiTensorStep<Plan> {
 
   void run(cudaStream_t stream) override {
     if (slots_.empty()) return;
-    const DeviceRunner<Group> runner{table_, stream};
+    const DeviceRunner<Group> runner{table_, stream, shard_ != nullptr ? device_shard_ : DeviceShard{}};
     Plan::run(runner, config_);
     ran_ = true;
     record(stream);
@@ -150,12 +153,51 @@ class CudaStep final : public MultiTensorStep<Plan> {
   int launches_per_step() const override {
     if (slots_.empty()) return 0;
     const CountingRunner counted = count_plan<Plan>(config_);
-    return bind_launches_ + static_cast<int>(counted.passes.size()) + counted.finalizers;
+    // Sharded, each finalizer first places the chunk sums (the all-reduce is the backend's).
+    const int place = shard_ != nullptr ? counted.finalizers : 0;
+    return bind_launches_ + static_cast<int>(counted.passes.size()) + counted.finalizers + place;
   }
 
   std::int64_t bytes_per_step() const override { return plan_bytes<Plan>(slots_, config_); }
 
+  void set_shard(std::shared_ptr<const ShardSpec> spec) override { shard_ = std::move(spec); }
+
  private:
+  // The device arrays of a sharded step, uploaded when the layout changes
+  // (a rebuild of their own: not under capture).
+  void bind_shard(const std::vector<TensorSlot>& slots, cudaStream_t stream) {
+    if (shard_ == nullptr) return;
+    ShardLayout layout = shard_layout(*shard_, slots);
+    device_shard_.spec = shard_.get();
+    if (layout.chunk_start == shard_host_.chunk_start && layout.chunk_index == shard_host_.chunk_index) return;
+    check_not_capturing(stream);
+    const std::size_t t = slots.size();
+    const auto whole = static_cast<std::size_t>(layout.chunk_start.back());
+    std::vector<std::int64_t> local_of(whole, -1);
+    for (std::size_t c = 0; c < layout.chunk_index.size(); ++c) {
+      local_of[static_cast<std::size_t>(layout.chunk_index[c])] = static_cast<std::int64_t>(c);
+    }
+    const std::size_t sums_bytes = round_up(2 * whole * sizeof(double));
+    const std::size_t start_bytes = round_up((t + 1) * sizeof(std::int64_t));
+    const std::size_t bytes = sums_bytes + start_bytes + round_up(whole * sizeof(std::int64_t));
+    if (bytes > shard_arena_bytes_) {
+      if (shard_arena_ != nullptr) BIGBATCH_CUDA_CHECK(cudaFree(shard_arena_));
+      shard_arena_ = nullptr;
+      BIGBATCH_CUDA_CHECK(cudaMalloc(&shard_arena_, bytes));
+      shard_arena_bytes_ = bytes;
+    }
+    using L = ArenaLayout<Group>;
+    device_shard_.whole = L::template at<double>(shard_arena_, 0);
+    auto* start = L::template at<std::int64_t>(shard_arena_, sums_bytes);
+    auto* local = L::template at<std::int64_t>(shard_arena_, sums_bytes + start_bytes);
+    bind_launches_ += upload(start, layout.chunk_start, stream);
+    if (whole > 0) bind_launches_ += upload(local, local_of, stream);
+    device_shard_.chunk_start = start;
+    device_shard_.local_of = local;
+    device_shard_.whole_chunks = static_cast<std::int64_t>(whole);
+    shard_host_ = std::move(layout);
+  }
+
   // Marks the end of the work just enqueued, for the read-backs. Not under
   // capture: an event last recorded in a capture cannot be waited on.
   void record(cudaStream_t stream) {
@@ -192,6 +234,10 @@ class CudaStep final : public MultiTensorStep<Plan> {
       if (scalars_ != nullptr) read_back(&skipped, &scalars_->skipped_steps, sizeof(skipped));
       BIGBATCH_CUDA_CHECK(cudaFree(arena_));
       BIGBATCH_CUDA_CHECK(cudaFree(scalars_));
+      if (shard_arena_ != nullptr) BIGBATCH_CUDA_CHECK(cudaFree(shard_arena_));
+      shard_arena_ = nullptr;
+      shard_arena_bytes_ = 0;
+      shard_host_ = ShardLayout{};
       arena_ = nullptr;
       arena_bytes_ = 0;
       scalars_ = nullptr;
@@ -264,6 +310,11 @@ class CudaStep final : public MultiTensorStep<Plan> {
   bool captured_ = false;               // a step was captured: its replays are not ours to see
   bool ran_ = false;                    // a run since the last rebuild (the ratios are written)
   int bind_launches_ = 0;               // uploads of the last bind()
+  std::shared_ptr<const ShardSpec> shard_;  // sharded across ranks, or null
+  ShardLayout shard_host_;              // the layout uploaded to shard_arena_
+  DeviceShard device_shard_;
+  void* shard_arena_ = nullptr;         // the sharded step's arrays
+  std::size_t shard_arena_bytes_ = 0;
 };
 
 /// Instantiated for its plan by each algorithm's .cu.
