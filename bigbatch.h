@@ -1,7 +1,7 @@
 // bigbatch: the whole public API of bigbatch::bigbatch in one header.
 // Large-batch optimizers (LARS, LARC, LAMB, NovoGrad, Lion, Muon) for LibTorch, with
 // the schedules, ghost batch norm, gradient noise and noise-scale tools around them,
-// data parallelism and gradient compression, and the strict JSON reader. Every public
+// data parallelism, sharded optimizer state and gradient compression, and the strict JSON reader. Every public
 // header of config/, optimizers/, schedules/, normalization/, noise/ and distributed/
 // is reached from here (scripts/check_includes.py checks it); kernels/ and compat/
 // are what these are built on, included by them where needed.
@@ -25,4 +25,5 @@
 #include "noise/noise_scale.h"
 #include "distributed/compression.h"
 #include "distributed/process_group.h"
+#include "distributed/sharded.h"
 #include "distributed/slurm_env.h"

@@ -203,6 +203,32 @@ std::function<void()> ProcessGroup::allreduce_sum_async(std::vector<at::Tensor> 
   return [work, tensors]() mutable { work->wait(); };
 }
 
+at::Tensor ProcessGroup::reduce_scatter_sum(at::Tensor& input) {
+  TORCH_CHECK(input.dim() == 1 && input.is_contiguous() && input.numel() % size() == 0,
+              "reduce_scatter_sum: a contiguous 1-D input whose length is a multiple of ", size(),
+              ", got shape ", input.sizes());
+  const std::int64_t part = input.numel() / size();
+#ifdef USE_C10D_NCCL
+  if (impl_->nccl) {
+    const bool stage = !input.is_cuda();
+    at::Tensor in = stage ? input.to(impl_->nccl_device) : input;
+    at::Tensor out = at::empty({part}, in.options());
+    impl_->nccl->_reduce_scatter_base(out, in)->wait();
+    return stage ? out.to(input.device()) : out;
+  }
+#endif
+  std::vector<std::vector<at::Tensor>> parts(static_cast<std::size_t>(size()));
+  std::vector<decltype(impl_->gloo->barrier())> works;
+  for (int r = 0; r < size(); ++r) {
+    parts[r].push_back(input.narrow(0, r * part, part));
+    c10d::ReduceOptions o;
+    o.rootRank = r;
+    works.push_back(impl_->gloo->reduce(parts[r], o));
+  }
+  for (auto& w : works) w->wait();
+  return parts[rank()][0];
+}
+
 void ProcessGroup::broadcast(std::vector<at::Tensor>& tensors, int root) {
   c10d::BroadcastOptions o;
   o.rootRank = root;

@@ -79,6 +79,13 @@ class ProcessGroup {
   /// Every rank's `input` (the same shape and dtype on every rank) in rank
   /// order: element r is rank r's (this rank's a copy).
   std::vector<at::Tensor> allgather(const at::Tensor& input);
+  /// `input` (1-D, the same length on every rank, a multiple of the world
+  /// size) cut into size() equal parts: returns this rank's part summed over
+  /// the ranks (a reduce-scatter: each rank sends and receives (N-1)/N of
+  /// input in a ring, half an all-reduce). NCCL's reduce-scatter; over Gloo,
+  /// which has none in every LibTorch we build against, one reduce to each
+  /// part's rank. `input` may be overwritten.
+  at::Tensor reduce_scatter_sum(at::Tensor& input);
   /// In place: every tensor becomes root's.
   void broadcast(std::vector<at::Tensor>& tensors, int root = 0);
   void barrier();

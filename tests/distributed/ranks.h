@@ -27,6 +27,8 @@ namespace bigbatch::test {
 
 /// The rank side of compression_test.cpp's scenarios (BIGBATCH_DIST_WORKER=compress:NAME).
 int compression_worker(const std::string& name);
+/// The rank side of sharded_test.cpp's scenarios (BIGBATCH_DIST_WORKER=shard:OPTIMIZER:DTYPE).
+int sharded_worker(const std::string& scenario);
 
 inline void write_tensor(const std::string& path, const at::Tensor& t) {
   std::ofstream out(path, std::ios::binary);

@@ -1,0 +1,168 @@
+// Optimizer state sharded across data-parallel ranks (ZeRO stages 1 and 2,
+// Rajbhandari et al. 2020) for bigbatch's layer-wise optimizers: each rank
+// keeps the moments and fp32 master weights of its 1/N of the parameters
+// (stage "states"), and at stage "gradients" also only its 1/N of the averaged
+// gradient, which a reduce-scatter gives it. The tensors are cut at the fused
+// engine's chunk boundaries (16384 elements), so each rank's fused step runs
+// on slices of the parameters (views, not copies), and the per-tensor norms a
+// layer-wise optimizer needs (trust ratios, NovoGrad's layer norms, clipping's
+// global norm, the non-finite check) come from every rank's chunk sums, added
+// in one small all-reduce per reduce pass (kernels/engine.h's ShardSpec): the
+// same sums, in the same order, as the unsharded step, so the step is the
+// unsharded step bit for bit once the gradients are. After the step the
+// ranks all-gather the parameters. docs/distributed.md shows how to use it;
+// docs/formulas.md has the norms across shards.
+#pragma once
+
+#include "process_group.h"
+
+#include "../optimizers/layerwise_optimizer.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace bigbatch::distributed {
+
+/// What a rank keeps of the optimizer: everything (none), its shard of the
+/// state (states: ZeRO stage 1), and of the gradient too (gradients: stage 2).
+enum class ShardStage { kNone, kStates, kGradients };
+
+/// How configs and result files spell each stage, in the order messages list them.
+struct ShardStageName {
+  ShardStage value;
+  const char* name;
+};
+inline constexpr ShardStageName kShardStageNames[] = {
+    {ShardStage::kNone, "none"}, {ShardStage::kStates, "states"}, {ShardStage::kGradients, "gradients"}};
+
+const char* shard_stage_name(ShardStage stage);
+
+/// One rank's piece of one tensor: elements [begin, end) of its flat view.
+struct ShardPiece {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  std::int64_t size() const { return end - begin; }
+};
+
+/// How tensors (their element counts, in order) are cut across the ranks:
+/// the tensors' chunks of 16384 elements, in order, in `world` contiguous
+/// runs of whole chunks, each run starting at the chunk nearest to r/world of
+/// all the elements. A rank's piece of a tensor may be empty.
+struct ShardPlan {
+  std::vector<std::int64_t> numel;             ///< [T]
+  std::vector<std::vector<ShardPiece>> piece;  ///< [world][T]
+
+  int world() const { return static_cast<int>(piece.size()); }
+  /// Elements of every tensor that `rank` holds.
+  std::int64_t elements(int rank) const;
+  /// The most any rank holds (the part of a reduce-scatter or all-gather).
+  std::int64_t max_elements() const;
+};
+
+/// The plan for tensors of `numel` elements across `world` ranks. Throws
+/// std::invalid_argument for world < 1 or a negative count.
+ShardPlan plan_shards(const std::vector<std::int64_t>& numel, int world);
+
+/// Bytes one rank sends (and receives) per step to exchange `elements`
+/// elements of `bytes_per_element` among `world` ranks in a ring: an
+/// all-reduce 2(N-1)/N of them, a reduce-scatter or an all-gather (N-1)/N.
+struct ExchangeBytes {
+  std::int64_t reduce_scatter = 0;  ///< gradients at stage "gradients"
+  std::int64_t all_reduce = 0;      ///< gradients at stages "none" and "states"
+  std::int64_t all_gather = 0;      ///< parameters after a sharded step
+};
+
+/// A layer-wise optimizer (LARS, LARC, LAMB, NovoGrad, Lion) whose state is
+/// sharded across the ranks of `group`. Every rank builds it over the same
+/// parameter groups; `make` builds the wrapped optimizer over this rank's
+/// slices of them (the groups' options are passed on), for instance
+///   ShardedOptimizer opt(pg, model->parameters(), [](auto groups) {
+///     return std::make_unique<LAMB>(std::move(groups), LAMBOptions(1e-3)); }, ShardStage::kGradients);
+///   ... backward; opt.reduce_gradients(); opt.step();
+/// Parameters must be contiguous, on one device, and not be replaced (moved,
+/// set_data) after construction: the slices are views of them.
+class ShardedOptimizer final : public optim::LayerwiseOptimizerBase {
+ public:
+  using Factory = std::function<std::unique_ptr<optim::LayerwiseOptimizerBase>(
+      std::vector<torch::optim::OptimizerParamGroup> groups)>;
+
+  ShardedOptimizer(ProcessGroup& group, std::vector<torch::optim::OptimizerParamGroup> groups,
+                   const Factory& make, ShardStage stage);
+  ShardedOptimizer(ProcessGroup& group, std::vector<at::Tensor> params, const Factory& make, ShardStage stage);
+  /// The sharded form of `like`: its parameter groups and options, its kind
+  /// (make_like), none of its state (build it before its first step).
+  ShardedOptimizer(ProcessGroup& group, const optim::LayerwiseOptimizerBase& like, ShardStage stage);
+  ~ShardedOptimizer() override;
+
+  /// Averages this step's gradients over the ranks: at stage "states" as
+  /// allreduce_gradients (every rank gets the whole average; any exchange that
+  /// gives that, a compressed one included, may be used instead); at stage
+  /// "gradients" by one reduce-scatter in fp32, after which this rank holds
+  /// only its slice of the average (the parameters' own .grad are left as the
+  /// backward pass made them). Returns the squared norms before and after
+  /// averaging, as allreduce_gradients does.
+  GradientNorms reduce_gradients(std::int64_t bucket_bytes = 25 << 20);
+
+  /// One step of this rank's slices, then the all-gather of the parameters.
+  /// Without a closure the gradients must be averaged already (stage
+  /// "gradients": by reduce_gradients() since the last step); a closure
+  /// computes this rank's gradients, which step() then averages itself.
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
+  /// The wrapped optimizer's skipped steps (the same on every rank).
+  std::int64_t skipped_steps() const override;
+  /// Every parameter's trust ratio in the last step, the whole tensor's (the
+  /// same on every rank, and those of the unsharded step).
+  std::vector<optim::TrustRatio> trust_ratios() const override;
+  /// Refuses: it is sharded already.
+  void shard(std::shared_ptr<const optim::OptimizerSharding> sharding) override;
+  /// This rank's optimizer state.
+  std::int64_t state_bytes() const override;
+  /// Refuses: shard the wrapped kind instead.
+  std::unique_ptr<optim::LayerwiseOptimizerBase> make_like(
+      std::vector<torch::optim::OptimizerParamGroup> groups) const override;
+
+  /// Saves this rank's shard: its state and where it lies (world size, rank,
+  /// stage, the tensors' sizes). load() takes a shard saved by the same rank
+  /// of the same world over the same tensors, and refuses any other naming
+  /// what differs.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+  ShardStage stage() const { return stage_; }
+  const ShardPlan& plan() const { return plan_; }
+  /// Bytes of averaged gradient this rank keeps for the step: the whole
+  /// gradient's at stage "states", its slice's at stage "gradients".
+  std::int64_t gradient_bytes() const;
+  /// What one step exchanges per rank, by the ring formulas (ExchangeBytes):
+  /// the gradient in fp32, the parameters in their own dtype.
+  ExchangeBytes exchange_bytes() const;
+  /// The optimizer over this rank's slices.
+  optim::LayerwiseOptimizerBase& wrapped() { return *inner_; }
+
+ private:
+  struct Parts;
+  ShardedOptimizer(ProcessGroup& group, Parts parts, ShardStage stage);
+  static Parts build(const ProcessGroup& group, std::vector<torch::optim::OptimizerParamGroup> groups,
+                     const Factory& make, ShardStage stage);
+  void slice_gradients();
+  void all_gather_params();
+
+  ProcessGroup& group_;
+  ShardStage stage_;
+  ShardPlan plan_;
+  std::vector<at::Tensor> params_;  // every group's, in order: the plan's tensors
+  std::vector<at::Tensor> slices_;  // this rank's slice of each (views, possibly empty)
+  std::unique_ptr<optim::LayerwiseOptimizerBase> inner_;
+  std::shared_ptr<optim::OptimizerSharding> sharding_;
+  bool reduced_ = false;            // stage gradients: reduce_gradients() gave the slices their gradients
+  std::vector<bool> has_grad_;      // stage gradients: which tensors had a gradient to reduce
+};
+
+}  // namespace bigbatch::distributed

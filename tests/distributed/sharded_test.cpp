@@ -1,0 +1,416 @@
+// Optimizer state sharded across ranks (distributed/sharded.h), with 2 and 4
+// Gloo ranks as processes: each rank trains three copies of one net on the
+// same data, side by side: unsharded data parallel (allreduce_gradients, then
+// the optimizer), stage "states" and stage "gradients". The sharded steps
+// must be the unsharded one bit for bit where the gradients are (stage
+// "states" always; stage "gradients" when the reduce-scatter adds in the
+// all-reduce's order, which two ranks always do), trust ratios included, and
+// skip a step for a non-finite gradient that only one rank's shard holds; and
+// unsharded data parallel must match one process on the whole batch.
+#include "../../distributed/process_group.h"
+#include "../../distributed/sharded.h"
+#include "../../optimizers/lamb.h"
+#include "../../optimizers/larc.h"
+#include "../../optimizers/lars.h"
+#include "../../optimizers/lion.h"
+#include "../../optimizers/muon.h"
+#include "../../optimizers/novograd.h"
+
+#include "ranks.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/serialize.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+namespace bd = bigbatch::distributed;
+namespace bo = bigbatch::optim;
+using bigbatch::test::launch;
+using bigbatch::test::Ranks;
+using bigbatch::test::slurp;
+using bigbatch::test::tmp;
+
+constexpr std::int64_t kPerRank = 8;
+constexpr int kSteps = 6;
+
+// 9 chunks over 6 tensors: 4 ranks cut the first and third weights, and one
+// rank's share is empty (the boundaries land on chunk starts).
+torch::nn::Sequential make_net(bool bf16) {
+  at::manual_seed(100);
+  torch::nn::Sequential net(torch::nn::Linear(64, 300), torch::nn::Tanh(), torch::nn::Linear(300, 120),
+                            torch::nn::Tanh(), torch::nn::Linear(120, 10));
+  if (bf16) net->to(at::kBFloat16);
+  return net;
+}
+
+// Weights in group 0 with the optimizer's decay and adaptation; biases in
+// group 1 without either (so some tensors report no trust ratio).
+std::vector<torch::optim::OptimizerParamGroup> split(torch::nn::Sequential& net) {
+  std::vector<at::Tensor> weights;
+  std::vector<at::Tensor> biases;
+  for (const auto& p : net->named_parameters()) (p.key().find("bias") != std::string::npos ? biases : weights).push_back(p.value());
+  return {torch::optim::OptimizerParamGroup(weights), torch::optim::OptimizerParamGroup(biases)};
+}
+
+std::vector<at::Tensor> in_group_order(torch::nn::Sequential& net) {
+  std::vector<at::Tensor> params;
+  for (const auto& g : split(net)) params.insert(params.end(), g.params().begin(), g.params().end());
+  return params;
+}
+
+// The optimizer `name` over `groups`; group 1 gets its own options without
+// decay or adaptation. LAMB clips the global gradient norm at 1 (a norm over
+// every tensor of every rank).
+std::unique_ptr<bo::LayerwiseOptimizerBase> make_opt(const std::string& name,
+                                                     std::vector<torch::optim::OptimizerParamGroup> groups,
+                                                     bool master) {
+  std::vector<torch::optim::OptimizerParamGroup> own;  // LibTorch 1.13's groups cannot be assigned
+  auto with = [&](auto options) {
+    auto plain = options;
+    plain.weight_decay(0).adapt(false);
+    own.emplace_back(groups[0].params());
+    own.emplace_back(groups[1].params(), std::make_unique<decltype(plain)>(plain));
+    return options;
+  };
+  if (name == "lamb") {
+    return std::make_unique<bo::LAMB>(own, with(bo::LAMBOptions(1e-2).weight_decay(0.01).max_grad_norm(1.0).master_weights(master)));
+  }
+  if (name == "lars") {
+    return std::make_unique<bo::LARS>(own, with(bo::LARSOptions(1.0).weight_decay(1e-4).master_weights(master)));
+  }
+  if (name == "larc") {
+    return std::make_unique<bo::LARC>(own, with(bo::LARCOptions(1.0).weight_decay(1e-4).master_weights(master)));
+  }
+  if (name == "novograd") {
+    return std::make_unique<bo::NovoGrad>(own, with(bo::NovoGradOptions(1e-2).weight_decay(1e-3).master_weights(master)));
+  }
+  return std::make_unique<bo::Lion>(own, with(bo::LionOptions(1e-3).weight_decay(0.1).master_weights(master)));
+}
+
+std::pair<at::Tensor, at::Tensor> data(int world) {
+  auto gen = at::detail::createCPUGenerator(123);
+  return {at::randn({kSteps * world * kPerRank, 64}, gen, at::kFloat),
+          at::randint(10, {kSteps * world * kPerRank}, gen, at::kLong)};
+}
+
+at::Tensor flat_params(torch::nn::Sequential& net) {
+  std::vector<at::Tensor> parts;
+  for (const auto& p : net->parameters()) parts.push_back(p.detach().to(at::kFloat).reshape({-1}));
+  return at::cat(parts);
+}
+
+at::Tensor ratios_of(const bo::LayerwiseOptimizerBase& opt) {
+  std::vector<double> r;
+  for (const auto& t : opt.trust_ratios()) r.push_back(t.ratio);
+  return at::tensor(r, at::kDouble);
+}
+
+void backward(torch::nn::Sequential& net, const at::Tensor& x, const at::Tensor& y) {
+  const at::Tensor in = x.to(net->parameters()[0].scalar_type());
+  torch::nn::functional::cross_entropy(net->forward(in).to(at::kFloat), y).backward();
+}
+
+// What every rank writes: each copy's parameters and last trust ratios, and the state bytes.
+void save_tensor(const std::string& path, const at::Tensor& t) { torch::save(t, path); }
+at::Tensor load_tensor(const std::string& path) {
+  at::Tensor t;
+  torch::load(t, path);
+  return t;
+}
+
+}  // namespace
+
+namespace bigbatch::test {
+
+int sharded_worker(const std::string& scenario) {
+  // shard:<optimizer>:<fp32|bf16>
+  const auto colon = scenario.find(':');
+  const std::string name = scenario.substr(0, colon);
+  const bool bf16 = scenario.substr(colon + 1) == "bf16";
+  const bd::WorldInfo world = bd::world_from_env();
+  const std::string out = std::string(std::getenv("BIGBATCH_DIST_OUT")) + ".r" + std::to_string(world.rank);
+  bd::ProcessGroup group(world, std::chrono::seconds(20));
+  auto plain_net = make_net(bf16);
+  auto states_net = make_net(bf16);
+  auto grads_net = make_net(bf16);
+  auto plain = make_opt(name, split(plain_net), bf16);
+  const auto factory = [&](std::vector<torch::optim::OptimizerParamGroup> g) { return make_opt(name, std::move(g), bf16); };
+  bd::ShardedOptimizer states(group, split(states_net), factory, bd::ShardStage::kStates);
+  bd::ShardedOptimizer grads(group, split(grads_net), factory, bd::ShardStage::kGradients);
+  const auto [x, y] = data(world.world_size);
+  for (int step = 0; step < kSteps; ++step) {
+    const std::int64_t begin = (step * world.world_size + world.rank) * kPerRank;
+    const at::Tensor xs = x.slice(0, begin, begin + kPerRank);
+    const at::Tensor ys = y.slice(0, begin, begin + kPerRank);
+    plain->zero_grad();
+    states.zero_grad();
+    grads.zero_grad();
+    backward(plain_net, xs, ys);
+    backward(states_net, xs, ys);
+    backward(grads_net, xs, ys);
+    if (step == 3 && world.rank == 0) {
+      // A NaN in rank 0's gradient of the last bias, which the last rank's
+      // shard holds: every rank must skip the step, knowing it only from the
+      // combined sums.
+      at::NoGradGuard no_grad;
+      for (auto* net : {&plain_net, &states_net, &grads_net}) (*net)->parameters().back().grad().view({-1})[0].fill_(NAN);
+    }
+    // In the order the sharded optimizers hold them (by group): a ring
+    // all-reduce of 4 ranks adds an element in an order that depends on where
+    // it lies in the bucket.
+    const bd::GradientNorms plain_norms = bd::allreduce_gradients(group, in_group_order(plain_net));
+    states.reduce_gradients();
+    const bd::GradientNorms grads_norms = grads.reduce_gradients();
+    // The same squares added in another order (group order, and shard by
+    // shard). With 4 ranks the averaged gradients may differ in their last
+    // bit (below), and so the weights after the first step and the local gradients.
+    const double tol = world.world_size == 2 ? 1e-12 : 1e-6;
+    if (std::abs(grads_norms.global_sq - plain_norms.global_sq) > tol * plain_norms.global_sq ||
+        std::abs(grads_norms.local_sq - plain_norms.local_sq) > tol * plain_norms.local_sq) {
+      std::cerr.precision(17);
+      std::cerr << "reduce_gradients' norms " << grads_norms.local_sq << " " << grads_norms.global_sq
+                << " against allreduce_gradients' " << plain_norms.local_sq << " " << plain_norms.global_sq << "\n";
+      return 3;
+    }
+    for (const auto& p : grads_net->parameters()) {
+      if (p.grad().defined()) {
+        std::cerr << "stage gradients kept a whole gradient\n";
+        return 4;
+      }
+    }
+    plain->step();
+    states.step();
+    grads.step();
+  }
+  if (plain->skipped_steps() != 1 || states.skipped_steps() != 1 || grads.skipped_steps() != 1) {
+    std::cerr << "skipped steps " << plain->skipped_steps() << " " << states.skipped_steps() << " "
+              << grads.skipped_steps() << ", not 1\n";
+    return 8;
+  }
+  save_tensor(out + ".plain", flat_params(plain_net));
+  save_tensor(out + ".states", flat_params(states_net));
+  save_tensor(out + ".gradients", flat_params(grads_net));
+  save_tensor(out + ".plain_ratios", ratios_of(*plain));
+  save_tensor(out + ".states_ratios", ratios_of(states));
+  save_tensor(out + ".gradients_ratios", ratios_of(grads));
+  std::ofstream(out + ".bytes") << plain->state_bytes() << " " << states.state_bytes() << " " << grads.state_bytes()
+                                << " " << states.plan().elements(world.rank) << " " << states.plan().numel.size();
+  // A checkpoint of this rank's shard loads into a fresh sharded optimizer,
+  // which then steps exactly as the original; another rank's is refused.
+  std::stringstream saved;
+  {
+    torch::serialize::OutputArchive archive;
+    grads.save(archive);
+    archive.save_to(saved);
+  }
+  auto resumed_net = make_net(bf16);
+  {
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < resumed_net->parameters().size(); ++i) {
+      resumed_net->parameters()[i].copy_(grads_net->parameters()[i]);
+    }
+  }
+  bd::ShardedOptimizer resumed(group, split(resumed_net), factory, bd::ShardStage::kGradients);
+  {
+    torch::serialize::InputArchive archive;
+    archive.load_from(saved);
+    resumed.load(archive);
+  }
+  for (auto* copy : {&grads_net, &resumed_net}) {
+    auto& opt = copy == &grads_net ? grads : resumed;
+    opt.zero_grad();
+    backward(*copy, x.slice(0, world.rank * kPerRank, (world.rank + 1) * kPerRank),
+             y.slice(0, world.rank * kPerRank, (world.rank + 1) * kPerRank));
+    opt.reduce_gradients();
+    opt.step();
+  }
+  if (!at::equal(flat_params(grads_net), flat_params(resumed_net))) {
+    std::cerr << "the resumed shard stepped differently\n";
+    return 5;
+  }
+  const std::string rank0 = bd::broadcast_bytes(group, saved.str());
+  if (world.rank != 0) {
+    std::stringstream other(rank0);
+    torch::serialize::InputArchive archive;
+    archive.load_from(other);
+    try {
+      resumed.load(archive);
+      std::cerr << "rank 0's shard loaded on rank " << world.rank << "\n";
+      return 6;
+    } catch (const c10::Error& e) {
+      const std::string what = e.what();
+      if (what.find("the shard of rank 0 of " + std::to_string(world.world_size)) == std::string::npos) {
+        std::cerr << "unexpected message: " << what << "\n";
+        return 7;
+      }
+    }
+  }
+  group.barrier();
+  return 0;
+}
+
+}  // namespace bigbatch::test
+
+namespace {
+
+using Case = std::tuple<const char*, const char*, int>;  // optimizer, dtype, ranks
+
+class Sharded : public testing::TestWithParam<Case> {};
+
+TEST_P(Sharded, StepsAsUnshardedDataParallelAndOneProcess) {
+  const auto [opt, dtype, world] = GetParam();
+  const bool bf16 = std::string(dtype) == "bf16";
+  const std::string out = tmp(std::string("shard_") + opt + "_" + dtype + "_" + std::to_string(world));
+  const Ranks r = launch(std::string("shard:") + opt + ":" + dtype, out, world, 120);
+  std::string logs;
+  for (const auto& log : r.logs) logs += slurp(log);
+  ASSERT_EQ(r.status, std::vector<int>(static_cast<std::size_t>(world), 0)) << logs;
+
+  // One process, the whole batch of every rank's rows.
+  auto net = make_net(bf16);
+  auto single = make_opt(opt, split(net), bf16);
+  const auto [x, y] = data(world);
+  for (int step = 0; step < kSteps; ++step) {
+    if (step == 3) continue;  // the ranks skip it (a NaN gradient)
+    single->zero_grad();
+    const std::int64_t begin = step * world * kPerRank;
+    backward(net, x.slice(0, begin, begin + world * kPerRank), y.slice(0, begin, begin + world * kPerRank));
+    single->step();
+  }
+  const at::Tensor one = flat_params(net);
+  std::int64_t plain_bytes = 0;
+  std::int64_t shard_bytes = 0;
+  for (int rank = 0; rank < world; ++rank) {
+    const std::string base = out + ".r" + std::to_string(rank);
+    const at::Tensor plain = load_tensor(base + ".plain");
+    EXPECT_TRUE(at::equal(plain, load_tensor(out + ".r0.plain"))) << "unsharded rank " << rank << " against rank 0";
+    EXPECT_TRUE(at::equal(load_tensor(base + ".states"), load_tensor(out + ".r0.states"))) << "states rank " << rank;
+    // Stage "states" exchanges the gradient as unsharded data parallel does:
+    // the same bits, so the same step, bit for bit.
+    EXPECT_TRUE(at::equal(load_tensor(base + ".states"), plain)) << opt << " rank " << rank;
+    EXPECT_TRUE(at::equal(load_tensor(base + ".states_ratios"), load_tensor(base + ".plain_ratios")))
+        << opt << " rank " << rank;
+    // Stage "gradients": two ranks add a + b in a reduce as in an all-reduce;
+    // four may add in another order (Gloo's reduce and all-reduce differ), a
+    // rounding of the gradient's last bit that the steps carry on.
+    const at::Tensor grads = load_tensor(base + ".gradients");
+    const double grads_rel = (grads - plain).norm().item<double>() / plain.norm().item<double>();
+    if (world == 2) {
+      EXPECT_TRUE(at::equal(grads, plain)) << opt << " rank " << rank << " relative difference " << grads_rel;
+      EXPECT_TRUE(at::equal(load_tensor(base + ".gradients_ratios"), load_tensor(base + ".plain_ratios")));
+    } else {
+      // Measured: 0 in bf16 (the roundings to bf16 absorb it), at most 4.1e-8 in fp32.
+      EXPECT_LE(grads_rel, bf16 ? 1e-4 : 1e-6) << opt << " rank " << rank;
+    }
+    // Unsharded data parallel against one process: the mean of the ranks'
+    // mean gradients rounds otherwise than one mean over the whole batch, and
+    // in bf16 the forward and backward passes round to 8 bits of mantissa
+    // over other batch sizes. Measured after 6 steps: fp32 at most 6.4e-8
+    // (Lion, whose update is a sign, 0), bf16 at most 2.9e-3.
+    const double rel = (plain - one).norm().item<double>() / one.norm().item<double>();
+    EXPECT_LE(rel, bf16 ? 1e-2 : 1e-6) << opt << " rank " << rank;
+    std::istringstream bytes(slurp(base + ".bytes"));
+    std::int64_t plain_state = 0, states_state = 0, grads_state = 0, elements = 0, tensors = 0;
+    bytes >> plain_state >> states_state >> grads_state >> elements >> tensors;
+    EXPECT_EQ(states_state, grads_state);
+    // Per element: LAMB 8 bytes (m, v), the others 4 (one buffer or moment),
+    // and 4 more with a master copy; NovoGrad adds one float per tensor on
+    // every rank (its layer-wise second moment).
+    const std::int64_t per_element = (std::string(opt) == "lamb" ? 8 : 4) + (bf16 ? 4 : 0);
+    const std::int64_t per_tensor = std::string(opt) == "novograd" ? 4 : 0;
+    EXPECT_EQ(states_state, per_element * elements + per_tensor * tensors) << opt << " rank " << rank;
+    plain_bytes = plain_state;
+    shard_bytes += states_state;
+  }
+  EXPECT_EQ(shard_bytes, plain_bytes + (world - 1) * (std::string(opt) == "novograd" ? 4 : 0) * 6);
+  if (!HasFailure()) {
+    for (int rank = 0; rank < world; ++rank) {
+      const std::string base = out + ".r" + std::to_string(rank);
+      for (const char* what : {".plain", ".states", ".gradients", ".plain_ratios", ".states_ratios",
+                               ".gradients_ratios", ".bytes"}) {
+        std::remove((base + what).c_str());
+      }
+      std::remove(r.logs[static_cast<std::size_t>(rank)].c_str());
+    }
+  }
+}
+
+std::string case_name(const testing::TestParamInfo<Case>& info) {
+  return std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param) + "_" +
+         std::to_string(std::get<2>(info.param)) + "ranks";
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, Sharded,
+                         testing::Combine(testing::Values("lamb", "lars", "larc", "novograd", "lion"),
+                                          testing::Values("fp32", "bf16"), testing::Values(2, 4)),
+                         case_name);
+
+// ------------------------------------------------------------- the plan --
+
+TEST(ShardPlan, WholeChunksNearestToEqualShares) {
+  constexpr std::int64_t c = bigbatch::kernels::kChunkElements;
+  // 19200 | 300 | 36000 | 120 | 1200 | 10 elements: chunk starts 0, c, 19200,
+  // 19500, 19500 + c, 19500 + 2c, 55500, 56700, 56820 of 56830.
+  const bd::ShardPlan plan = bd::plan_shards({19200, 300, 36000, 120, 1200, 10}, 4);
+  ASSERT_EQ(plan.world(), 4);
+  // Targets 14207, 28415, 42622: nearest chunk starts c, 19500 + c, 19500 + c.
+  EXPECT_EQ(plan.elements(0), c);
+  EXPECT_EQ(plan.elements(1), 19500);
+  EXPECT_EQ(plan.elements(2), 0);
+  EXPECT_EQ(plan.elements(3), 56830 - 19500 - c);
+  EXPECT_EQ(plan.piece[0][0].begin, 0);
+  EXPECT_EQ(plan.piece[0][0].end, c);
+  EXPECT_EQ(plan.piece[1][0].begin, c);
+  EXPECT_EQ(plan.piece[1][0].end, 19200);
+  EXPECT_EQ(plan.piece[1][2].end, c);
+  EXPECT_EQ(plan.piece[3][2].begin, c);
+  EXPECT_EQ(plan.piece[3][2].end, 36000);
+  // Every element of every tensor is on exactly one rank.
+  for (std::size_t t = 0; t < plan.numel.size(); ++t) {
+    std::int64_t covered = 0;
+    for (int r = 0; r < 4; ++r) covered += plan.piece[r][t].size();
+    EXPECT_EQ(covered, plan.numel[t]) << t;
+  }
+  EXPECT_EQ(plan.max_elements(), 56830 - 19500 - c);
+  // One rank holds everything; an empty list and empty tensors cut nothing.
+  EXPECT_EQ(bd::plan_shards({5, 0, 7}, 1).elements(0), 12);
+  EXPECT_EQ(bd::plan_shards({}, 3).max_elements(), 0);
+  EXPECT_THROW(bd::plan_shards({4}, 0), std::invalid_argument);
+  EXPECT_THROW(bd::plan_shards({-1}, 2), std::invalid_argument);
+}
+
+TEST(ShardPlan, LargeTensorsSplitWithinAChunkOfEqual) {
+  constexpr std::int64_t c = bigbatch::kernels::kChunkElements;
+  const std::vector<std::int64_t> numel{1000 * c + 17, 333 * c, 5, 2048 * c + 1};
+  std::int64_t total = 0;
+  for (const auto n : numel) total += n;
+  for (const int world : {2, 3, 4, 7, 8}) {
+    const bd::ShardPlan plan = bd::plan_shards(numel, world);
+    std::int64_t sum = 0;
+    for (int r = 0; r < world; ++r) {
+      EXPECT_LE(std::abs(plan.elements(r) - total / world), c) << world << " ranks, rank " << r;
+      sum += plan.elements(r);
+      for (std::size_t t = 0; t < numel.size(); ++t) {  // cut at chunk boundaries
+        EXPECT_TRUE(plan.piece[r][t].begin % c == 0 || plan.piece[r][t].begin == numel[t]);
+      }
+    }
+    EXPECT_EQ(sum, total);
+  }
+}
+
+}  // namespace
