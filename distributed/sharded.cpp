@@ -240,6 +240,28 @@ GradientNorms ShardedOptimizer::reduce_gradients(std::int64_t bucket_bytes) {
   return norms;
 }
 
+void ShardedOptimizer::refresh_slices() {
+  const auto& mine = plan_.piece[static_cast<std::size_t>(group_.rank())];
+  for (std::size_t t = 0; t < params_.size(); ++t) {
+    const at::Tensor& p = params_[t];
+    at::Tensor& slice = slices_[t];
+    const std::int64_t offset = p.storage_offset() + mine[t].begin;
+    if (p.storage().unsafeGetStorageImpl() == slice.storage().unsafeGetStorageImpl() &&
+        slice.storage_offset() == offset) {
+      continue;
+    }
+    // A module's load() (set_), or set_data, gave the parameter other
+    // storage: the slice follows it, keeping its identity (the wrapped
+    // optimizer's state is keyed by it).
+    TORCH_CHECK(p.is_contiguous() && p.numel() == plan_.numel[t] && p.scalar_type() == slice.scalar_type() &&
+                    p.device() == slice.device(),
+                "ShardedOptimizer: parameter ", t, " is now ", p.scalar_type(), " of ", p.numel(), " elements on ",
+                p.device(), (p.is_contiguous() ? "" : ", not contiguous"), "; it was ", slice.scalar_type(), " of ",
+                plan_.numel[t], " elements on ", slice.device(), ". Build the optimizer after moving the model");
+    slice.set_(p.storage(), offset, {mine[t].size()}, {1});
+  }
+}
+
 void ShardedOptimizer::slice_gradients() {
   const auto& mine = plan_.piece[static_cast<std::size_t>(group_.rank())];
   if (stage_ == ShardStage::kStates) {
@@ -302,6 +324,7 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
   for (std::size_t i = 0; i < param_groups_.size(); ++i) {
     inner_->param_groups()[i].set_options(param_groups_[i].options().clone());
   }
+  refresh_slices();
   slice_gradients();
   inner_->step();
   reduced_ = false;

@@ -85,8 +85,10 @@ struct ExchangeBytes {
 ///   ShardedOptimizer opt(pg, model->parameters(), [](auto groups) {
 ///     return std::make_unique<LAMB>(std::move(groups), LAMBOptions(1e-3)); }, ShardStage::kGradients);
 ///   ... backward; opt.reduce_gradients(); opt.step();
-/// Parameters must be contiguous, on one device, and not be replaced (moved,
-/// set_data) after construction: the slices are views of them.
+/// Parameters must be contiguous and on one device; the slices are views of
+/// them, which follow a parameter given new storage of the same size, dtype
+/// and device (a module's load(), set_data) at the next step; a parameter
+/// moved to another device is refused.
 class ShardedOptimizer final : public optim::LayerwiseOptimizerBase {
  public:
   using Factory = std::function<std::unique_ptr<optim::LayerwiseOptimizerBase>(
@@ -151,6 +153,7 @@ class ShardedOptimizer final : public optim::LayerwiseOptimizerBase {
   ShardedOptimizer(ProcessGroup& group, Parts parts, ShardStage stage);
   static Parts build(const ProcessGroup& group, std::vector<torch::optim::OptimizerParamGroup> groups,
                      const Factory& make, ShardStage stage);
+  void refresh_slices();
   void slice_gradients();
   void all_gather_params();
 

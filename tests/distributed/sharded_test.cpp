@@ -219,13 +219,15 @@ int sharded_worker(const std::string& scenario) {
     archive.save_to(saved);
   }
   auto resumed_net = make_net(bf16);
+  bd::ShardedOptimizer resumed(group, split(resumed_net), factory, bd::ShardStage::kGradients);
   {
+    // The weights arrive as a module's load() gives them: new storage
+    // (set_), which the optimizer's slices must follow.
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < resumed_net->parameters().size(); ++i) {
-      resumed_net->parameters()[i].copy_(grads_net->parameters()[i]);
+      resumed_net->parameters()[i].set_(grads_net->parameters()[i].detach().clone());
     }
   }
-  bd::ShardedOptimizer resumed(group, split(resumed_net), factory, bd::ShardStage::kGradients);
   {
     torch::serialize::InputArchive archive;
     archive.load_from(saved);
