@@ -361,6 +361,11 @@ struct SweepCommand {
       return bx::launch_local(parallel.launch, argc, argv);
     }
     const auto group = join(parallel, sweeps.front().sweep.base.device);
+    for (const auto& named : sweeps) {  // a sharded variant in a world of one: refused before any runs
+      if (!group && named.sweep.base.distributed.shard != bigbatch::distributed::ShardStage::kNone) {
+        bx::check_world(named.sweep, 1);
+      }
+    }
     const bool writer = !group || group->rank() == 0;  // only rank 0 prints
     // A data-parallel sweep's ranks would stop at different steps: they keep
     // the signals' default (resume from the last periodic checkpoint).

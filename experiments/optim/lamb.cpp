@@ -37,6 +37,7 @@ OptimizerEntry lamb_entry() {
         return layerwise<optim::LAMB>(o, model);
       });
   e.scalars = trust_ratio_scalars;
+  e.shards = true;
   return e;
 }
 

@@ -74,6 +74,7 @@ OptimizerEntry lars_entry() {
     return change;
   };
   e.scalars = trust_ratio_scalars;
+  e.shards = true;
   return e;
 }
 
@@ -85,6 +86,7 @@ OptimizerEntry larc_entry() {
       },
       lars_like_defaults<optim::LARCOptions>());
   e.scalars = trust_ratio_scalars;
+  e.shards = true;
   return e;
 }
 

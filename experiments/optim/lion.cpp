@@ -28,6 +28,7 @@ OptimizerEntry lion_entry() {
         return layerwise<optim::Lion>(o, model);
       });
   e.scalars = trust_ratio_scalars;
+  e.shards = true;
   return e;
 }
 

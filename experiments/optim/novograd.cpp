@@ -30,6 +30,7 @@ OptimizerEntry novograd_entry() {
         return layerwise<optim::NovoGrad>(o, model);
       });
   e.scalars = trust_ratio_scalars;
+  e.shards = true;
   return e;
 }
 

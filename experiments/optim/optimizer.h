@@ -61,6 +61,10 @@ struct OptimizerEntry {
   /// Optional: the per-layer scalars of the last step (trust ratios, Muon's
   /// update RMS), for TensorBoard; empty: none.
   std::function<std::vector<LayerScalar>(const torch::optim::Optimizer& optimizer)> scalars;
+  /// Whether `distributed.shard` may shard it across data-parallel ranks: it
+  /// makes a bigbatch layer-wise optimizer (optim::LayerwiseOptimizerBase)
+  /// that distributed::ShardedOptimizer takes (docs/distributed.md).
+  bool shards = false;
 };
 
 /// Adds an optimizer a config can name (thread-safe). A name already taken,

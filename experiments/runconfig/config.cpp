@@ -127,6 +127,14 @@ void distributed_fields(Io& io, Spec& d) {
   io.check("overlap", !d.compression.overlap || m == distributed::Compression::kNone || m == distributed::Compression::kFp16,
            std::string("only the all-reduce exchanges (none, fp16) overlap with backward; ") +
                distributed::compression_name(m) + " exchanges after it");
+  if (io.given("shard", d.shard != distributed::ShardStage::kNone)) {
+    io.choice("shard", d.shard, distributed::kShardStageNames);
+  }
+  io.check("shard", d.shard != distributed::ShardStage::kGradients || m == distributed::Compression::kNone,
+           std::string("\"gradients\" reduce-scatters the gradients itself and does not compose with compression ") +
+               distributed::compression_name(m) + "; \"states\" takes the compressed exchange's average");
+  io.check("shard", d.shard != distributed::ShardStage::kGradients || !d.compression.overlap,
+           "\"gradients\" reduce-scatters after backward; overlap must be false");
   if constexpr (Io::kReading) {
     d.compression.bucket_bytes = static_cast<std::int64_t>(d.bucket_mb * (1 << 20));
   }
@@ -277,6 +285,13 @@ void common_fields(Io& io, Spec& t, bool with_rate) {
   io.choice("device", t.device, kDeviceTypes);
   if (io.given("precision", t.precision != Precision::kFp32)) io.choice("precision", t.precision, kPrecisions);
   check_precision(io, t);
+  const distributed::ShardStage shard = t.distributed.shard;
+  io.check("distributed", shard == distributed::ShardStage::kNone || optimizer_entry(t.optimizer.name).shards,
+           std::string("shard \"") + distributed::shard_stage_name(shard) + "\": " + t.optimizer.name +
+               " has no sharded form (lars, larc, lamb, novograd and lion have)");
+  io.check("precision", shard != distributed::ShardStage::kGradients || t.precision != Precision::kFp16,
+           "fp16's loss scaler reads every rank's whole gradient, which distributed.shard \"gradients\" frees; use "
+           "bf16 or shard \"states\"");
   io.field("checkpoint_every", t.checkpoint_every);
   io.field("tensorboard", t.tensorboard);
   io.check("checkpoint_every", t.checkpoint_every >= 0 && t.checkpoint_every % t.target.eval_every == 0,
@@ -338,7 +353,8 @@ void trial_fields(Io& io, Spec& t) {
 }  // namespace
 
 bool DistributedSpec::is_default() const {
-  return compression.method == distributed::Compression::kNone && bucket_mb == 25 && !compression.overlap;
+  return compression.method == distributed::Compression::kNone && bucket_mb == 25 && !compression.overlap &&
+         shard == distributed::ShardStage::kNone;
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include "../workload/data.h"
 #include "../workload/models.h"
 #include "../../distributed/compression.h"
+#include "../../distributed/sharded.h"
 #include "../../config/json_reader.h"
 #include "../../schedules/schedule.h"
 
@@ -69,7 +70,7 @@ struct GnsSpec {
 };
 
 /// "distributed": how the ranks of a data-parallel trial exchange their
-/// gradients (distributed/compression.h). Left out of resolved configs when
+/// gradients (distributed/compression.h) and shard the optimizer's state. Left out of resolved configs when
 /// it is the default (fp32 all-reduce in 25 MiB buckets after backward), so that folders
 /// written before it existed keep their identity.
 struct DistributedSpec {
@@ -77,6 +78,10 @@ struct DistributedSpec {
   /// bucket_mb, overlap from "overlap" and the seed from the trial's seed.
   distributed::CompressionSpec compression;
   double bucket_mb = 25;
+  /// "shard": what each rank keeps of the optimizer (distributed/sharded.h):
+  /// "none", "states" (ZeRO stage 1) or "gradients" (stage 2). Left out of
+  /// resolved configs when "none".
+  distributed::ShardStage shard = distributed::ShardStage::kNone;
   bool is_default() const;
 };
 

@@ -24,6 +24,12 @@ void check_world(const SweepConfig& sweep, int world_size) {
                       " compresses the gradient exchange of a data-parallel run, and this run has a world of "
                       "one; run it with --nproc 2 or more (or under torchrun, mpirun, srun)");
   }
+  const auto shard = sweep.base.distributed.shard;
+  if (shard != distributed::ShardStage::kNone && world_size < 2) {
+    throw ConfigError(std::string("distributed.shard: \"") + distributed::shard_stage_name(shard) +
+                      "\" shards the optimizer across the ranks of a data-parallel run, and this run has a world "
+                      "of one; run it with --nproc 2 or more (or under torchrun, mpirun, srun)");
+  }
   for (const auto b : sweep.batch_sizes) {
     if (b % world_size != 0) {
       throw ConfigError("batch_sizes: " + std::to_string(b) + " is not divisible by the world size " +

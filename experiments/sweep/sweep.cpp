@@ -715,6 +715,7 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   check_jobs(options.jobs, group != nullptr, "sweep runs one trial");
   const bool writer = group == nullptr || group->rank() == 0;
   if (group != nullptr) check_world(sweep, group->size());
+  if (group == nullptr && sweep.base.distributed.shard != distributed::ShardStage::kNone) check_world(sweep, 1);
   const fs::path dir = fs::path(options.out) / sweep.base.sweep;
   const json resolved = to_json(sweep);
   check_same_sweep(dir, resolved, sweep.base.sweep);

@@ -104,12 +104,16 @@ std::vector<TrialResult> run_into(Trainer& trainer, const std::vector<TrialConfi
     hooks.on_eval = [&](std::size_t i, const EvalRow& row) {
       if (events[i]) events[i]->scalars(row.step, eval_scalars(row, trainer.metric_names(), trainer.layer_scalars(i)));
     };
-    if (trials.size() == 1) {  // periodic (checkpoint_every), and on preemption
-      hooks.on_checkpoint = [&](const std::string& bytes) {
-        if (outer.interrupt && outer.interrupt() == Interrupt::kAbandon) return;  // no longer ours
-        write_file_atomic((folders[0] / "checkpoint.pt").string(), bytes);
-      };
-    }
+  }
+  // Periodic (checkpoint_every), and on preemption. Every rank takes the
+  // checkpoint (a sharded optimizer's is a collective: each rank's shard goes
+  // into rank 0's file); the writer writes it.
+  if (trials.size() == 1) {
+    hooks.on_checkpoint = [&, writer](const std::string& bytes) {
+      if (!writer) return;
+      if (outer.interrupt && outer.interrupt() == Interrupt::kAbandon) return;  // no longer ours
+      write_file_atomic((folders[0] / "checkpoint.pt").string(), bytes);
+    };
   }
   hooks.prune = outer.prune;
   hooks.interrupt = outer.interrupt;

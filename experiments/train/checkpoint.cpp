@@ -144,6 +144,38 @@ void open_checkpoint(const std::string& bytes, const at::Device& device, InputAr
               " (written by another version of bigbatch)");
 }
 
+// The optimizer of a lane sharded across the ranks (distributed.shard): every
+// rank's shard, which rank 0's file holds in rank order ("optimizer/shard/R",
+// each an archive's bytes), so that every rank resumes its own from the bytes
+// rank 0 broadcasts. A collective: every rank takes its checkpoint together.
+void put_shards(OutputArchive& archive, distributed::ProcessGroup& group, const distributed::ShardedOptimizer& sharded) {
+  OutputArchive own;
+  sharded.save(own);
+  std::ostringstream bytes;
+  own.save_to(bytes);
+  put(archive, "optimizer/shards", static_cast<std::int64_t>(group.size()));
+  for (int r = 0; r < group.size(); ++r) {
+    std::string shard = distributed::broadcast_bytes(group, bytes.str(), r);
+    archive.write("optimizer/shard/" + std::to_string(r),
+                  at::from_blob(shard.data(), {static_cast<std::int64_t>(shard.size())}, at::kByte).clone());
+  }
+}
+
+void load_shard(InputArchive& archive, const distributed::ProcessGroup& group, distributed::ShardedOptimizer& sharded) {
+  at::Tensor count;
+  TORCH_CHECK(archive.try_read("optimizer/shards", count),
+              "checkpoint: holds an unsharded optimizer; this trial shards it (distributed.shard) and resumes only "
+              "a sharded checkpoint");
+  TORCH_CHECK(count.item<std::int64_t>() == group.size(), "checkpoint: holds the optimizer shards of ",
+              count.item<std::int64_t>(), " ranks; this trial runs on ", group.size());
+  at::Tensor shard;
+  archive.read("optimizer/shard/" + std::to_string(group.rank()), shard);
+  std::istringstream in(std::string(static_cast<const char*>(shard.data_ptr()), static_cast<std::size_t>(shard.numel())));
+  InputArchive own;
+  own.load_from(in);
+  sharded.load(own);
+}
+
 }  // namespace
 
 std::string Trainer::checkpoint() const {
@@ -152,10 +184,14 @@ std::string Trainer::checkpoint() const {
   OutputArchive archive, model, optimizer, sampler;
   put(archive, "format", kCheckpointFormat);
   model_->lane(0).save(model);
-  lane.optimizer->save(optimizer);
   sampler_.save(sampler);
   archive.write("model", model);
-  archive.write("optimizer", optimizer);
+  if (lane.sharded != nullptr) {
+    put_shards(archive, *group_, *lane.sharded);
+  } else {
+    lane.optimizer->save(optimizer);
+    archive.write("optimizer", optimizer);
+  }
   archive.write("sampler", sampler);
   put(archive, "step", step_);
   put(archive, "examples", examples_);
@@ -239,10 +275,15 @@ void Trainer::branch_from(const std::string& bytes) {
 void Trainer::load_run(torch::serialize::InputArchive& archive) {
   InputArchive model, optimizer, sampler;
   archive.read("model", model);
-  archive.read("optimizer", optimizer);
   archive.read("sampler", sampler);
   model_->lane(0).load(model);
-  lanes_.front()->optimizer->load(optimizer);
+  if (lanes_.front()->sharded != nullptr) {
+    load_shard(archive, *group_, *lanes_.front()->sharded);
+  } else {
+    TORCH_CHECK(archive.try_read("optimizer", optimizer), "checkpoint: holds a sharded optimizer "
+                "(distributed.shard); this trial does not shard it");
+    lanes_.front()->optimizer->load(optimizer);
+  }
   sampler_.load(sampler);
   // fp16: the run's loss scale and its run of finite steps (a cbs branch
   // goes on with its reference's scale, counting its own skipped steps).

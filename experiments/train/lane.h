@@ -4,6 +4,7 @@
 #pragma once
 
 #include "trial.h"
+#include "../../distributed/sharded.h"
 #include "../../optimizers/loss_scaler.h"
 
 #include <limits>
@@ -18,6 +19,10 @@ namespace bigbatch::experiments {
 struct Trainer::Lane {
   TrialConfig config;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  /// The optimizer when distributed.shard shards it across the ranks, else null.
+  distributed::ShardedOptimizer* sharded = nullptr;
+  /// Its last measure across the ranks (shard_report), taken at each evaluation.
+  nlohmann::json shard_report;
   std::optional<schedules::LRAdapter> adapter;
   std::optional<noise::AnnealedGradientNoise> annealed;
   std::optional<noise::MultiplicativeNoise> multiplicative;

@@ -75,6 +75,10 @@ class LaneModel {
   virtual bool single() const { return false; }
   /// A data-parallel trial's gradient exchange (its compressor and counts); null otherwise.
   virtual distributed::GradientExchange* exchange() { return nullptr; }
+  /// From now on a data-parallel step averages its gradients by `reduce`
+  /// rather than by its exchange (a ShardedOptimizer at stage "gradients"
+  /// reduce-scatters them); a model without ranks ignores it.
+  virtual void reduce_gradients_with(std::function<distributed::GradientNorms()> reduce) { (void)reduce; }
   const distributed::GradientExchange* exchange() const { return const_cast<LaneModel*>(this)->exchange(); }
 
   /// Leaves in each active lane's parameters' .grad its mean gradient over

@@ -19,6 +19,8 @@
 #include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -52,7 +54,10 @@ class SingleModel final : public LaneModel {
     params_ = model_.module().parameters();
   }
 
-  distributed::GradientExchange* exchange() override { return exchange_ ? &*exchange_ : nullptr; }
+  distributed::GradientExchange* exchange() override { return reduce_ ? nullptr : exchange_ ? &*exchange_ : nullptr; }
+  void reduce_gradients_with(std::function<distributed::GradientNorms()> reduce) override {
+    reduce_ = std::move(reduce);
+  }
 
   torch::nn::Module& lane(std::size_t) override { return model_.module(); }
   torch::nn::Sequential* sequential() override { return sequential_ ? &sequential_ : nullptr; }
@@ -118,15 +123,15 @@ class SingleModel final : public LaneModel {
   LaneGradient data_parallel(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weights,
                              std::int64_t local, std::int64_t global, double scale) {
     const at::Tensor l = loss(x, y, weights);
-    if (exchange_->spec().overlap) exchange_->begin(*group_, params_);  // all-reduces start during backward
+    if (!reduce_ && exchange_->spec().overlap) exchange_->begin(*group_, params_);  // all-reduces start during backward
     scaled(l, scale).backward();
-    const auto norms = exchange_->exchange(*group_, params_);
+    const auto norms = reduce_ ? reduce_() : exchange_->exchange(*group_, params_);
     std::vector<at::Tensor> mean{l.detach().reshape({1}).to(at::kDouble)};
     group_->allreduce_sum(mean);
     LaneGradient g{mean[0].item<double>() / static_cast<double>(group_->size()), std::nullopt};
     // A compressed exchange gives an estimate of the average, whose norm is
     // not the big batch's: no noise-scale sample from it.
-    if (exchange_->last_was_average() && std::isfinite(norms.local_sq) && std::isfinite(norms.global_sq)) {
+    if ((reduce_ || exchange_->last_was_average()) && std::isfinite(norms.local_sq) && std::isfinite(norms.global_sq)) {
       g.noise = NoiseSample{norms.local_sq / (scale * scale), norms.global_sq / (scale * scale), local, global};
     }
     return g;
@@ -165,6 +170,7 @@ class SingleModel final : public LaneModel {
   at::Device device_;
   distributed::ProcessGroup* group_;
   std::optional<distributed::GradientExchange> exchange_;  ///< world > 1
+  std::function<distributed::GradientNorms()> reduce_;     ///< replaces exchange_ when set
   std::vector<at::Tensor> params_;
   Precision precision_;
 };
@@ -297,11 +303,16 @@ void Trainer::add_lanes(const std::vector<TrialConfig>& configs) {
     torch::nn::Module& module = model_->lane(i);
     lane->params = module.parameters();
     lane->optimizer = make_optimizer(c.optimizer, c.schedule.base_lr, module);
+    torch::optim::Optimizer* stepped = lane->optimizer.get();  // what the schedule's rate change sees
+    if (group_ != nullptr && group_->size() > 1 && c.distributed.shard != distributed::ShardStage::kNone) {
+      shard_lane(*lane);
+      stepped = &lane->sharded->wrapped();
+    }
     schedules::Schedule schedule(c.schedule, c.batch_size, data_.train_size());
     const std::int64_t budget = schedule.steps(c.budget.length, c.budget.unit);
     TORCH_CHECK(i == 0 || budget == budget_, "batched trials: the lanes' budgets differ");
     budget_ = budget;
-    lane->adapter.emplace(*lane->optimizer, std::move(schedule), rate_change(c.optimizer, *lane->optimizer));
+    lane->adapter.emplace(*lane->optimizer, std::move(schedule), rate_change(c.optimizer, *stepped));
     if (c.noise.type == NoiseType::kAnnealed) {
       lane->annealed.emplace(noise::AnnealedNoiseOptions(c.noise.eta).gamma(c.noise.gamma).seed(c.seed));
     } else if (c.noise.type == NoiseType::kMultiplicative) {
@@ -311,6 +322,19 @@ void Trainer::add_lanes(const std::vector<TrialConfig>& configs) {
     lane->result.budget = budget_;
     lane->result.peak_lr = lane->adapter->schedule().peak_lr();
     lanes_.push_back(std::move(lane));
+  }
+}
+
+void Trainer::shard_lane(Lane& lane) {
+  const auto* like = dynamic_cast<const optim::LayerwiseOptimizerBase*>(lane.optimizer.get());
+  TORCH_CHECK(like != nullptr, "distributed.shard: ", lane.config.optimizer.name,
+              "'s entry says it shards but made no bigbatch layer-wise optimizer");
+  auto sharded = std::make_unique<distributed::ShardedOptimizer>(*group_, *like, lane.config.distributed.shard);
+  lane.sharded = sharded.get();
+  lane.optimizer = std::move(sharded);
+  if (lane.config.distributed.shard == distributed::ShardStage::kGradients) {
+    distributed::ShardedOptimizer* s = lane.sharded;
+    model_->reduce_gradients_with([s] { return s->reduce_gradients(); });
   }
 }
 
@@ -440,6 +464,47 @@ nlohmann::json exchange_report(const distributed::GradientExchange& exchange, co
   return j;
 }
 
+namespace {
+
+// The peak resident memory of this process so far, in bytes (Linux reports KiB).
+double peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) * 1024.0;
+}
+
+// A sharded optimizer's measures on every rank (an all-gather: every rank
+// calls it at the same evaluation) and what a step exchanges.
+nlohmann::json shard_report(distributed::ProcessGroup& group, const distributed::ShardedOptimizer& sharded) {
+  const at::Tensor mine = at::tensor({static_cast<double>(sharded.state_bytes()),
+                                      static_cast<double>(sharded.gradient_bytes()), peak_rss_bytes()},
+                                     at::kDouble);
+  nlohmann::json state = nlohmann::json::array(), grads = nlohmann::json::array(), rss = nlohmann::json::array();
+  for (const at::Tensor& rank : group.allgather(mine)) {
+    state.push_back(rank[0].item<double>());
+    grads.push_back(rank[1].item<double>());
+    rss.push_back(rank[2].item<double>());
+  }
+  const distributed::ExchangeBytes bytes = sharded.exchange_bytes();
+  return {{"stage", distributed::shard_stage_name(sharded.stage())},
+          {"ranks", group.size()},
+          {"state_bytes", state},
+          {"gradient_bytes", grads},
+          {"peak_rss_bytes", rss},
+          {"step_bytes", {{"all_reduce", bytes.all_reduce},
+                          {"reduce_scatter", bytes.reduce_scatter},
+                          {"all_gather", bytes.all_gather}}}};
+}
+
+// The largest of a JSON array of numbers.
+double largest(const nlohmann::json& values) {
+  double most = kNaN;
+  for (const auto& v : values) most = std::isnan(most) ? v.get<double>() : std::max(most, v.get<double>());
+  return most;
+}
+
+}  // namespace
+
 void Trainer::leave(std::size_t i, TrialStatus status, double seconds, const Hooks& hooks) {
   Lane& lane = *lanes_[i];
   lane.active = false;
@@ -455,11 +520,15 @@ void Trainer::leave(std::size_t i, TrialStatus status, double seconds, const Hoo
   if (const distributed::GradientExchange* exchange = model_->exchange()) {
     r.exchange = exchange_report(*exchange, r);
   }
+  if (lane.sharded != nullptr) r.shard = lane.shard_report;
   if (hooks.finished) hooks.finished(i, r);
 }
 
 void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& seconds) {
   const auto metrics = evaluate();
+  for (auto& lane : lanes_) {  // every rank evaluates together: the place for a collective
+    if (lane->sharded != nullptr) lane->shard_report = shard_report(*group_, *lane->sharded);
+  }
   for (std::size_t i = 0; i < lanes_.size(); ++i) {
     Lane& lane = *lanes_[i];
     if (!lane.active) continue;
@@ -481,6 +550,10 @@ void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& 
       row.bytes_received = t.bytes_received;
       row.compress_seconds = t.compress_seconds;
       row.comm_seconds = t.communicate_seconds;
+    }
+    if (lane.sharded != nullptr) {
+      row.state_bytes = largest(lane.shard_report["state_bytes"]);
+      row.peak_rss_bytes = largest(lane.shard_report["peak_rss_bytes"]);
     }
     if (lane.scaler) {
       row.loss_scale = lane.scaler->scale();

@@ -60,6 +60,11 @@ struct EvalRow {
   /// fp32 and bf16 trials scale nothing).
   double loss_scale = kNaN;
   double skipped_steps = kNaN;
+  /// A trial whose optimizer is sharded across the ranks (distributed.shard):
+  /// the largest rank's optimizer-state bytes and peak resident memory so
+  /// far (summary.json's "shard" has each rank's); NaN for the others.
+  double state_bytes = kNaN;
+  double peak_rss_bytes = kNaN;
   /// The workload's further validation metrics (WorkloadData::metrics, in
   /// its order): metrics.csv's columns after the fields below.
   std::vector<double> extra;
@@ -95,6 +100,8 @@ void for_each_field(Row&& row, Visit&& visit) {
   visit("comm_seconds", row.comm_seconds);
   visit("loss_scale", row.loss_scale);
   visit("skipped_steps", row.skipped_steps);
+  visit("state_bytes", row.state_bytes);
+  visit("peak_rss_bytes", row.peak_rss_bytes);
 }
 
 /// kFailed: the workload (its data, model or loss) threw during the run;
@@ -127,6 +134,10 @@ struct TrialResult {
   nlohmann::json data_report;  ///< WorkloadData::report's, when it has one
   /// A data-parallel trial's exchange (exchange_report): summary.json's "exchange".
   nlohmann::json exchange;
+  /// A trial whose optimizer is sharded across the ranks (distributed.shard):
+  /// summary.json's "shard" (the stage, each rank's optimizer-state bytes,
+  /// gradient bytes and peak resident memory, the bytes a step exchanges).
+  nlohmann::json shard;
 };
 
 /// The summary of a data-parallel trial's gradient exchange: the compressor,
@@ -279,6 +290,10 @@ class Trainer {
   struct Lane;
   // The lanes' own parts, built over model_'s lane modules.
   void add_lanes(const std::vector<TrialConfig>& configs);
+  /// Replaces a lane's optimizer by its sharded form across the group's ranks
+  /// (distributed.shard), and at stage "gradients" makes the model average
+  /// its gradients by the optimizer's reduce-scatter.
+  void shard_lane(Lane& lane);
   // A lane's result as it ends: status, steps, best metric, rows, time.
   void leave(std::size_t lane, TrialStatus status, double seconds, const Hooks& hooks);
   // An evaluation of every active lane: its row, and the stop rules (the
