@@ -25,6 +25,7 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/cuda.h>
 #include <torch/serialize.h>
 
 #include <cmath>
@@ -137,7 +138,41 @@ at::Tensor load_tensor(const std::string& path) {
 
 namespace bigbatch::test {
 
+// shard:cuda: LAMB's parameters on the GPU, 2 ranks over Gloo (which
+// carries CUDA tensors) on one device: stage "states" against unsharded data
+// parallel, the CUDA runner's sharded finalize on a real device.
+int sharded_cuda_worker() {
+  const bd::WorldInfo world = bd::world_from_env();
+  const std::string out = std::string(std::getenv("BIGBATCH_DIST_OUT")) + ".r" + std::to_string(world.rank);
+  bd::ProcessGroup group(world, std::chrono::seconds(60));
+  auto plain_net = make_net(false);
+  auto states_net = make_net(false);
+  plain_net->to(at::kCUDA);
+  states_net->to(at::kCUDA);
+  auto plain = make_opt("lamb", split(plain_net), false);
+  bd::ShardedOptimizer states(group, *make_opt("lamb", split(states_net), false), bd::ShardStage::kStates);
+  const auto [x, y] = data(world.world_size);
+  for (int step = 0; step < kSteps; ++step) {
+    const std::int64_t begin = (step * world.world_size + world.rank) * kPerRank;
+    const at::Tensor xs = x.slice(0, begin, begin + kPerRank).to(at::kCUDA);
+    const at::Tensor ys = y.slice(0, begin, begin + kPerRank).to(at::kCUDA);
+    plain->zero_grad();
+    states.zero_grad();
+    backward(plain_net, xs, ys);
+    backward(states_net, xs, ys);
+    bd::allreduce_gradients(group, in_group_order(plain_net));
+    states.reduce_gradients();
+    plain->step();
+    states.step();
+  }
+  save_tensor(out + ".plain", flat_params(plain_net).cpu());
+  save_tensor(out + ".states", flat_params(states_net).cpu());
+  group.barrier();
+  return 0;
+}
+
 int sharded_worker(const std::string& scenario) {
+  if (scenario == "cuda") return sharded_cuda_worker();
   // shard:<optimizer>:<fp32|bf16>
   const auto colon = scenario.find(':');
   const std::string name = scenario.substr(0, colon);
@@ -361,6 +396,17 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, Sharded,
                          testing::Combine(testing::Values("lamb", "lars", "larc", "novograd", "lion"),
                                           testing::Values("fp32", "bf16"), testing::Values(2, 4)),
                          case_name);
+
+TEST(ShardedCuda, GlooRanksOnOneGpuStepAsUnsharded_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string out = tmp("shard_cuda");
+  const Ranks r = launch("shard:cuda", out, 2, 120);
+  ASSERT_EQ(r.status, (std::vector<int>{0, 0})) << slurp(r.logs[0]) << slurp(r.logs[1]);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string base = out + ".r" + std::to_string(rank);
+    EXPECT_TRUE(at::equal(load_tensor(base + ".states"), load_tensor(base + ".plain"))) << "rank " << rank;
+  }
+}
 
 // ------------------------------------------------------------- the plan --
 
