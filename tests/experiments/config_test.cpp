@@ -305,6 +305,32 @@ TEST(SweepConfig, EveryEnumIsSpelledAsInTheConfig) {
             (std::vector<std::string>{"sgd", "adam", "adamw", "lars", "larc", "lamb", "novograd", "lion", "muon"}));
 }
 
+// distributed.shard: read, written back, left out when "none" (so that
+// folders written before it keep their identity), and refused with the key
+// and the reason where it cannot apply.
+TEST(SweepConfig, ShardIsLeftOutWhenNoneAndRefusedWhereItCannotApply) {
+  json j = minimal();
+  j["distributed"] = {{"shard", "gradients"}};
+  const SweepConfig s = parse_sweep(j);
+  EXPECT_EQ(s.base.distributed.shard, bigbatch::distributed::ShardStage::kGradients);
+  EXPECT_EQ(to_json(s)["distributed"]["shard"], "gradients");
+  EXPECT_EQ(to_json(parse_sweep(to_json(s))), to_json(s));
+  j["distributed"] = {{"shard", "none"}};
+  EXPECT_FALSE(to_json(parse_sweep(j)).contains("distributed"));
+  j["distributed"] = {{"shard", "optimizer"}};
+  EXPECT_EQ(error_of(j), "distributed.shard: unknown value \"optimizer\" (one of: none, states, gradients)");
+  j["distributed"] = {{"shard", "states"}};
+  j["optimizer"] = {{"name", "muon"}};
+  EXPECT_EQ(error_of(j), "distributed: shard \"states\": muon has no sharded form (lars, larc, lamb, novograd and lion "
+                         "have)");
+  j["optimizer"] = {{"name", "lamb"}};
+  j["distributed"] = {{"shard", "gradients"}, {"compression", {{"name", "fp16"}}}};
+  EXPECT_EQ(error_of(j), "distributed.shard: \"gradients\" reduce-scatters the gradients itself and does not compose "
+                         "with compression fp16; \"states\" takes the compressed exchange's average");
+  j["distributed"] = {{"shard", "states"}, {"compression", {{"name", "fp16"}}}};
+  EXPECT_EQ(parse_sweep(j).base.distributed.shard, bigbatch::distributed::ShardStage::kStates);
+}
+
 // A folder written before "resnet" had a depth (its depth was 8) is the
 // same sweep as one with "depth": 8; another depth is not.
 TEST(SweepConfig, ResnetDepthEightMatchesFoldersFromBeforeDepth) {
