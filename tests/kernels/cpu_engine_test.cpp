@@ -52,19 +52,7 @@ LarsGroup lars_group(double lr, double wd) {
   return o;
 }
 
-LambGroup lamb_group(bool skip, double max_grad_norm) {
-  LambGroup o;
-  o.lr = 0.01;
-  o.beta1 = 0.9;
-  o.beta2 = 0.999;
-  o.eps = 1e-6;
-  o.weight_decay = 0.01;
-  o.max_grad_norm = max_grad_norm;
-  o.max_trust = INFINITY;
-  o.bias_correction = o.grad_averaging = o.adam_w_mode = o.adapt = true;
-  o.skip_nonfinite = skip;
-  return o;
-}
+using bigbatch::test::lamb_group;
 
 TEST(CpuEngine, BytesPerStepAsDocumented) {
   const auto f32 = DType::kFloat32;

@@ -8,6 +8,8 @@
 #include "../../kernels/momentum.h"
 #include "../../kernels/novograd.h"
 
+#include <math.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -41,5 +43,22 @@ struct HostTensors {
     return out;
   }
 };
+
+/// LAMB's options for the engine's tests: lr 0.01, AdamW-style decay 0.01,
+/// bias correction, adaptation, unbounded trust; the non-finite skip and
+/// global clipping (max_grad_norm > 0) as asked.
+inline kernels::LambGroup lamb_group(bool skip, double max_grad_norm) {
+  kernels::LambGroup o;
+  o.lr = 0.01;
+  o.beta1 = 0.9;
+  o.beta2 = 0.999;
+  o.eps = 1e-6;
+  o.weight_decay = 0.01;
+  o.max_grad_norm = max_grad_norm;
+  o.max_trust = INFINITY;
+  o.bias_correction = o.grad_averaging = o.adam_w_mode = o.adapt = true;
+  o.skip_nonfinite = skip;
+  return o;
+}
 
 }  // namespace bigbatch::test

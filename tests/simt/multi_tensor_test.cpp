@@ -23,14 +23,8 @@ struct Tensors : bigbatch::test::HostTensors {
 };
 
 LambGroup lamb_options(double lr) {
-  LambGroup o;
+  LambGroup o = bigbatch::test::lamb_group(true, 0);
   o.lr = lr;
-  o.beta1 = 0.9;
-  o.beta2 = 0.999;
-  o.eps = 1e-6;
-  o.weight_decay = 0.01;
-  o.max_trust = INFINITY;
-  o.bias_correction = o.grad_averaging = o.adam_w_mode = o.adapt = o.skip_nonfinite = true;
   return o;
 }
 

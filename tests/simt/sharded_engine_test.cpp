@@ -53,18 +53,8 @@ struct Shared {
   double ratio[kRanks][3];
 };
 
-LambGroup lamb_options() {
-  LambGroup o;
-  o.lr = 0.01;
-  o.beta1 = 0.9;
-  o.beta2 = 0.999;
-  o.eps = 1e-6;
-  o.weight_decay = 0.01;
-  o.max_grad_norm = 1.0;  // the gradients' global norm is about 8: clipped
-  o.max_trust = INFINITY;
-  o.bias_correction = o.grad_averaging = o.adam_w_mode = o.adapt = o.skip_nonfinite = true;
-  return o;
-}
+// LAMB with global clipping: the gradients' global norm is about 8, clipped to 1.
+LambGroup lamb_options() { return bigbatch::test::lamb_group(true, 1.0); }
 
 // Tensors with varied weights and gradients (the same in every process).
 bigbatch::test::HostTensors tensors() {
