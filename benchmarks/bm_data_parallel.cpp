@@ -9,6 +9,7 @@
 #include "../distributed/process_group.h"
 #include "../experiments/cluster/launch.h"
 #include "../optimizers/lamb.h"
+#include "rank_bench.h"
 
 #include <benchmark/benchmark.h>
 #include <torch/nn/functional/loss.h>
@@ -20,11 +21,6 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
-#include <thread>
-
-#include <unistd.h>  // getpid
-
-#include <ATen/Parallel.h>
 
 namespace {
 
@@ -101,11 +97,7 @@ void bm_step_buckets(benchmark::State& state, bool overlap) {
 int main(int argc, char** argv) {
   const auto world = bd::world_from_env();
   const bool launched = bigbatch::experiments::launched_by_bigbatch();
-  if (world.world_size > 1) {
-    group = std::make_unique<bd::ProcessGroup>(world, std::chrono::seconds(120));
-    // The ranks share this machine's cores, as the runner's ranks do.
-    at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.world_size));
-  }
+  group = bigbatch::bench::join_world(world);
   const std::string suffix = "/world" + std::to_string(world.world_size);
   benchmark::RegisterBenchmark(("compute_per_rank" + suffix).c_str(), bm_compute)
       ->Iterations(100)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -128,8 +120,5 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
   if (launched || world.world_size > 1) return 0;
   std::fflush(stdout);
-  bigbatch::experiments::LaunchOptions two;  // now the same as 2 ranks
-  two.nproc = 2;
-  two.master_port = 29000 + static_cast<int>(getpid() % 1000);
-  return bigbatch::experiments::launch_local(two, argc, argv);
+  return bigbatch::bench::run_as_ranks(2, argc, argv);  // now the same as 2 ranks
 }

@@ -19,6 +19,7 @@
 #include "../distributed/sharded.h"
 #include "../experiments/cluster/launch.h"
 #include "../optimizers/lamb.h"
+#include "rank_bench.h"
 
 #include <benchmark/benchmark.h>
 #include <torch/nn/functional/loss.h>
@@ -26,17 +27,12 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
-#include <ATen/Parallel.h>
-
-#include <unistd.h>  // getpid
-
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
 
 namespace {
 
@@ -120,11 +116,7 @@ void bm_step(benchmark::State& state, bd::ShardStage stage) {
 int main(int argc, char** argv) {
   const auto world = bd::world_from_env();
   const bool launched = bigbatch::experiments::launched_by_bigbatch();
-  if (world.world_size > 1) {
-    group = std::make_unique<bd::ProcessGroup>(world, std::chrono::seconds(120));
-    // The ranks share this machine's cores, as the runner's ranks do.
-    at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.world_size));
-  }
+  group = bigbatch::bench::join_world(world);
   const std::string suffix = "/world" + std::to_string(world.world_size);
   for (const auto& [stage, name] : bd::kShardStageNames) {
     if (stage != bd::ShardStage::kNone && !group) continue;
@@ -140,10 +132,7 @@ int main(int argc, char** argv) {
   if (launched || world.world_size > 1) return 0;
   for (const int ranks : {2, 4}) {
     std::fflush(stdout);
-    bigbatch::experiments::LaunchOptions options;
-    options.nproc = ranks;
-    options.master_port = 29000 + static_cast<int>((getpid() + ranks) % 1000);
-    const int rc = bigbatch::experiments::launch_local(options, argc, argv);
+    const int rc = bigbatch::bench::run_as_ranks(ranks, argc, argv);
     if (rc != 0) return rc;
   }
   return 0;
