@@ -168,6 +168,7 @@ ShardedOptimizer::ShardedOptimizer(ProcessGroup& group, Parts parts, ShardStage 
       plan_(std::move(parts.plan)),
       params_(std::move(parts.params)),
       slices_(std::move(parts.slices)),
+      device_(params_.empty() ? at::Device(at::kCPU) : params_[0].device()),
       inner_(std::move(parts.inner)) {
   for (const auto& g : parts.groups) {
     // LibTorch 2.x's add_param_group replaces options of a type it does not know: set them again.
@@ -175,14 +176,23 @@ ShardedOptimizer::ShardedOptimizer(ProcessGroup& group, Parts parts, ShardStage 
     param_groups_.back().set_options(g.options().clone());
   }
   sharding_ = std::make_shared<optim::OptimizerSharding>();
-  const int rank = group_.rank();
   for (std::size_t t = 0; t < params_.size(); ++t) {
-    const ShardPiece& piece = plan_.piece[static_cast<std::size_t>(rank)][t];
     sharding_->shards[slices_[t].unsafeGetTensorImpl()] = {(plan_.numel[t] + kChunkElements - 1) / kChunkElements,
-                                                           piece.begin / kChunkElements};
+                                                           mine()[t].begin / kChunkElements};
   }
-  const at::Device device = params_.empty() ? at::Device(at::kCPU) : params_[0].device();
+  std::map<at::ScalarType, std::vector<std::size_t>> by_dtype;
+  for (std::size_t t = 0; t < params_.size(); ++t) by_dtype[params_[t].scalar_type()].push_back(t);
+  for (auto& [dtype, members] : by_dtype) {
+    Gather g{dtype, std::move(members), 0};
+    for (int r = 0; r < plan_.world(); ++r) {
+      std::int64_t n = 0;
+      for (const std::size_t t : g.members) n += plan_.piece[r][t].size();
+      g.part = std::max(g.part, n);
+    }
+    gathers_.push_back(std::move(g));
+  }
   ProcessGroup* pg = &group_;
+  const at::Device device = device_;
   sharding_->allreduce_sum = [pg, device](double* data, std::int64_t count, cudaStream_t) {
     if (count == 0) return;
     std::vector<at::Tensor> sums{at::from_blob(data, {count}, at::TensorOptions().dtype(at::kDouble).device(device))};
@@ -198,9 +208,8 @@ GradientNorms ShardedOptimizer::reduce_gradients(std::int64_t bucket_bytes) {
   if (stage_ == ShardStage::kStates) return allreduce_gradients(group_, params_, bucket_bytes);
   const int world = group_.size();
   const std::int64_t part = plan_.max_elements();
-  const at::Device device = params_.empty() ? at::Device(at::kCPU) : params_[0].device();
   // Rank r's part holds its pieces, in tensor order; a tensor without a gradient sends zeros.
-  at::Tensor flat = at::zeros({world * part}, at::TensorOptions().dtype(at::kFloat).device(device));
+  at::Tensor flat = at::zeros({world * part}, at::TensorOptions().dtype(at::kFloat).device(device_));
   GradientNorms norms;
   norms.local_sq = noise::grad_sq_norm(params_);
   has_grad_.assign(params_.size(), false);
@@ -220,19 +229,18 @@ GradientNorms ShardedOptimizer::reduce_gradients(std::int64_t bucket_bytes) {
     // Stage 2 keeps only the averaged slice: the whole local gradient goes now.
     if (has_grad_[t]) params_[t].mutable_grad().reset();
   }
-  at::Tensor mine = group_.reduce_scatter_sum(flat);
-  mine.div_(static_cast<double>(world));  // as allreduce_gradients divides
+  at::Tensor averaged = group_.reduce_scatter_sum(flat);
+  averaged.div_(static_cast<double>(world));  // as allreduce_gradients divides
   // This rank's slices get their part of the average, in their parameter's
   // dtype (rounded as allreduce_gradients rounds into a 16-bit gradient).
-  std::vector<at::Tensor> global{at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device))};
+  std::vector<at::Tensor> global{at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_))};
   std::int64_t offset = 0;
-  const auto& pieces = plan_.piece[static_cast<std::size_t>(group_.rank())];
   for (std::size_t t = 0; t < params_.size(); ++t) {
     if (has_grad_[t]) {
-      slices_[t].mutable_grad() = mine.narrow(0, offset, pieces[t].size()).to(params_[t].scalar_type());
+      slices_[t].mutable_grad() = averaged.narrow(0, offset, mine()[t].size()).to(params_[t].scalar_type());
       global[0] += slices_[t].grad().to(at::kDouble).square().sum();
     }
-    offset += pieces[t].size();
+    offset += mine()[t].size();
   }
   reduced_ = true;
   group_.allreduce_sum(global);
@@ -241,7 +249,7 @@ GradientNorms ShardedOptimizer::reduce_gradients(std::int64_t bucket_bytes) {
 }
 
 void ShardedOptimizer::refresh_slices() {
-  const auto& mine = plan_.piece[static_cast<std::size_t>(group_.rank())];
+  const auto& mine = this->mine();
   for (std::size_t t = 0; t < params_.size(); ++t) {
     const at::Tensor& p = params_[t];
     at::Tensor& slice = slices_[t];
@@ -263,7 +271,7 @@ void ShardedOptimizer::refresh_slices() {
 }
 
 void ShardedOptimizer::slice_gradients() {
-  const auto& mine = plan_.piece[static_cast<std::size_t>(group_.rank())];
+  const auto& mine = this->mine();
   if (stage_ == ShardStage::kStates) {
     for (std::size_t t = 0; t < params_.size(); ++t) {
       const at::Tensor& g = params_[t].grad();
@@ -279,25 +287,17 @@ void ShardedOptimizer::slice_gradients() {
 void ShardedOptimizer::all_gather_params() {
   const auto& plan = plan_;
   const int rank = group_.rank();
-  std::map<at::ScalarType, std::vector<std::size_t>> by_dtype;
-  for (std::size_t t = 0; t < params_.size(); ++t) by_dtype[params_[t].scalar_type()].push_back(t);
-  for (const auto& [dtype, members] : by_dtype) {
-    std::int64_t part = 0;
-    for (int r = 0; r < plan.world(); ++r) {
-      std::int64_t n = 0;
-      for (const std::size_t t : members) n += plan.piece[r][t].size();
-      part = std::max(part, n);
-    }
+  for (const auto& [dtype, members, part] : gathers_) {
     if (part == 0) continue;
-    at::Tensor mine = at::zeros({part}, params_[members[0]].options());
+    at::Tensor own = at::zeros({part}, params_[members[0]].options());
     std::int64_t offset = 0;
     for (const std::size_t t : members) {
       const std::int64_t n = plan.piece[rank][t].size();
-      if (n > 0) mine.narrow(0, offset, n).copy_(slices_[t]);
+      if (n > 0) own.narrow(0, offset, n).copy_(slices_[t]);
       offset += n;
     }
     // 16-bit parameters travel as fp16 bits (a view, bit for bit): LibTorch 1.13's Gloo has no bf16 or int16.
-    std::vector<at::Tensor> all = group_.allgather(mine.element_size() == 2 ? mine.view(at::kHalf) : mine);
+    std::vector<at::Tensor> all = group_.allgather(own.element_size() == 2 ? own.view(at::kHalf) : own);
     for (at::Tensor& a : all) a = a.view(dtype);
     for (int r = 0; r < plan.world(); ++r) {
       if (r == rank) continue;
@@ -368,16 +368,10 @@ ExchangeBytes ShardedOptimizer::exchange_bytes() const {
   const std::int64_t n = group_.size();
   ExchangeBytes bytes;
   std::int64_t elements = 0;
-  std::map<at::ScalarType, std::int64_t> part;  // the all-gather's part of each dtype
-  for (std::size_t t = 0; t < params_.size(); ++t) elements += params_[t].numel();
-  for (int r = 0; r < plan_.world(); ++r) {
-    std::map<at::ScalarType, std::int64_t> mine;
-    for (std::size_t t = 0; t < params_.size(); ++t) mine[params_[t].scalar_type()] += plan_.piece[r][t].size();
-    for (const auto& [dtype, count] : mine) part[dtype] = std::max(part[dtype], count);
-  }
+  for (const at::Tensor& p : params_) elements += p.numel();
   bytes.all_reduce = stage_ == ShardStage::kStates ? 2 * (n - 1) * elements * 4 / n : 0;
   bytes.reduce_scatter = stage_ == ShardStage::kGradients ? (n - 1) * plan_.max_elements() * 4 : 0;
-  for (const auto& [dtype, count] : part) bytes.all_gather += (n - 1) * count * static_cast<std::int64_t>(c10::elementSize(dtype));
+  for (const Gather& g : gathers_) bytes.all_gather += (n - 1) * g.part * static_cast<std::int64_t>(c10::elementSize(g.dtype));
   return bytes;
 }
 

@@ -156,12 +156,24 @@ class ShardedOptimizer final : public optim::LayerwiseOptimizerBase {
   void refresh_slices();
   void slice_gradients();
   void all_gather_params();
+  /// This rank's piece of each tensor.
+  const std::vector<ShardPiece>& mine() const { return plan_.piece[static_cast<std::size_t>(group_.rank())]; }
+
+  /// The parameters of one dtype, all-gathered together after each step:
+  /// which tensors, and the most elements of them any rank holds.
+  struct Gather {
+    at::ScalarType dtype;
+    std::vector<std::size_t> members;
+    std::int64_t part = 0;
+  };
 
   ProcessGroup& group_;
   ShardStage stage_;
   ShardPlan plan_;
   std::vector<at::Tensor> params_;  // every group's, in order: the plan's tensors
   std::vector<at::Tensor> slices_;  // this rank's slice of each (views, possibly empty)
+  at::Device device_;               // the parameters'
+  std::vector<Gather> gathers_;     // by dtype, fixed with the plan
   std::unique_ptr<optim::LayerwiseOptimizerBase> inner_;
   std::shared_ptr<optim::OptimizerSharding> sharding_;
   bool reduced_ = false;            // stage gradients: reduce_gradients() gave the slices their gradients

@@ -183,7 +183,7 @@ class CpuStep final : public MultiTensorStep<Plan> {
     check_slot_groups(slots, groups.size());
     if (shard_ != nullptr) {  // checked before anything changes
       shard_layout_ = shard_layout(*shard_, slots);
-      whole_.assign(2 * static_cast<std::size_t>(shard_layout_.chunk_start.back()), 0.0);
+      whole_.resize(2 * static_cast<std::size_t>(shard_layout_.chunk_start.back()));  // finalize() zeroes it
     }
     if (!same_tensors(slots)) rebuild(slots);
     for (std::size_t i = 0; i < slots.size(); ++i) grads_[i] = slots[i].grad;

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -87,7 +88,9 @@ class CudaStep final : public MultiTensorStep<Plan> {
 
   void bind(const std::vector<TensorSlot>& slots, const std::vector<Group>& groups, cudaStream_t stream) override {
     check_slot_groups(slots, groups.size());
-    if (shard_ != nullptr) shard_layout(*shard_, slots);  // checked before anything changes
+    // The shard's layout, checked before anything changes.
+    std::optional<ShardLayout> layout;
+    if (shard_ != nullptr) layout = shard_layout(*shard_, slots);
     bind_launches_ = 0;
     if (slots.empty()) {
       slots_.clear();
@@ -110,7 +113,7 @@ class CudaStep final : public MultiTensorStep<Plan> {
         bind_launches_ += upload(const_cast<const void**>(table_.grads), grads, stream);
       }
     }
-    bind_shard(slots, stream);
+    if (layout) bind_shard(std::move(*layout), slots.size(), stream);
     if (!same_groups(groups, groups_)) {
       bind_launches_ += upload(const_cast<Group*>(table_.groups), groups, stream);
       groups_ = groups;
@@ -165,13 +168,10 @@ class CudaStep final : public MultiTensorStep<Plan> {
  private:
   // The device arrays of a sharded step, uploaded when the layout changes
   // (a rebuild of their own: not under capture).
-  void bind_shard(const std::vector<TensorSlot>& slots, cudaStream_t stream) {
-    if (shard_ == nullptr) return;
-    ShardLayout layout = shard_layout(*shard_, slots);
+  void bind_shard(ShardLayout layout, std::size_t t, cudaStream_t stream) {
     device_shard_.spec = shard_.get();
     if (layout.chunk_start == shard_host_.chunk_start && layout.chunk_index == shard_host_.chunk_index) return;
     check_not_capturing(stream);
-    const std::size_t t = slots.size();
     const auto whole = static_cast<std::size_t>(layout.chunk_start.back());
     std::vector<std::int64_t> local_of(whole, -1);
     for (std::size_t c = 0; c < layout.chunk_index.size(); ++c) {
