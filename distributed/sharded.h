@@ -78,6 +78,8 @@ struct ExchangeBytes {
   std::int64_t all_gather = 0;      ///< parameters after a sharded step
 };
 
+struct SavedShard;  // one rank's shard as read from its archive (sharded.cpp)
+
 /// A layer-wise optimizer (LARS, LARC, LAMB, NovoGrad, Lion) whose state is
 /// sharded across the ranks of `group`. Every rank builds it over the same
 /// parameter groups; `make` builds the wrapped optimizer over this rank's
@@ -130,12 +132,34 @@ class ShardedOptimizer final : public optim::LayerwiseOptimizerBase {
   std::unique_ptr<optim::LayerwiseOptimizerBase> make_like(
       std::vector<torch::optim::OptimizerParamGroup> groups) const override;
 
-  /// Saves this rank's shard: its state and where it lies (world size, rank,
-  /// stage, the tensors' sizes). load() takes a shard saved by the same rank
-  /// of the same world over the same tensors, and refuses any other naming
-  /// what differs.
+  /// Saves this rank's shard: where it lies (world size, rank, the tensors'
+  /// sizes, its pieces of them), each tensor's state by field (its elements
+  /// of the elementwise fields), the groups' options and the skipped steps.
+  /// load() takes the shard saved by the same rank of the same world over the
+  /// same tensors, and refuses any other naming what differs; load_shards()
+  /// takes every rank's, from any world size.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+
+  /// Loads the state saved by every rank of a sharded optimizer over the
+  /// same tensors, at this world size or another (`shards`: each rank's
+  /// save(), in any order): each rank takes its elements from the shards
+  /// that hold them, and the step goes on as the saved optimizer's would.
+  /// Refuses, before changing anything, shards of other tensors or of
+  /// several worlds, a missing or repeated rank, and a torn shard (a field or
+  /// a tensor's state that one shard has and another lacks).
+  void load_shards(std::vector<torch::serialize::InputArchive>& shards);
+  /// load_shards() from one file per rank (what torch::save(optimizer, path)
+  /// writes); a file that does not read is refused with its path and reason.
+  void load_shard_files(const std::vector<std::string>& paths);
+  /// Loads what the unsharded optimizer of the same kind over the same
+  /// parameters saved (its save()); each rank keeps its elements. Every rank
+  /// holds the whole state while it loads.
+  void load_unsharded(torch::serialize::InputArchive& archive);
+  /// Refuses: a sharded optimizer's state is cut across ranks (load_sharded_into).
+  std::optional<optim::NamedState> named_state(const at::Tensor& param) const override;
+  void set_named_state(const at::Tensor& param, const std::optional<optim::NamedState>& state) override;
+  void set_skipped_steps(std::int64_t count) override;
 
   ShardStage stage() const { return stage_; }
   const ShardPlan& plan() const { return plan_; }
@@ -154,6 +178,10 @@ class ShardedOptimizer final : public optim::LayerwiseOptimizerBase {
   static Parts build(const ProcessGroup& group, std::vector<torch::optim::OptimizerParamGroup> groups,
                      const Factory& make, ShardStage stage);
   void refresh_slices();
+  /// Takes the loaded states (one per tensor: its slice's) and skipped steps.
+  void adopt_states(std::vector<std::optional<optim::NamedState>> states, std::int64_t skipped);
+  /// Takes this rank's elements of the shards, their options and skipped steps.
+  void adopt_shards(std::vector<SavedShard>& shards);
   void slice_gradients();
   void all_gather_params();
   /// This rank's piece of each tensor.
@@ -179,5 +207,13 @@ class ShardedOptimizer final : public optim::LayerwiseOptimizerBase {
   bool reduced_ = false;            // stage gradients: reduce_gradients() gave the slices their gradients
   std::vector<bool> has_grad_;      // stage gradients: which tensors had a gradient to reduce
 };
+
+/// Loads into `whole`, an unsharded optimizer of the same kind over the same
+/// parameters (in group order), the state every rank of a sharded optimizer
+/// saved (`shards`, one save() per rank, any world size): the other way round
+/// from ShardedOptimizer::load_unsharded. `whole` then steps, saves and loads
+/// as if it had taken the sharded steps itself. Refuses what load_shards()
+/// refuses, before changing anything.
+void load_sharded_into(optim::LayerwiseOptimizerBase& whole, std::vector<torch::serialize::InputArchive>& shards);
 
 }  // namespace bigbatch::distributed

@@ -3,11 +3,14 @@
 // list of fields of each options or state type.
 #pragma once
 
+#include "layerwise_optimizer.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/serialize.h>
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 #include <type_traits>
@@ -60,15 +63,41 @@ Field<T> field(const char* name, T& value) {
   return {name, value};
 }
 
+/// The fields as (name, value) pairs, in order; an undefined tensor is left out.
+template <typename Fields>
+NamedState named_values(const Fields& fields) {
+  NamedState out;
+  std::apply([&](const auto&... f) {
+    ((void)[&] {
+      c10::IValue value(f.value);
+      if (!(value.isTensor() && !value.toTensor().defined())) out.emplace_back(f.name, std::move(value));
+    }(), ...);
+  }, fields);
+  return out;
+}
+
+/// Sets every field from (name, value) pairs as named_values gives them; a
+/// tensor left out becomes undefined, any other field must be there.
+template <typename Fields>
+void set_named_values(const Fields& fields, const NamedState& values) {
+  std::apply([&](const auto&... f) {
+    ((void)[&] {
+      using T = std::remove_reference_t<decltype(f.value)>;
+      const auto it = std::find_if(values.begin(), values.end(), [&](const auto& v) { return v.first == f.name; });
+      if (it != values.end()) {
+        f.value = it->second.template to<T>();
+      } else {
+        TORCH_CHECK((std::is_base_of_v<at::Tensor, T>), "optimizer state: no value for '", f.name, "'");
+        f.value = T();
+      }
+    }(), ...);
+  }, fields);
+}
+
 /// Writes every field as LibTorch's optimizers do (an undefined tensor is left out).
 template <typename Fields>
 void write_fields(torch::serialize::OutputArchive& archive, const Fields& fields) {
-  std::apply([&](const auto&... f) {
-    ((void)[&] {
-      const c10::IValue value(f.value);
-      if (!(value.isTensor() && !value.toTensor().defined())) archive.write(f.name, value);
-    }(), ...);
-  }, fields);
+  for (const auto& [name, value] : named_values(fields)) archive.write(name, value);
 }
 
 /// Reads every field back; only a tensor may be missing (it was undefined).
@@ -126,6 +155,12 @@ std::int64_t tensor_bytes(const Fields& fields) {
     return ::bigbatch::optim::internal::same_fields(Name::fields(lhs), Name::fields(rhs));              \
   }
 
-// Defines a state type's tensor_bytes() from the same fields(self).
-#define BIGBATCH_DEFINE_STATE_BYTES(Name)                                                              \
-  std::int64_t Name::tensor_bytes() const { return ::bigbatch::optim::internal::tensor_bytes(fields(*this)); }
+// Defines a state type's tensor_bytes(), named() and set_named() from the same fields(self).
+#define BIGBATCH_DEFINE_STATE_ACCESS(Name)                                                             \
+  std::int64_t Name::tensor_bytes() const { return ::bigbatch::optim::internal::tensor_bytes(fields(*this)); } \
+  ::bigbatch::optim::NamedState Name::named() const {                                                  \
+    return ::bigbatch::optim::internal::named_values(fields(*this));                                   \
+  }                                                                                                    \
+  void Name::set_named(const ::bigbatch::optim::NamedState& values) {                                  \
+    ::bigbatch::optim::internal::set_named_values(fields(*this), values);                              \
+  }

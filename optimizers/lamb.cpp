@@ -57,7 +57,7 @@ auto LAMBParamState::fields(Self& self) {
                          field("master", master));
 }
 BIGBATCH_DEFINE_FIELD_IO(LAMBParamState)
-BIGBATCH_DEFINE_STATE_BYTES(LAMBParamState)
+BIGBATCH_DEFINE_STATE_ACCESS(LAMBParamState)
 
 void LAMBOptions::validate() const {
   using namespace internal;

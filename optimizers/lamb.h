@@ -86,6 +86,10 @@ struct LAMBParamState : public torch::optim::OptimizerCloneableParamState<LAMBPa
   void serialize(torch::serialize::OutputArchive& archive) const override;
   /// Bytes of its tensors (the moments, buffers and master copy it holds).
   std::int64_t tensor_bytes() const;
+  /// Its fields by name (step, moments, master copy), as moved between
+  /// optimizers that cut the tensor differently (distributed/sharded.h).
+  NamedState named() const;
+  void set_named(const NamedState& values);
   friend bool operator==(const LAMBParamState& lhs, const LAMBParamState& rhs);
   ~LAMBParamState() override = default;
 

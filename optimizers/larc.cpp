@@ -45,7 +45,7 @@ auto LARCParamState::fields(Self& self) {
                          field("master", master));
 }
 BIGBATCH_DEFINE_FIELD_IO(LARCParamState)
-BIGBATCH_DEFINE_STATE_BYTES(LARCParamState)
+BIGBATCH_DEFINE_STATE_ACCESS(LARCParamState)
 
 void LARCOptions::validate() const {
   using namespace internal;

@@ -46,7 +46,7 @@ auto LARSParamState::fields(Self& self) {
                          field("master", master));
 }
 BIGBATCH_DEFINE_FIELD_IO(LARSParamState)
-BIGBATCH_DEFINE_STATE_BYTES(LARSParamState)
+BIGBATCH_DEFINE_STATE_ACCESS(LARSParamState)
 
 void LARSOptions::validate() const {
   using namespace internal;

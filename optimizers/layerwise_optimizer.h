@@ -12,13 +12,17 @@
 #include "../kernels/common.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/core/ivalue.h>
 
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 typedef struct CUstream_st* cudaStream_t;  // as cuda_runtime_api.h declares it
@@ -55,6 +59,14 @@ struct TrustRatio {
   at::Tensor param;
   double ratio = 0;
 };
+
+/// One parameter's optimizer state as (field, value) pairs in its state
+/// type's order ("step", "exp_avg", ..., "master"; an undefined tensor left
+/// out): how distributed/sharded.h moves state between optimizers that hold a
+/// tensor cut differently. Tensors shaped like the parameter are its
+/// elementwise fields; the rest (step counts, NovoGrad's 0-dim layer moment)
+/// are per tensor.
+using NamedState = std::vector<std::pair<std::string, c10::IValue>>;
 
 /// Where a parameter an optimizer holds lies in a whole tensor cut across
 /// data-parallel ranks at chunk boundaries (kernels/engine.h's ShardSpec).
@@ -108,6 +120,16 @@ class LayerwiseOptimizerBase : public torch::optim::Optimizer {
   virtual std::unique_ptr<LayerwiseOptimizerBase> make_like(
       std::vector<torch::optim::OptimizerParamGroup> groups) const = 0;
 
+  /// The state of `param` (one of this optimizer's) by field, or nullopt
+  /// before its first step. After fused CUDA steps this waits for the stream.
+  virtual std::optional<NamedState> named_state(const at::Tensor& param) const = 0;
+  /// Replaces the state of `param` by `state` as named_state() gives it (its
+  /// tensors are taken, not copied); nullopt removes it. The next fused step
+  /// rebinds the engine.
+  virtual void set_named_state(const at::Tensor& param, const std::optional<NamedState>& state) = 0;
+  /// Sets skipped_steps(), for state moved from another optimizer.
+  virtual void set_skipped_steps(std::int64_t count) = 0;
+
  protected:
   using torch::optim::Optimizer::Optimizer;
 };
@@ -137,6 +159,9 @@ class LayerwiseOptimizer : public LayerwiseOptimizerBase {
   std::int64_t state_bytes() const override;
   std::unique_ptr<LayerwiseOptimizerBase> make_like(
       std::vector<torch::optim::OptimizerParamGroup> groups) const override;
+  std::optional<NamedState> named_state(const at::Tensor& param) const override;
+  void set_named_state(const at::Tensor& param, const std::optional<NamedState>& state) override;
+  void set_skipped_steps(std::int64_t count) override;
 
   /// The state of `param`, or nullptr before its first step. After fused steps
   /// this first copies the step counts the engine keeps into the states.

@@ -100,6 +100,33 @@ std::unique_ptr<LayerwiseOptimizerBase> LayerwiseOptimizer<Options, ParamState>:
 }
 
 template <typename Options, typename ParamState>
+std::optional<NamedState> LayerwiseOptimizer<Options, ParamState>::named_state(const at::Tensor& param) const {
+  const ParamState* state = param_state(param);
+  if (state == nullptr) return std::nullopt;
+  return state->named();
+}
+
+template <typename Options, typename ParamState>
+void LayerwiseOptimizer<Options, ParamState>::set_named_state(const at::Tensor& param,
+                                                              const std::optional<NamedState>& state) {
+  release_engine();  // it holds the states' tensors, and the step counts of every state
+  auto key = compat::optimizer_state_key(param);
+  if (!state.has_value()) {
+    state_.erase(key);
+    return;
+  }
+  auto made = std::make_unique<ParamState>();
+  made->set_named(*state);
+  state_[key] = std::move(made);
+}
+
+template <typename Options, typename ParamState>
+void LayerwiseOptimizer<Options, ParamState>::set_skipped_steps(std::int64_t count) {
+  release_engine();  // its counter goes to skipped_steps_, which this replaces
+  skipped_steps_ = count;
+}
+
+template <typename Options, typename ParamState>
 std::int64_t LayerwiseOptimizer<Options, ParamState>::state_bytes() const {
   std::int64_t bytes = 0;
   for (const auto& entry : state_) bytes += static_cast<const ParamState&>(*entry.second).tensor_bytes();

@@ -46,7 +46,7 @@ auto LionParamState::fields(Self& self) {
   return std::make_tuple(field("step", step), field("exp_avg", exp_avg), field("master", master));
 }
 BIGBATCH_DEFINE_FIELD_IO(LionParamState)
-BIGBATCH_DEFINE_STATE_BYTES(LionParamState)
+BIGBATCH_DEFINE_STATE_ACCESS(LionParamState)
 
 void LionOptions::validate() const {
   using namespace internal;

@@ -63,7 +63,7 @@ auto MuonParamState::fields(Self& self) {
                          field("master", master));
 }
 BIGBATCH_DEFINE_FIELD_IO(MuonParamState)
-BIGBATCH_DEFINE_STATE_BYTES(MuonParamState)
+BIGBATCH_DEFINE_STATE_ACCESS(MuonParamState)
 
 namespace {
 

@@ -98,6 +98,10 @@ struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonPa
   void serialize(torch::serialize::OutputArchive& archive) const override;
   /// Bytes of its tensors (the moments, buffers and master copy it holds).
   std::int64_t tensor_bytes() const;
+  /// Its fields by name (step, moments, master copy), as moved between
+  /// optimizers that cut the tensor differently (distributed/sharded.h).
+  NamedState named() const;
+  void set_named(const NamedState& values);
   friend bool operator==(const MuonParamState& lhs, const MuonParamState& rhs);
   ~MuonParamState() override = default;
 

@@ -47,7 +47,7 @@ auto NovoGradParamState::fields(Self& self) {
                          field("master", master));
 }
 BIGBATCH_DEFINE_FIELD_IO(NovoGradParamState)
-BIGBATCH_DEFINE_STATE_BYTES(NovoGradParamState)
+BIGBATCH_DEFINE_STATE_ACCESS(NovoGradParamState)
 
 void NovoGradOptions::validate() const {
   using namespace internal;

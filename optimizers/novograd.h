@@ -70,6 +70,10 @@ struct NovoGradParamState : public torch::optim::OptimizerCloneableParamState<No
   void serialize(torch::serialize::OutputArchive& archive) const override;
   /// Bytes of its tensors (the moments, buffers and master copy it holds).
   std::int64_t tensor_bytes() const;
+  /// Its fields by name (step, moments, master copy), as moved between
+  /// optimizers that cut the tensor differently (distributed/sharded.h).
+  NamedState named() const;
+  void set_named(const NamedState& values);
   friend bool operator==(const NovoGradParamState& lhs, const NovoGradParamState& rhs);
   ~NovoGradParamState() override = default;
 

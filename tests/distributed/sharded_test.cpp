@@ -171,8 +171,186 @@ int sharded_cuda_worker() {
   return 0;
 }
 
+// The parameters of a net made by make_net, set from flat_params' values.
+void set_params(torch::nn::Sequential& net, const at::Tensor& flat) {
+  at::NoGradGuard no_grad;
+  std::int64_t offset = 0;
+  for (auto& p : net->parameters()) {
+    p.copy_(flat.narrow(0, offset, p.numel()).view(p.sizes()));
+    offset += p.numel();
+  }
+}
+
+// Whether two optimizers hold the same state for each of their parameters
+// (in group order), field by field, bit for bit.
+bool same_states(const bo::LayerwiseOptimizerBase& a, const std::vector<at::Tensor>& pa,
+                 const bo::LayerwiseOptimizerBase& b, const std::vector<at::Tensor>& pb) {
+  for (std::size_t t = 0; t < pa.size(); ++t) {
+    const auto sa = a.named_state(pa[t]);
+    const auto sb = b.named_state(pb[t]);
+    if (sa.has_value() != sb.has_value()) return false;
+    if (!sa.has_value()) continue;
+    if (sa->size() != sb->size()) return false;
+    for (std::size_t f = 0; f < sa->size(); ++f) {
+      const c10::IValue& va = (*sa)[f].second;
+      const c10::IValue& vb = (*sb)[f].second;
+      if ((*sa)[f].first != (*sb)[f].first) return false;
+      if (va.isTensor() ? !(vb.isTensor() && va.toTensor().sizes() == vb.toTensor().sizes() &&
+                            at::equal(va.toTensor(), vb.toTensor()))
+                        : !(va == vb)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Whether `load` throws a c10::Error whose message holds `expected`.
+template <typename Load>
+bool refused(const Load& load, const std::string& expected) {
+  try {
+    load();
+  } catch (const c10::Error& e) {
+    if (std::string(e.what()).find(expected) != std::string::npos) return true;
+    std::cerr << "expected \"" << expected << "\" in: " << e.what_without_backtrace() << "\n";
+    return false;
+  }
+  std::cerr << "no error where \"" << expected << "\" was expected\n";
+  return false;
+}
+
+// reshard:<optimizer>:<dtype>:<saved world>:<saved prefix>: the checkpoints
+// a shard:<optimizer>:<dtype> run of another world size saved (each rank's
+// shard of stage "gradients", the unsharded optimizer's state) load here:
+//   A  the shards into a sharded optimizer of this world (load_shard_files);
+//   B  the shards into the unsharded optimizer (load_sharded_into);
+//   C  the unsharded state into a sharded optimizer (load_unsharded);
+//   D  the unsharded state into the unsharded optimizer (load).
+// A and B, and C and D, must then step alike bit for bit (stage "states"
+// steps as unsharded data parallel), B must hold exactly D's state where the
+// saved stage "gradients" stepped as the unsharded one (2 ranks), and a
+// fresh optimizer must step otherwise (the state was used).
+int reshard_worker(const std::string& name, bool bf16, int saved_world, const std::string& saved) {
+  const bd::WorldInfo world = bd::world_from_env();
+  bd::ProcessGroup group(world, std::chrono::seconds(20));
+  const auto factory = [&](std::vector<torch::optim::OptimizerParamGroup> g) { return make_opt(name, std::move(g), bf16); };
+  std::vector<std::string> paths;
+  for (int r = 0; r < saved_world; ++r) paths.push_back(saved + ".r" + std::to_string(r) + ".shard");
+  const auto shard_archives = [&](int count) {
+    std::vector<torch::serialize::InputArchive> archives(static_cast<std::size_t>(count));
+    for (int r = 0; r < count; ++r) archives[static_cast<std::size_t>(r)].load_from(paths[static_cast<std::size_t>(r)]);
+    return archives;
+  };
+  const at::Tensor sharded_weights = load_tensor(saved + ".r0.gradients");
+  const at::Tensor plain_weights = load_tensor(saved + ".r0.plain");
+  auto net_a = make_net(bf16), net_b = make_net(bf16), net_c = make_net(bf16), net_d = make_net(bf16),
+       net_e = make_net(bf16);
+  for (auto* net : {&net_a, &net_b, &net_e}) set_params(*net, sharded_weights);
+  for (auto* net : {&net_c, &net_d}) set_params(*net, plain_weights);
+  bd::ShardedOptimizer a(group, split(net_a), factory, bd::ShardStage::kStates);
+  auto b = make_opt(name, split(net_b), bf16);
+  bd::ShardedOptimizer c(group, split(net_c), factory, bd::ShardStage::kStates);
+  auto d = make_opt(name, split(net_d), bf16);
+  bd::ShardedOptimizer e(group, split(net_e), factory, bd::ShardStage::kStates);
+  a.load_shard_files(paths);
+  {
+    auto archives = shard_archives(saved_world);
+    bd::load_sharded_into(*b, archives);
+  }
+  {
+    torch::serialize::InputArchive archive;
+    archive.load_from(saved + ".r0.plain_opt");
+    c.load_unsharded(archive);
+  }
+  {
+    torch::serialize::InputArchive archive;
+    archive.load_from(saved + ".r0.plain_opt");
+    d->load(archive);
+  }
+  if (saved_world == 2 && !same_states(*b, in_group_order(net_b), *d, in_group_order(net_d))) {
+    std::cerr << "the shards joined are not the unsharded optimizer's state\n";
+    return 10;
+  }
+  // Refused, naming what is wrong, and leaving A as it was (A = B below).
+  const std::string torn = saved + ".torn_r" + std::to_string(world.rank);
+  {
+    const std::string bytes = slurp(paths.back());
+    std::ofstream(torn, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  }
+  std::vector<std::string> torn_paths = paths;
+  torn_paths.back() = torn;
+  const bool refusals =
+      refused([&] { auto archives = shard_archives(saved_world - 1); a.load_shards(archives); },
+              "the shard of rank " + std::to_string(saved_world - 1) + " of " + std::to_string(saved_world) +
+                  " is missing") &&
+      refused([&] { a.load_shard_files(torn_paths); }, "cannot read the shard " + torn) &&
+      refused([&] {
+        std::vector<torch::serialize::InputArchive> archives(1);
+        archives[0].load_from(saved + ".r0.plain_opt");
+        a.load_shards(archives);
+      }, "holds no sharded optimizer state") &&
+      refused([&] {
+        auto archives = shard_archives(saved_world);
+        const std::vector<torch::optim::OptimizerParamGroup> two{
+            torch::optim::OptimizerParamGroup({net_e->parameters()[0]}),
+            torch::optim::OptimizerParamGroup({net_e->parameters()[1]})};
+        bd::ShardedOptimizer fewer(group, two, factory, bd::ShardStage::kStates);
+        fewer.load_shards(archives);
+      }, "not of this optimizer's 2");
+  std::remove(torn.c_str());
+  if (!refusals) return 11;
+  const auto [x, y] = data(world.world_size);
+  for (int step = 0; step < 2; ++step) {
+    const std::int64_t begin = (step * world.world_size + world.rank) * kPerRank;
+    const at::Tensor xs = x.slice(0, begin, begin + kPerRank);
+    const at::Tensor ys = y.slice(0, begin, begin + kPerRank);
+    for (auto* net : {&net_a, &net_b, &net_c, &net_d, &net_e}) {
+      for (auto& p : (*net)->parameters()) p.mutable_grad().reset();
+      backward(*net, xs, ys);
+    }
+    a.reduce_gradients();
+    c.reduce_gradients();
+    e.reduce_gradients();
+    bd::allreduce_gradients(group, in_group_order(net_b));
+    bd::allreduce_gradients(group, in_group_order(net_d));
+    a.step();
+    b->step();
+    c.step();
+    d->step();
+    e.step();
+  }
+  if (!at::equal(flat_params(net_a), flat_params(net_b)) || !at::equal(flat_params(net_c), flat_params(net_d))) {
+    std::cerr << "a resharded optimizer stepped otherwise than the unsharded one: A = B " << std::boolalpha
+              << at::equal(flat_params(net_a), flat_params(net_b)) << ", C = D "
+              << at::equal(flat_params(net_c), flat_params(net_d)) << "\n";
+    return 12;
+  }
+  if (at::equal(flat_params(net_a), flat_params(net_e))) {
+    std::cerr << "the loaded state changed nothing\n";
+    return 13;
+  }
+  if (a.skipped_steps() != 1 || b->skipped_steps() != 1 || c.skipped_steps() != 1 || d->skipped_steps() != 1) {
+    std::cerr << "skipped steps " << a.skipped_steps() << " " << b->skipped_steps() << " " << c.skipped_steps() << " "
+              << d->skipped_steps() << ", not the saved 1\n";
+    return 14;
+  }
+  group.barrier();
+  return 0;
+}
+
 int sharded_worker(const std::string& scenario) {
   if (scenario == "cuda") return sharded_cuda_worker();
+  if (scenario.rfind("reshard:", 0) == 0) {
+    // reshard:<optimizer>:<dtype>:<saved world>:<saved prefix>
+    std::vector<std::string> parts;
+    std::size_t from = 8;
+    for (int i = 0; i < 3; ++i) {
+      const std::size_t colon = scenario.find(':', from);
+      parts.push_back(scenario.substr(from, colon - from));
+      from = colon + 1;
+    }
+    return reshard_worker(parts[0], parts[1] == "bf16", std::stoi(parts[2]), scenario.substr(from));
+  }
   // shard:<optimizer>:<fp32|bf16>
   const auto colon = scenario.find(':');
   const std::string name = scenario.substr(0, colon);
@@ -240,6 +418,18 @@ int sharded_worker(const std::string& scenario) {
   save_tensor(out + ".plain", flat_params(plain_net));
   save_tensor(out + ".states", flat_params(states_net));
   save_tensor(out + ".gradients", flat_params(grads_net));
+  // For the reshard scenario, at another world size: this rank's shard of
+  // stage "gradients", and (rank 0) the unsharded optimizer's state.
+  {
+    torch::serialize::OutputArchive archive;
+    grads.save(archive);
+    archive.save_to(out + ".shard");
+  }
+  if (world.rank == 0) {
+    torch::serialize::OutputArchive archive;
+    plain->save(archive);
+    archive.save_to(out + ".plain_opt");
+  }
   save_tensor(out + ".plain_ratios", ratios_of(*plain));
   save_tensor(out + ".states_ratios", ratios_of(states));
   save_tensor(out + ".gradients_ratios", ratios_of(grads));
@@ -375,15 +565,25 @@ TEST_P(Sharded, StepsAsUnshardedDataParallelAndOneProcess) {
     shard_bytes += states_state;
   }
   EXPECT_EQ(shard_bytes, plain_bytes + (world - 1) * (std::string(opt) == "novograd" ? 4 : 0) * 6);
+
+  // The checkpoints of this world load at the other size (2 <-> 4), and to
+  // and from the unsharded optimizer (reshard_worker).
+  const int other = world == 2 ? 4 : 2;
+  const Ranks re = launch(std::string("shard:reshard:") + opt + ":" + dtype + ":" + std::to_string(world) + ":" + out,
+                          out + "_re", other, 120);
+  std::string re_logs;
+  for (const auto& log : re.logs) re_logs += slurp(log);
+  EXPECT_EQ(re.status, std::vector<int>(static_cast<std::size_t>(other), 0)) << re_logs;
   if (!HasFailure()) {
     for (int rank = 0; rank < world; ++rank) {
       const std::string base = out + ".r" + std::to_string(rank);
       for (const char* what : {".plain", ".states", ".gradients", ".plain_ratios", ".states_ratios",
-                               ".gradients_ratios", ".bytes"}) {
+                               ".gradients_ratios", ".bytes", ".shard", ".plain_opt"}) {
         std::remove((base + what).c_str());
       }
       std::remove(r.logs[static_cast<std::size_t>(rank)].c_str());
     }
+    for (const auto& log : re.logs) std::remove(log.c_str());
   }
 }
 
