@@ -80,9 +80,37 @@ ShardPlan plan_shards(const std::vector<std::int64_t>& numel, int world) {
   return plan;
 }
 
+ShardPlan plan_whole_tensors(const std::vector<std::int64_t>& numel, int world) {
+  if (world < 1) {
+    throw std::invalid_argument("plan_whole_tensors: the world size must be >= 1, got " + std::to_string(world));
+  }
+  ShardPlan plan;
+  plan.numel = numel;
+  plan.piece.assign(static_cast<std::size_t>(world), std::vector<ShardPiece>(numel.size()));
+  std::vector<std::size_t> order(numel.size());
+  for (std::size_t t = 0; t < order.size(); ++t) {
+    if (numel[t] < 0) {
+      throw std::invalid_argument("plan_whole_tensors: tensor " + std::to_string(t) + " has " +
+                                  std::to_string(numel[t]) + " elements");
+    }
+    order[t] = t;
+  }
+  // Largest first, each to the rank holding the fewest elements so far (the
+  // lowest such rank): within the largest tensor of an equal share.
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return numel[a] > numel[b]; });
+  std::vector<std::int64_t> load(static_cast<std::size_t>(world), 0);
+  for (const std::size_t t : order) {
+    const auto r = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    plan.piece[r][t] = {0, numel[t]};
+    load[r] += numel[t];
+  }
+  return plan;
+}
+
 // ------------------------------------------------------------ the optimizer --
 
 struct ShardedOptimizer::Parts {
+  bool whole = false;  // each tensor whole on one rank (shards_whole_tensors)
   ShardPlan plan;
   std::vector<at::Tensor> params;
   std::vector<at::Tensor> slices;
@@ -108,16 +136,27 @@ auto ShardedOptimizer::build(const ProcessGroup& group, std::vector<torch::optim
       numel.push_back(p.numel());
     }
   }
-  parts.plan = plan_shards(numel, group.size());
+  // Whether the kind takes whole tensors (Muon): asked of one built over the
+  // whole parameters, which holds no state yet.
+  parts.whole = make(groups)->shards_whole_tensors();
+  parts.plan = parts.whole ? plan_whole_tensors(numel, group.size()) : plan_shards(numel, group.size());
   std::vector<torch::optim::OptimizerParamGroup> sliced;
   std::size_t t = 0;
   for (const auto& g : groups) {
     std::vector<at::Tensor> slices;
     for (std::size_t j = 0; j < g.params().size(); ++j, ++t) {
       const ShardPiece& piece = parts.plan.piece[static_cast<std::size_t>(group.rank())][t];
+      const at::Tensor& p = parts.params[t];
       // A view of this rank's elements under a tensor of its own: the wrapped
-      // optimizer keys its state and gradient by it.
-      slices.push_back(parts.params[t].detach().view({-1}).narrow(0, piece.begin, piece.size()).detach());
+      // optimizer keys its state and gradient by it. Whole tensors keep their
+      // shape; another rank's keeps its dimensions with none of its rows.
+      if (!parts.whole) {
+        slices.push_back(p.detach().view({-1}).narrow(0, piece.begin, piece.size()).detach());
+      } else if (piece.size() > 0) {
+        slices.push_back(p.detach());
+      } else {
+        slices.push_back(p.dim() == 0 ? p.detach().view({-1}).narrow(0, 0, 0).detach() : p.detach().narrow(0, 0, 0).detach());
+      }
     }
     parts.slices.insert(parts.slices.end(), slices.begin(), slices.end());
     sliced.push_back(g.has_options() ? torch::optim::OptimizerParamGroup(slices, g.options().clone())
@@ -167,6 +206,7 @@ ShardedOptimizer::ShardedOptimizer(ProcessGroup& group, Parts parts, ShardStage 
     : LayerwiseOptimizerBase(std::vector<torch::optim::OptimizerParamGroup>{}, parts.inner->defaults().clone()),
       group_(group),
       stage_(stage),
+      whole_(parts.whole),
       plan_(std::move(parts.plan)),
       params_(std::move(parts.params)),
       slices_(std::move(parts.slices)),
@@ -238,8 +278,9 @@ GradientNorms ShardedOptimizer::reduce_gradients(std::int64_t bucket_bytes) {
   std::vector<at::Tensor> global{at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_))};
   std::int64_t offset = 0;
   for (std::size_t t = 0; t < params_.size(); ++t) {
-    if (has_grad_[t]) {
-      slices_[t].mutable_grad() = averaged.narrow(0, offset, mine()[t].size()).to(params_[t].scalar_type());
+    if (has_grad_[t] && (!whole_ || mine()[t].size() > 0)) {
+      slices_[t].mutable_grad() =
+          averaged.narrow(0, offset, mine()[t].size()).view(slices_[t].sizes()).to(params_[t].scalar_type());
       global[0] += slices_[t].grad().to(at::kDouble).square().sum();
     }
     offset += mine()[t].size();
@@ -268,7 +309,7 @@ void ShardedOptimizer::refresh_slices() {
                 "ShardedOptimizer: parameter ", t, " is now ", p.scalar_type(), " of ", p.numel(), " elements on ",
                 p.device(), (p.is_contiguous() ? "" : ", not contiguous"), "; it was ", slice.scalar_type(), " of ",
                 plan_.numel[t], " elements on ", slice.device(), ". Build the optimizer after moving the model");
-    slice.set_(p.storage(), offset, {mine[t].size()}, {1});
+    slice.set_(p.storage(), offset, slice.sizes(), slice.strides());
   }
 }
 
@@ -277,8 +318,11 @@ void ShardedOptimizer::slice_gradients() {
   if (stage_ == ShardStage::kStates) {
     for (std::size_t t = 0; t < params_.size(); ++t) {
       const at::Tensor& g = params_[t].grad();
-      slices_[t].mutable_grad() =
-          g.defined() ? g.contiguous().view({-1}).narrow(0, mine[t].begin, mine[t].size()) : at::Tensor();
+      // Whole tensors: another rank's has no gradient here (no state, no step).
+      slices_[t].mutable_grad() = g.defined() && (!whole_ || mine[t].size() > 0)
+                                      ? g.contiguous().view({-1}).narrow(0, mine[t].begin, mine[t].size()).view(
+                                            slices_[t].sizes())
+                                      : at::Tensor();
     }
     return;
   }
@@ -295,7 +339,7 @@ void ShardedOptimizer::all_gather_params() {
     std::int64_t offset = 0;
     for (const std::size_t t : members) {
       const std::int64_t n = plan.piece[rank][t].size();
-      if (n > 0) own.narrow(0, offset, n).copy_(slices_[t]);
+      if (n > 0) own.narrow(0, offset, n).copy_(slices_[t].view({-1}));
       offset += n;
     }
     // 16-bit parameters travel as fp16 bits (a view, bit for bit): LibTorch 1.13's Gloo has no bf16 or int16.
@@ -549,11 +593,19 @@ std::optional<optim::NamedState> join_state(const std::vector<SavedShard>& shard
       const ShardPiece& p = shard->pieces[t];
       const std::int64_t lo = std::max(begin, p.begin);
       const std::int64_t hi = std::min(end, p.end);
-      out.narrow(0, lo - begin, hi - lo).copy_(it->second.toTensor().narrow(0, lo - p.begin, hi - lo));
+      out.narrow(0, lo - begin, hi - lo).copy_(it->second.toTensor().reshape({-1}).narrow(0, lo - p.begin, hi - lo));
     }
     joined.emplace_back(name, out);
   }
   return joined;
+}
+
+// The elementwise fields of `state` (flat, of `like`'s elements) shaped as `like`.
+void shape_like(std::optional<optim::NamedState>& state, const at::Tensor& like) {
+  if (!state.has_value()) return;
+  for (auto& [name, value] : *state) {
+    if (elementwise(value, like.numel())) value = value.toTensor().reshape(like.sizes());
+  }
 }
 
 // Sets each group's options of `optimizer` from a shard's.
@@ -597,6 +649,7 @@ void ShardedOptimizer::adopt_shards(std::vector<SavedShard>& shards) {
   std::vector<std::optional<optim::NamedState>> states;
   for (std::size_t t = 0; t < slices_.size(); ++t) {
     states.push_back(join_state(shards, t, mine()[t].begin, mine()[t].end, device_));
+    shape_like(states.back(), slices_[t]);
   }
   load_options(*this, shards[0].options);
   adopt_states(std::move(states), shards[0].skipped);
@@ -676,6 +729,7 @@ void ShardedOptimizer::load_unsharded(torch::serialize::InputArchive& archive) {
           value = value.toTensor().reshape({-1}).narrow(0, piece.begin, piece.size()).clone();
         }
       }
+      shape_like(state, slices_[t]);
     } else {
       state.reset();
     }
@@ -703,13 +757,8 @@ void load_sharded_into(optim::LayerwiseOptimizerBase& whole, std::vector<torch::
   std::vector<SavedShard> shards = read_shards(archives, numel_of(params));
   std::vector<std::optional<optim::NamedState>> states;
   for (std::size_t t = 0; t < params.size(); ++t) {
-    std::optional<optim::NamedState> state = join_state(shards, t, 0, params[t].numel(), params[t].device());
-    if (state.has_value()) {
-      for (auto& [name, value] : *state) {
-        if (elementwise(value, params[t].numel())) value = value.toTensor().view(params[t].sizes());
-      }
-    }
-    states.push_back(std::move(state));
+    states.push_back(join_state(shards, t, 0, params[t].numel(), params[t].device()));
+    shape_like(states.back(), params[t]);
   }
   load_options(whole, shards[0].options);
   for (std::size_t t = 0; t < params.size(); ++t) whole.set_named_state(params[t], states[t]);

@@ -9,8 +9,10 @@
 // global norm, the non-finite check) come from every rank's chunk sums, added
 // in one small all-reduce per reduce pass (kernels/engine.h's ShardSpec): the
 // same sums, in the same order, as the unsharded step, so the step is the
-// unsharded step bit for bit once the gradients are. After the step the
-// ranks all-gather the parameters. docs/distributed.md shows how to use it;
+// unsharded step bit for bit once the gradients are. Muon, whose
+// orthogonalization needs whole matrices, gets each tensor whole on one rank
+// instead (as Dion and Megatron's layer-sharded Muon do); only its skip
+// decision spans the ranks. After the step the ranks all-gather the parameters. docs/distributed.md shows how to use it;
 // docs/formulas.md has the norms across shards.
 #pragma once
 
@@ -69,6 +71,12 @@ struct ShardPlan {
 /// std::invalid_argument for world < 1 or a negative count.
 ShardPlan plan_shards(const std::vector<std::int64_t>& numel, int world);
 
+/// The plan for an optimizer that takes whole tensors (Muon): each tensor
+/// whole to one rank, the largest first, each to the rank holding the fewest
+/// elements so far: each rank within the largest tensor of an equal share.
+/// Throws as plan_shards.
+ShardPlan plan_whole_tensors(const std::vector<std::int64_t>& numel, int world);
+
 /// Bytes one rank sends (and receives) per step to exchange `elements`
 /// elements of `bytes_per_element` among `world` ranks in a ring: an
 /// all-reduce 2(N-1)/N of them, a reduce-scatter or an all-gather (N-1)/N.
@@ -80,8 +88,10 @@ struct ExchangeBytes {
 
 struct SavedShard;  // one rank's shard as read from its archive (sharded.cpp)
 
-/// A layer-wise optimizer (LARS, LARC, LAMB, NovoGrad, Lion) whose state is
-/// sharded across the ranks of `group`. Every rank builds it over the same
+/// A bigbatch optimizer (LARS, LARC, LAMB, NovoGrad, Lion, Muon) whose state
+/// is sharded across the ranks of `group`: cut at chunk boundaries
+/// (plan_shards), or for a kind that takes whole tensors (Muon:
+/// shards_whole_tensors) each tensor whole on one rank (plan_whole_tensors). Every rank builds it over the same
 /// parameter groups; `make` builds the wrapped optimizer over this rank's
 /// slices of them (the groups' options are passed on), for instance
 ///   ShardedOptimizer opt(pg, model->parameters(), [](auto groups) {
@@ -197,6 +207,7 @@ class ShardedOptimizer final : public optim::LayerwiseOptimizerBase {
 
   ProcessGroup& group_;
   ShardStage stage_;
+  bool whole_;                      // each tensor whole on one rank (the wrapped kind's shards_whole_tensors)
   ShardPlan plan_;
   std::vector<at::Tensor> params_;  // every group's, in order: the plan's tensors
   std::vector<at::Tensor> slices_;  // this rank's slice of each (views, possibly empty)

@@ -110,6 +110,11 @@ class LayerwiseOptimizerBase : public torch::optim::Optimizer {
   /// path throws. Null ends the sharding.
   virtual void shard(std::shared_ptr<const OptimizerSharding> sharding) = 0;
 
+  /// Whether a sharding must give it whole tensors rather than pieces cut at
+  /// chunk boundaries (Muon: orthogonalization needs whole matrices);
+  /// distributed/sharded.h then gives each tensor whole to one rank.
+  virtual bool shards_whole_tensors() const { return false; }
+
   /// Bytes of the optimizer state this process holds: every parameter's
   /// moments, buffers and fp32 master copy (what sharding divides).
   virtual std::int64_t state_bytes() const = 0;

@@ -409,9 +409,20 @@ bool Muon::step_fused(const std::vector<Group>& groups) {
 template class LayerwiseOptimizer<MuonOptions, MuonParamState>;
 
 void Muon::shard(std::shared_ptr<const OptimizerSharding> sharding) {
-  TORCH_CHECK(sharding == nullptr, "Muon: sharded optimizer state is not supported yet: orthogonalization needs "
-              "whole matrices, and a shard cuts them at chunk boundaries; run Muon unsharded");
-  LayerwiseOptimizer::shard(nullptr);
+  if (sharding != nullptr) {
+    for (std::size_t i = 0; i < param_groups_.size(); ++i) {
+      const auto& params = param_groups_[i].params();
+      for (std::size_t j = 0; j < params.size(); ++j) {
+        const auto it = sharding->shards.find(params[j].unsafeGetTensorImpl());
+        if (it == sharding->shards.end() || params[j].numel() == 0) continue;
+        const std::int64_t chunks = (params[j].numel() + kernels::kChunkElements - 1) / kernels::kChunkElements;
+        TORCH_CHECK(it->second.first_chunk == 0 && it->second.tensor_chunks == chunks, "Muon: parameter ", j,
+                    " of group ", i, " is a piece of a tensor cut across ranks (from chunk ", it->second.first_chunk,
+                    " of ", it->second.tensor_chunks, "); a sharded Muon takes whole matrices (shards_whole_tensors)");
+      }
+    }
+  }
+  sharding_ = std::move(sharding);  // the engine itself runs each rank's whole tensors unsharded
 }
 
 torch::Tensor Muon::step(LossClosure closure) {
@@ -433,7 +444,24 @@ torch::Tensor Muon::step(LossClosure closure) {
       owner.push_back(i);
     }
   }
-  if (!sums.empty()) {
+  if (sharding_ != nullptr) {
+    // Sharded, the ranks hold other tensors: each group's count of
+    // non-finite gradients, added over the ranks (every rank calls this,
+    // with or without gradients of its own).
+    at::Device device(at::kCPU);  // the parameters', where the all-reduce takes its data
+    for (const auto& g : param_groups_) {
+      if (!g.params().empty()) device = g.params()[0].device();
+    }
+    const at::TensorOptions on = at::TensorOptions().dtype(at::kDouble).device(device);
+    at::Tensor counts = at::zeros({static_cast<std::int64_t>(groups.size())}, on);
+    if (!sums.empty()) {
+      const at::Tensor bad = at::logical_not(at::isfinite(at::stack(sums))).to(at::kDouble);
+      counts.index_add_(0, at::tensor(std::vector<std::int64_t>(owner.begin(), owner.end()), at::kLong).to(on.device()), bad);
+    }
+    sharding_->allreduce_sum(counts.data_ptr<double>(), counts.numel(), current_stream(counts.device()));
+    const at::Tensor host = counts.cpu();
+    for (std::size_t i = 0; i < groups.size(); ++i) finite[i] = host.data_ptr<double>()[i] == 0;
+  } else if (!sums.empty()) {
     const at::Tensor ok = at::isfinite(at::stack(sums)).cpu();
     const auto* flags = ok.data_ptr<bool>();
     for (std::size_t k = 0; k < owner.size(); ++k) finite[owner[k]] = finite[owner[k]] && flags[k];

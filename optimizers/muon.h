@@ -148,9 +148,14 @@ class Muon : public LayerwiseOptimizer<MuonOptions, MuonParamState> {
 
   void add_param_group(const torch::optim::OptimizerParamGroup& group);
 
-  /// Refuses a sharding: orthogonalization needs whole matrices, which a cut
-  /// at chunk boundaries does not give (docs/distributed.md).
+  /// Sharded, each rank holds whole tensors (shards_whole_tensors(): a
+  /// matrix is orthogonalized whole by the rank that owns it, as in Dion and
+  /// Megatron's layer-sharded Muon), and a sharding that cuts one is refused.
+  /// No norm spans ranks; the skip decision does: a step is skipped on every
+  /// rank when any rank's gradient is inf or NaN (one all-reduce of a count per
+  /// group). Null ends the sharding.
   void shard(std::shared_ptr<const OptimizerSharding> sharding) override;
+  bool shards_whole_tensors() const override { return true; }
 
   /// Each orthogonalized parameter's update RMS in the last step (empty before
   /// the first, after a skipped one, and after one in which no orthogonalized
@@ -165,6 +170,7 @@ class Muon : public LayerwiseOptimizer<MuonOptions, MuonParamState> {
   void check_matrices(std::size_t first_group) const;
   bool step_fused(const std::vector<Group>& muon_groups);
   std::unique_ptr<MuonFusedState> fused_;
+  std::shared_ptr<const OptimizerSharding> sharding_;  // the skip decision's all-reduce (the engine runs unsharded)
   std::vector<UpdateRms> reference_rms_;  // the last reference step's
   bool fused_ran_ = false;
 };

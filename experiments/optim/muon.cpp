@@ -62,6 +62,7 @@ std::vector<LayerScalar> muon_scalars(const torch::optim::Optimizer& optimizer) 
 OptimizerEntry muon_entry() {
   OptimizerEntry e = keyed_entry<MuonKeys>("muon", [](auto& io, auto& k) { muon_keys(io, k); }, make_muon);
   e.scalars = muon_scalars;
+  e.shards = true;  // whole matrices to ranks (distributed/sharded.h)
   return e;
 }
 

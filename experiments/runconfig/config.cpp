@@ -288,7 +288,7 @@ void common_fields(Io& io, Spec& t, bool with_rate) {
   const distributed::ShardStage shard = t.distributed.shard;
   io.check("distributed", shard == distributed::ShardStage::kNone || optimizer_entry(t.optimizer.name).shards,
            std::string("shard \"") + distributed::shard_stage_name(shard) + "\": " + t.optimizer.name +
-               " has no sharded form (lars, larc, lamb, novograd and lion have)");
+               " has no sharded form (lars, larc, lamb, novograd, lion and muon have)");
   io.check("precision", shard != distributed::ShardStage::kGradients || t.precision != Precision::kFp16,
            "fp16's loss scaler reads every rank's whole gradient, which distributed.shard \"gradients\" frees; use "
            "bf16 or shard \"states\"");

@@ -1186,10 +1186,12 @@ sharded)
   expect_error 2 'distributed.shard: "states" shards the optimizer across the ranks' "$bigbatch" sweep one.json
   # A sweep with the shard as a dimension: 71172 parameters in 9 chunks, so
   # each rank holds part of the weights. Two ranks shard bit for bit, so the
-  # three tables are the same table.
+  # three tables are the same table; and Muon, whole matrices to ranks, two
+  # tables that are one.
   derive shard.json 'c["optimizer"] = {"name": "lamb", "weight_decay": 0.01}; c["model"]["widths"] = [256, 256]
 c["batch_sizes"] = [64, 512]; c["seeds"] = [0]; c["search"] = {"lr": [0.01]}; c["budget"] = {"steps": 300}
-c["variants"] = {"none": {}, "states": {"distributed": {"shard": "states"}}, "gradients": {"distributed": {"shard": "gradients"}}}'
+c["variants"] = {"none": {}, "states": {"distributed": {"shard": "states"}}, "gradients": {"distributed": {"shard": "gradients"}},
+  "muon": {"optimizer": {"name": "muon"}}, "muon_gradients": {"optimizer": {"name": "muon"}, "distributed": {"shard": "gradients"}}}'
   "$bigbatch" sweep shard.json --out runs --nproc 2 --master-port $(free_port) > sweep.txt 2> sweep.err \
     || fail "sharded sweep: $(tail -3 sweep.err)"
   $py - runs/e2e <<'PY'
@@ -1200,6 +1202,9 @@ keys = ("batch_size", "steps", "examples", "best_lr", "reached")
 rows = {v: [tuple(r[k] for k in keys) for r in t] for v, t in tables.items()}
 assert len(rows["none"]) == 2 and all(r[4] == "1" for r in rows["none"]), rows["none"]
 assert rows["states"] == rows["none"] and rows["gradients"] == rows["none"], rows
+muon = {v: [tuple(r[k] for k in keys) for r in csv.DictReader(open(os.path.join(d, v, "steps_to_target.csv")))]
+        for v in ("muon", "muon_gradients")}
+assert len(muon["muon"]) == 2 and muon["muon_gradients"] == muon["muon"], muon
 for v in ("none", "states", "gradients"):
     for s in glob.glob(os.path.join(d, v, "*", "summary.json")):
         summary = json.load(open(s))
@@ -1216,7 +1221,7 @@ for v in ("none", "states", "gradients"):
             assert steps["all_reduce"] > 0 and steps["reduce_scatter"] == 0 and steps["all_gather"] > 0, steps
         else:
             assert steps["all_reduce"] == 0 and steps["reduce_scatter"] > 0 and steps["all_gather"] > 0, steps
-print("shard none, states, gradients: the same table;", rows["none"])
+print("shard none, states, gradients: the same table;", rows["none"], "; muon:", muon["muon"])
 PY
   # A sharded trial killed after a checkpoint (every rank's shard in rank 0's
   # file) continues from it and ends with the metrics of an uninterrupted run.
