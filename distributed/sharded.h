@@ -91,9 +91,11 @@ struct SavedShard;  // one rank's shard as read from its archive (sharded.cpp)
 /// A bigbatch optimizer (LARS, LARC, LAMB, NovoGrad, Lion, Muon) whose state
 /// is sharded across the ranks of `group`: cut at chunk boundaries
 /// (plan_shards), or for a kind that takes whole tensors (Muon:
-/// shards_whole_tensors) each tensor whole on one rank (plan_whole_tensors). Every rank builds it over the same
-/// parameter groups; `make` builds the wrapped optimizer over this rank's
-/// slices of them (the groups' options are passed on), for instance
+/// shards_whole_tensors) each tensor whole on one rank (plan_whole_tensors).
+/// Every rank builds it over the same parameter groups; `make` builds the
+/// wrapped optimizer over this rank's slices of them (the groups' options are
+/// passed on), and is called once before over the whole groups, to learn
+/// which plan the kind takes (that one is dropped, having no state), for instance
 ///   ShardedOptimizer opt(pg, model->parameters(), [](auto groups) {
 ///     return std::make_unique<LAMB>(std::move(groups), LAMBOptions(1e-3)); }, ShardStage::kGradients);
 ///   ... backward; opt.reduce_gradients(); opt.step();
