@@ -219,6 +219,7 @@ ShardedOptimizer::ShardedOptimizer(ProcessGroup& group, Parts parts, ShardStage 
   }
   sharding_ = std::make_shared<optim::OptimizerSharding>();
   for (std::size_t t = 0; t < params_.size(); ++t) {
+    index_[slices_[t].unsafeGetTensorImpl()] = t;  // a slice keeps its TensorImpl (refresh_slices)
     sharding_->shards[slices_[t].unsafeGetTensorImpl()] = {(plan_.numel[t] + kChunkElements - 1) / kChunkElements,
                                                            mine()[t].begin / kChunkElements};
   }
@@ -381,13 +382,16 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
 
 std::int64_t ShardedOptimizer::skipped_steps() const { return inner_->skipped_steps(); }
 
+std::optional<std::size_t> ShardedOptimizer::tensor_of(const at::Tensor& slice) const {
+  const auto it = index_.find(slice.unsafeGetTensorImpl());
+  if (it == index_.end()) return std::nullopt;
+  return it->second;
+}
+
 std::vector<optim::TrustRatio> ShardedOptimizer::trust_ratios() const {
-  std::unordered_map<const void*, std::size_t> index;
-  for (std::size_t t = 0; t < slices_.size(); ++t) index[slices_[t].unsafeGetTensorImpl()] = t;
   std::vector<optim::TrustRatio> out;
   for (const optim::TrustRatio& r : inner_->trust_ratios()) {
-    const auto it = index.find(r.param.unsafeGetTensorImpl());
-    if (it != index.end()) out.push_back({params_[it->second], r.ratio});
+    if (const auto t = tensor_of(r.param)) out.push_back({params_[*t], r.ratio});
   }
   return out;
 }

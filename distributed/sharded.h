@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace bigbatch::distributed {
@@ -183,6 +184,12 @@ class ShardedOptimizer final : public optim::LayerwiseOptimizerBase {
   ExchangeBytes exchange_bytes() const;
   /// The optimizer over this rank's slices.
   optim::LayerwiseOptimizerBase& wrapped() { return *inner_; }
+  const optim::LayerwiseOptimizerBase& wrapped() const { return *inner_; }
+  /// Every group's parameters, in order: the plan's tensors.
+  const std::vector<at::Tensor>& params() const { return params_; }
+  /// The plan's index of the tensor whose slice (a parameter of wrapped())
+  /// `slice` is, or nullopt for another tensor.
+  std::optional<std::size_t> tensor_of(const at::Tensor& slice) const;
 
  private:
   struct Parts;
@@ -213,6 +220,7 @@ class ShardedOptimizer final : public optim::LayerwiseOptimizerBase {
   ShardPlan plan_;
   std::vector<at::Tensor> params_;  // every group's, in order: the plan's tensors
   std::vector<at::Tensor> slices_;  // this rank's slice of each (views, possibly empty)
+  std::unordered_map<const void*, std::size_t> index_;  // a slice's TensorImpl -> its tensor
   at::Device device_;               // the parameters'
   std::vector<Gather> gathers_;     // by dtype, fixed with the plan
   std::unique_ptr<optim::LayerwiseOptimizerBase> inner_;

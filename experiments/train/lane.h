@@ -4,6 +4,7 @@
 #pragma once
 
 #include "trial.h"
+#include "../optim/optimizer.h"
 #include "../../distributed/sharded.h"
 #include "../../optimizers/loss_scaler.h"
 
@@ -23,6 +24,9 @@ struct Trainer::Lane {
   distributed::ShardedOptimizer* sharded = nullptr;
   /// Its last measure across the ranks (shard_report), taken at each evaluation.
   nlohmann::json shard_report;
+  /// Its layer scalars gathered from every rank's shard (shard_scalars), taken
+  /// at each evaluation: a rank holds only its own tensors' (Muon's update RMS).
+  std::vector<LayerScalar> shard_scalars;
   std::optional<schedules::LRAdapter> adapter;
   std::optional<noise::AnnealedGradientNoise> annealed;
   std::optional<noise::MultiplicativeNoise> multiplicative;

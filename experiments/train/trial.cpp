@@ -24,9 +24,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
+#include <sstream>
+#include <string>
 #include <tuple>
+#include <utility>
 
 namespace bigbatch::experiments {
 
@@ -496,6 +500,30 @@ nlohmann::json shard_report(distributed::ProcessGroup& group, const distributed:
                           {"all_gather", bytes.all_gather}}}};
 }
 
+// The layer scalars of a sharded optimizer's wrapped optimizer, each of its
+// whole parameter, from every rank (a collective, as shard_report): a rank's
+// scalars are of the tensors it holds. A tensor cut across ranks reports on
+// each the same value (the whole tensor's ratio); the lowest rank's is kept.
+std::vector<LayerScalar> shard_scalars(distributed::ProcessGroup& group, const OptimizerSpec& spec,
+                                       const distributed::ShardedOptimizer& sharded) {
+  std::ostringstream mine;
+  mine << std::hexfloat;  // exact, as the unsharded scalars are
+  for (const LayerScalar& s : layer_scalars(spec, sharded.wrapped())) {
+    if (const auto t = sharded.tensor_of(s.param)) mine << s.tag << '\t' << *t << '\t' << s.value << '\n';
+  }
+  std::map<std::pair<std::string, std::size_t>, double> all;
+  for (int r = 0; r < group.size(); ++r) {
+    std::istringstream lines(distributed::broadcast_bytes(group, mine.str(), r));
+    std::string tag, index, value;
+    while (std::getline(lines, tag, '\t') && std::getline(lines, index, '\t') && std::getline(lines, value)) {
+      all.emplace(std::make_pair(tag, static_cast<std::size_t>(std::stoull(index))), std::strtod(value.c_str(), nullptr));
+    }
+  }
+  std::vector<LayerScalar> out;
+  for (const auto& [key, value] : all) out.push_back({key.first, sharded.params().at(key.second), value});
+  return out;
+}
+
 // The largest of a JSON array of numbers.
 double largest(const nlohmann::json& values) {
   double most = kNaN;
@@ -527,7 +555,10 @@ void Trainer::leave(std::size_t i, TrialStatus status, double seconds, const Hoo
 void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& seconds) {
   const auto metrics = evaluate();
   for (auto& lane : lanes_) {  // every rank evaluates together: the place for a collective
-    if (lane->sharded != nullptr) lane->shard_report = shard_report(*group_, *lane->sharded);
+    if (lane->sharded != nullptr) {
+      lane->shard_report = shard_report(*group_, *lane->sharded);
+      lane->shard_scalars = shard_scalars(*group_, lane->config.optimizer, *lane->sharded);
+    }
   }
   for (std::size_t i = 0; i < lanes_.size(); ++i) {
     Lane& lane = *lanes_[i];
@@ -644,7 +675,8 @@ std::vector<TrialResult> Trainer::run(const Hooks& hooks) {
 
 std::vector<std::pair<std::string, double>> Trainer::layer_scalars(std::size_t lane) const {
   const Lane& l = *lanes_.at(lane);
-  const std::vector<LayerScalar> scalars = experiments::layer_scalars(l.config.optimizer, *l.optimizer);
+  const std::vector<LayerScalar> scalars =
+      l.sharded != nullptr ? l.shard_scalars : experiments::layer_scalars(l.config.optimizer, *l.optimizer);
   if (scalars.empty()) return {};  // SGD, Adam, AdamW
   std::map<const void*, std::string> names;
   for (const auto& item : model_->lane(lane).named_parameters()) names[item.value().unsafeGetTensorImpl()] = item.key();

@@ -1223,6 +1223,26 @@ for v in ("none", "states", "gradients"):
             assert steps["all_reduce"] == 0 and steps["reduce_scatter"] > 0 and steps["all_gather"] > 0, steps
 print("shard none, states, gradients: the same table;", rows["none"], "; muon:", muon["muon"])
 PY
+  # Their TensorBoard layer scalars are gathered from every rank's shard (a
+  # rank steps only its own tensors): LAMB's trust ratios and Muon's update
+  # RMS, the unsharded trials' (two ranks step alike bit for bit).
+  [ -d "$src/.pydeps/tensorboard" ] || fail "no tensorboard package in $src/.pydeps: run scripts/setup.sh"
+  PYTHONPATH="$src/.pydeps:$src/tests/experiments" $py - runs/e2e <<'PY'
+import os, sys
+from tensorboard_read import scalars_of
+d = sys.argv[1]
+def layer(variant):
+    runs = sorted(t for t in os.listdir(os.path.join(d, variant))
+                  if os.path.isfile(os.path.join(d, variant, t, "metrics.csv")))
+    return {t: {tag: v for tag, v in scalars_of(os.path.join(d, variant, t)).items()
+                if tag.startswith(("trust_ratio/", "muon_update_rms/"))} for t in runs}
+for plain, sharded, tag in (("none", "states", "trust_ratio/"), ("none", "gradients", "trust_ratio/"),
+                            ("muon", "muon_gradients", "muon_update_rms/")):
+    a, b = layer(plain), layer(sharded)
+    assert a and a == b, (plain, sharded, a, b)
+    assert all(any(t.startswith(tag) for t in s) for s in b.values()), (sharded, tag, b)
+print("sharded trials' layer scalars: the unsharded ones")
+PY
   # A sharded trial killed after a checkpoint (every rank's shard in rank 0's
   # file) continues from it and ends with the metrics of an uninterrupted run.
   derive long.json 'c["optimizer"] = {"name": "lamb", "weight_decay": 0.01}; c["model"]["widths"] = [256, 256]
