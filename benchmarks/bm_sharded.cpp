@@ -1,9 +1,13 @@
 // Optimizer state sharded across data-parallel ranks (distributed/sharded.h)
 // on this machine: per world size (1, 2, 4 processes over Gloo on
-// 127.0.0.1), the step (backward, gradient exchange, LAMB step) unsharded and
-// at stages "states" and "gradients", with counters:
+// 127.0.0.1), the step (backward, gradient exchange, LAMB or Muon step)
+// unsharded and at stages "states" and "gradients", with counters:
 //   state_bytes          this rank's optimizer state, measured (state_bytes())
-//   state_formula        8 bytes (LAMB's two fp32 moments) x this rank's elements
+//   state_formula        8 bytes (LAMB's two fp32 moments; Muon's AdamW
+//                        biases) or 4 (Muon's momentum of its matrices) x
+//                        this rank's elements
+//   state_bytes_max      the largest rank's state: Muon gives each matrix
+//                        whole to one rank, so its shares are uneven
 //   exchange_formula     bytes a rank sends per step by the ring formulas
 //                        (docs/distributed.md): 2(N-1)/N x 4P for the
 //                        all-reduce, (N-1)/N x 4P for a reduce-scatter or the
@@ -19,6 +23,7 @@
 #include "../distributed/sharded.h"
 #include "../experiments/cluster/launch.h"
 #include "../optimizers/lamb.h"
+#include "../optimizers/muon.h"
 #include "rank_bench.h"
 
 #include <benchmark/benchmark.h>
@@ -27,12 +32,14 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -78,12 +85,24 @@ struct Setup {
   }
 };
 
-void bm_step(benchmark::State& state, bd::ShardStage stage) {
+// LAMB over every parameter, or Muon: the weights orthogonalized, the biases by AdamW.
+std::unique_ptr<bo::LayerwiseOptimizerBase> make_optimizer(const std::string& kind, torch::nn::Sequential& net) {
+  if (kind == "lamb") return std::make_unique<bo::LAMB>(net->parameters(), bo::LAMBOptions(1e-3).weight_decay(0.01));
+  std::vector<at::Tensor> weights, biases;
+  for (const auto& p : net->named_parameters()) (p.key().find("bias") != std::string::npos ? biases : weights).push_back(p.value());
+  const auto options = bo::MuonOptions(0.02).weight_decay(0.01);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(weights);
+  groups.emplace_back(biases, std::make_unique<bo::MuonOptions>(bo::MuonOptions(options).orthogonalize(false).weight_decay(0)));
+  return std::make_unique<bo::Muon>(groups, options);
+}
+
+void bm_step(benchmark::State& state, const std::string& kind, bd::ShardStage stage) {
   Setup s;
-  bo::LAMB lamb(s.net->parameters(), bo::LAMBOptions(1e-3).weight_decay(0.01));
+  const std::unique_ptr<bo::LayerwiseOptimizerBase> plain = make_optimizer(kind, s.net);
   std::unique_ptr<bd::ShardedOptimizer> sharded;
-  if (stage != bd::ShardStage::kNone) sharded = std::make_unique<bd::ShardedOptimizer>(*group, lamb, stage);
-  torch::optim::Optimizer& opt = sharded ? static_cast<torch::optim::Optimizer&>(*sharded) : lamb;
+  if (stage != bd::ShardStage::kNone) sharded = std::make_unique<bd::ShardedOptimizer>(*group, *plain, stage);
+  torch::optim::Optimizer& opt = sharded ? static_cast<torch::optim::Optimizer&>(*sharded) : *plain;
   const int n = group ? group->size() : 1;
   const double lo_before = loopback_tx_bytes();
   for (auto _ : state) {
@@ -97,16 +116,29 @@ void bm_step(benchmark::State& state, bd::ShardStage stage) {
   }
   const double steps = static_cast<double>(state.iterations());
   const double p = static_cast<double>(s.parameters());
-  state.counters["state_bytes"] = static_cast<double>(sharded ? sharded->state_bytes() : lamb.state_bytes());
-  state.counters["state_formula"] = 8.0 * (sharded ? static_cast<double>(sharded->plan().elements(group->rank())) : p);
+  const double state_bytes = static_cast<double>(sharded ? sharded->state_bytes() : plain->state_bytes());
+  state.counters["state_bytes"] = state_bytes;
+  // Per element: LAMB 8 bytes; Muon 4 for a matrix (dim 2), 8 for a bias (AdamW).
   double formula = 0;
+  const std::vector<at::Tensor> params = sharded ? sharded->params() : s.net->parameters();  // the plan's order
+  for (std::size_t t = 0; t < params.size(); ++t) {
+    const double elements = static_cast<double>(sharded ? sharded->plan().piece[group->rank()][t].size() : params[t].numel());
+    formula += (kind == "muon" && params[t].dim() == 2 ? 4.0 : 8.0) * elements;
+  }
+  state.counters["state_formula"] = formula;
+  double most = state_bytes;
+  if (group) {
+    for (const at::Tensor& r : group->allgather(at::tensor({state_bytes}, at::kDouble))) most = std::max(most, r.item<double>());
+  }
+  state.counters["state_bytes_max"] = most;
+  double exchange = 0;
   if (sharded) {
     const bd::ExchangeBytes b = sharded->exchange_bytes();
-    formula = static_cast<double>(b.all_reduce + b.reduce_scatter + b.all_gather);
+    exchange = static_cast<double>(b.all_reduce + b.reduce_scatter + b.all_gather);
   } else if (group) {
-    formula = 2.0 * (n - 1) / n * 4.0 * p;
+    exchange = 2.0 * (n - 1) / n * 4.0 * p;
   }
-  state.counters["exchange_formula"] = formula;
+  state.counters["exchange_formula"] = exchange;
   if (group) state.counters["loopback_per_rank"] = (loopback_tx_bytes() - lo_before) / (steps * n);
   state.SetItemsProcessed(state.iterations() * kGlobalBatch);  // samples/s of the whole job
 }
@@ -118,12 +150,14 @@ int main(int argc, char** argv) {
   const bool launched = bigbatch::experiments::launched_by_bigbatch();
   group = bigbatch::bench::join_world(world);
   const std::string suffix = "/world" + std::to_string(world.world_size);
-  for (const auto& [stage, name] : bd::kShardStageNames) {
-    if (stage != bd::ShardStage::kNone && !group) continue;
-    const bd::ShardStage s = stage;
-    benchmark::RegisterBenchmark((std::string("step_shard_") + name + suffix).c_str(),
-                                 [s](benchmark::State& st) { bm_step(st, s); })
-        ->Iterations(kIterations)->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (const std::string kind : {"lamb", "muon"}) {
+    for (const auto& [stage, name] : bd::kShardStageNames) {
+      if (stage != bd::ShardStage::kNone && !group) continue;
+      const bd::ShardStage s = stage;
+      benchmark::RegisterBenchmark((kind + "_shard_" + name + suffix).c_str(),
+                                   [kind, s](benchmark::State& st) { bm_step(st, kind, s); })
+          ->Iterations(kIterations)->Unit(benchmark::kMillisecond)->UseRealTime();
+    }
   }
   if (world.rank != 0) std::freopen("/dev/null", "w", stdout);
   benchmark::Initialize(&argc, argv);
