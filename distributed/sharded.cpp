@@ -457,6 +457,7 @@ bool elementwise(const c10::IValue& value, std::int64_t elements) {
 
 // What one saved shard holds, read whole before any optimizer changes.
 struct SavedShard {
+  std::string kind;  // the wrapped optimizer's ("LAMB", ...)
   int world = 0;
   int rank = 0;
   std::vector<std::int64_t> numel;
@@ -482,6 +483,10 @@ SavedShard read_shard(torch::serialize::InputArchive& archive) {
   const auto groups = read_long(archive, kShardKey + "groups", "group count");
   shard.skipped = read_long(archive, kShardKey + "skipped_steps", "skipped steps");
   const std::string who = "the shard of rank " + std::to_string(shard.rank) + " of " + std::to_string(shard.world);
+  c10::IValue kind;
+  TORCH_CHECK(archive.try_read(kShardKey + "kind", kind) && kind.isString(), "ShardedOptimizer: ", who,
+              " is torn: it does not name its optimizer");
+  shard.kind = kind.toStringRef();
   at::Tensor numel;
   at::Tensor pieces;
   TORCH_CHECK(archive.try_read(kShardKey + "numel", numel) && archive.try_read(kShardKey + "pieces", pieces),
@@ -527,13 +532,15 @@ SavedShard read_shard(torch::serialize::InputArchive& archive) {
 // over tensors of `numel` elements: each rank once, the pieces of each
 // tensor tiling it.
 std::vector<SavedShard> read_shards(std::vector<torch::serialize::InputArchive>& archives,
-                                    const std::vector<std::int64_t>& numel) {
+                                    const std::vector<std::int64_t>& numel, const std::string& kind) {
   TORCH_CHECK(!archives.empty(), "ShardedOptimizer: no shards to load");
   std::vector<SavedShard> shards;
   for (auto& archive : archives) shards.push_back(read_shard(archive));
   const int world = shards[0].world;
   std::vector<int> seen(static_cast<std::size_t>(std::max(world, 0)), 0);
   for (const SavedShard& shard : shards) {
+    TORCH_CHECK(shard.kind == kind, "ShardedOptimizer: the shard of rank ", shard.rank, " holds ", shard.kind,
+                "'s state; this is ", kind);
     TORCH_CHECK(shard.world == world, "ShardedOptimizer: the shards come from worlds of ", world, " and ",
                 shard.world, " ranks");
     TORCH_CHECK(shard.rank >= 0 && shard.rank < world && seen[static_cast<std::size_t>(shard.rank)]++ == 0,
@@ -660,6 +667,7 @@ void ShardedOptimizer::adopt_shards(std::vector<SavedShard>& shards) {
 }
 
 void ShardedOptimizer::save(torch::serialize::OutputArchive& archive) const {
+  archive.write(kShardKey + "kind", c10::IValue(std::string(inner_->kind())));
   archive.write(kShardKey + "world_size", at::scalar_tensor(static_cast<std::int64_t>(group_.size()), at::kLong));
   archive.write(kShardKey + "rank", at::scalar_tensor(static_cast<std::int64_t>(group_.rank()), at::kLong));
   archive.write(kShardKey + "numel", longs(plan_.numel));
@@ -693,6 +701,8 @@ void ShardedOptimizer::load(torch::serialize::InputArchive& archive) {
               " (load_shards() takes every rank's shards, of any world)");
   std::vector<SavedShard> shards;
   shards.push_back(read_shard(archive));
+  TORCH_CHECK(shards[0].kind == inner_->kind(), "ShardedOptimizer: the archive holds ", shards[0].kind,
+              "'s state; this is ", inner_->kind());
   TORCH_CHECK(shards[0].numel == plan_.numel, "ShardedOptimizer: the archive's tensors (", shards[0].numel.size(),
               ") are not this optimizer's (", plan_.numel.size(), "), or differ in size");
   for (std::size_t t = 0; t < plan_.numel.size(); ++t) {
@@ -704,7 +714,7 @@ void ShardedOptimizer::load(torch::serialize::InputArchive& archive) {
 }
 
 void ShardedOptimizer::load_shards(std::vector<torch::serialize::InputArchive>& archives) {
-  std::vector<SavedShard> shards = read_shards(archives, plan_.numel);
+  std::vector<SavedShard> shards = read_shards(archives, plan_.numel, inner_->kind());
   adopt_shards(shards);
 }
 
@@ -756,9 +766,11 @@ void ShardedOptimizer::set_named_state(const at::Tensor&, const std::optional<op
 
 void ShardedOptimizer::set_skipped_steps(std::int64_t count) { inner_->set_skipped_steps(count); }
 
+const char* ShardedOptimizer::kind() const { return inner_->kind(); }
+
 void load_sharded_into(optim::LayerwiseOptimizerBase& whole, std::vector<torch::serialize::InputArchive>& archives) {
   const std::vector<at::Tensor> params = params_of(whole);
-  std::vector<SavedShard> shards = read_shards(archives, numel_of(params));
+  std::vector<SavedShard> shards = read_shards(archives, numel_of(params), whole.kind());
   std::vector<std::optional<optim::NamedState>> states;
   for (std::size_t t = 0; t < params.size(); ++t) {
     states.push_back(join_state(shards, t, 0, params[t].numel(), params[t].device()));

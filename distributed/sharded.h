@@ -173,6 +173,8 @@ class ShardedOptimizer final : public optim::LayerwiseOptimizerBase {
   std::optional<optim::NamedState> named_state(const at::Tensor& param) const override;
   void set_named_state(const at::Tensor& param, const std::optional<optim::NamedState>& state) override;
   void set_skipped_steps(std::int64_t count) override;
+  /// The wrapped optimizer's.
+  const char* kind() const override;
 
   ShardStage stage() const { return stage_; }
   const ShardPlan& plan() const { return plan_; }

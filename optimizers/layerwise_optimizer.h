@@ -110,6 +110,10 @@ class LayerwiseOptimizerBase : public torch::optim::Optimizer {
   /// path throws. Null ends the sharding.
   virtual void shard(std::shared_ptr<const OptimizerSharding> sharding) = 0;
 
+  /// Its kind as checkpoints name it ("LAMB", "LARS", "Muon", ...): save()
+  /// writes it, and a load() of another kind's state is refused.
+  virtual const char* kind() const = 0;
+
   /// Whether a sharding must give it whole tensors rather than pieces cut at
   /// chunk boundaries (Muon: orthogonalization needs whole matrices);
   /// distributed/sharded.h then gives each tensor whole to one rank.
@@ -167,6 +171,7 @@ class LayerwiseOptimizer : public LayerwiseOptimizerBase {
   std::optional<NamedState> named_state(const at::Tensor& param) const override;
   void set_named_state(const at::Tensor& param, const std::optional<NamedState>& state) override;
   void set_skipped_steps(std::int64_t count) override;
+  const char* kind() const override { return name_; }
 
   /// The state of `param`, or nullptr before its first step. After fused steps
   /// this first copies the step counts the engine keeps into the states.

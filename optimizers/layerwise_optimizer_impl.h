@@ -237,10 +237,14 @@ void LayerwiseOptimizer<Options, ParamState>::save(torch::serialize::OutputArchi
   sync_engine_state();
   torch::optim::serialize<ParamState, Options>(archive, *this);
   archive.write("bigbatch/skipped_steps", at::scalar_tensor(skipped_steps(), at::kLong));
+  archive.write("bigbatch/kind", c10::IValue(std::string(name_)));
 }
 
 template <typename Options, typename ParamState>
 void LayerwiseOptimizer<Options, ParamState>::load(torch::serialize::InputArchive& archive) {
+  c10::IValue kind;  // archives written before it was saved have none
+  TORCH_CHECK(!archive.try_read("bigbatch/kind", kind) || kind.toStringRef() == name_, name_,
+              ": the archive holds ", kind.toStringRef(), "'s state, another optimizer's");
   skipped_steps_ = skipped_steps();  // kept if the archive has no count
   torch::optim::serialize<ParamState, Options>(archive, *this);
   engine_.reset();  // the loaded states replace what the engine held; the next step rebuilds

@@ -304,7 +304,19 @@ int reshard_worker(const std::string& name, bool bf16, int saved_world, const st
             torch::optim::OptimizerParamGroup({net_e->parameters()[1]})};
         bd::ShardedOptimizer fewer(group, two, factory, bd::ShardStage::kStates);
         fewer.load_shards(archives);
-      }, "not of this optimizer's 2");
+      }, "not of this optimizer's 2") &&
+      // Another kind's state, sharded and not (LARS and LARC keep the same fields).
+      refused([&] {
+        auto archives = shard_archives(saved_world);
+        const auto other = make_opt(name == "lars" ? "larc" : "lars", split(net_e), bf16);
+        bd::load_sharded_into(*other, archives);
+      }, "holds " + std::string(b->kind()) + "'s state; this is ") &&
+      refused([&] {
+        torch::serialize::InputArchive archive;
+        archive.load_from(saved + ".r0.plain_opt");
+        const auto other = make_opt(name == "lars" ? "larc" : "lars", split(net_e), bf16);
+        other->load(archive);
+      }, ": the archive holds " + std::string(d->kind()) + "'s state, another optimizer's");
   std::remove(torn.c_str());
   if (!refusals) return 11;
   const auto [x, y] = data(world.world_size);
