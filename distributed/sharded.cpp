@@ -528,6 +528,12 @@ SavedShard read_shard(torch::serialize::InputArchive& archive) {
   return shard;
 }
 
+// Refuses a shard of another optimizer's state.
+void check_kind(const SavedShard& shard, const std::string& kind) {
+  TORCH_CHECK(shard.kind == kind, "ShardedOptimizer: the shard of rank ", shard.rank, " holds ", shard.kind,
+              "'s state; this is ", kind);
+}
+
 // Reads every rank's shard and checks that they are the whole of one world's
 // over tensors of `numel` elements: each rank once, the pieces of each
 // tensor tiling it.
@@ -539,8 +545,7 @@ std::vector<SavedShard> read_shards(std::vector<torch::serialize::InputArchive>&
   const int world = shards[0].world;
   std::vector<int> seen(static_cast<std::size_t>(std::max(world, 0)), 0);
   for (const SavedShard& shard : shards) {
-    TORCH_CHECK(shard.kind == kind, "ShardedOptimizer: the shard of rank ", shard.rank, " holds ", shard.kind,
-                "'s state; this is ", kind);
+    check_kind(shard, kind);
     TORCH_CHECK(shard.world == world, "ShardedOptimizer: the shards come from worlds of ", world, " and ",
                 shard.world, " ranks");
     TORCH_CHECK(shard.rank >= 0 && shard.rank < world && seen[static_cast<std::size_t>(shard.rank)]++ == 0,
@@ -694,15 +699,13 @@ void ShardedOptimizer::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void ShardedOptimizer::load(torch::serialize::InputArchive& archive) {
-  const auto world = read_long(archive, kShardKey + "world_size", "world size");
-  const auto rank = read_long(archive, kShardKey + "rank", "rank");
-  TORCH_CHECK(world == group_.size() && rank == group_.rank(), "ShardedOptimizer: the archive holds the shard of rank ",
-              rank, " of ", world, "; this is rank ", group_.rank(), " of ", group_.size(),
-              " (load_shards() takes every rank's shards, of any world)");
   std::vector<SavedShard> shards;
   shards.push_back(read_shard(archive));
-  TORCH_CHECK(shards[0].kind == inner_->kind(), "ShardedOptimizer: the archive holds ", shards[0].kind,
-              "'s state; this is ", inner_->kind());
+  TORCH_CHECK(shards[0].world == group_.size() && shards[0].rank == group_.rank(),
+              "ShardedOptimizer: the archive holds the shard of rank ", shards[0].rank, " of ", shards[0].world,
+              "; this is rank ", group_.rank(), " of ", group_.size(),
+              " (load_shards() takes every rank's shards, of any world)");
+  check_kind(shards[0], inner_->kind());
   TORCH_CHECK(shards[0].numel == plan_.numel, "ShardedOptimizer: the archive's tensors (", shards[0].numel.size(),
               ") are not this optimizer's (", plan_.numel.size(), "), or differ in size");
   for (std::size_t t = 0; t < plan_.numel.size(); ++t) {
