@@ -160,8 +160,7 @@ struct MomentumPlan {
 
   template <typename Runner>
   static void run(Runner& runner, const Config& c) {
-    runner.pass(SquaresPass<true>{});
-    runner.finalize(MomentumScaleFinalize<Group>{});
+    runner.reduce(SquaresPass<true>{}, MomentumScaleFinalize<Group>{});
     runner.pass(MomentumApplyPass<Group>{c.check_skip});
   }
 };

@@ -132,8 +132,7 @@ struct NovoGradPlan {
 
   template <typename Runner>
   static void run(Runner& runner, const Config& c) {
-    runner.pass(SquaresPass<false>{});
-    runner.finalize(NovoGradMomentFinalize{});
+    runner.reduce(SquaresPass<false>{}, NovoGradMomentFinalize{});
     runner.pass(NovoGradApplyPass{c.check_skip});
   }
 };

@@ -22,6 +22,18 @@
 #             ResNet-20 on generated CIFAR-format files on the GPU with its data-wait fraction
 #   all       the four in order (default)
 #
+# A lease of 15 minutes of device time in all (the machine's start included)
+# takes two calls, the second at once while the machine is warm:
+#   lease     build (tests, CLI, CUDA benchmarks); at once: every _CUDA test
+#             (the optimizers' also with the finalize unfolded), the sanitize
+#             stage, the rest of the suite on the CPU cores; then alone: the
+#             folded finalize against the separate kernel (bm_cuda_optimizers,
+#             alternated runs), and the quickstart sweep on CUDA by its default
+#             (batched) and with --no-batch-trials, side by side
+#   lease2    the quickstart in fp32, bf16 and fp16 on CUDA; a quickstart
+#             trial in an NCCL world of one; bm_muon and torch.optim.Muon;
+#             bm_compression on the GPU
+#
 # Every stage builds first (nothing to do when the build is there), runs each
 # step under a time limit, goes on after a failing step, and writes to OUT
 # (default $OUT, else build-gpu/out): STAGE.log (a line per step: status,
@@ -31,14 +43,14 @@
 # exits 1 when a step failed.
 # The Debian packages it needs come from ./.debs (scripts/fetch_gpu_debs.sh,
 # run on a networked Debian machine); they are unpacked under build-gpu/deps.
-# Usage: scripts/gpu.sh [tests|sanitize|bench|sweeps|all] [OUT]
+# Usage: scripts/gpu.sh [tests|sanitize|bench|sweeps|all|lease|lease2] [OUT]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
 stage=${1:-all}
 out=${2:-${OUT:-$root/build-gpu/out}}
-case $stage in tests | sanitize | bench | sweeps | all) ;; *)
-  echo "gpu.sh: unknown stage '$stage' (tests, sanitize, bench, sweeps or all)" >&2
+case $stage in tests | sanitize | bench | sweeps | all | lease | lease2) ;; *)
+  echo "gpu.sh: unknown stage '$stage' (tests, sanitize, bench, sweeps, all, lease or lease2)" >&2
   exit 2
   ;;
 esac
@@ -114,8 +126,15 @@ build() {
       -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr;$deps/usr/lib/x86_64-linux-gnu/cmake;$deps/usr/share/cmake" \
       -DCMAKE_INCLUDE_PATH="$deps/usr/include" -DCMAKE_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu" || return 1
   fi
-  local targets=()
-  for t in "$@"; do targets+=(--target "$t"); done
+  # (@tests: every *_tests program, as the configured build names them)
+  local targets=() t
+  for t in "$@"; do
+    if [ "$t" = @tests ]; then
+      for t in $(cmake --build "$build" --target help | grep -oE '^[a-z_]+_tests' | sort -u); do targets+=(--target "$t"); done
+    else
+      targets+=(--target "$t")
+    fi
+  done
   cmake --build "$build" --parallel "$jobs" "${targets[@]}" -- -k 0
 }
 
@@ -286,6 +305,81 @@ JSON
   [ -e "$res/sweep_lm_cuda/lm_quickstart/steps_to_target.csv" ] && cat "$res/sweep_lm_cuda/lm_quickstart/steps_to_target.csv" >> "$md"
 }
 
+# The quickstart sweep on CUDA by its default (batched trials) and with
+# --no-batch-trials, and the report of the two tables side by side.
+sweeps_default_and_unbatched() {
+  local config=$root/experiments/configs/quickstart.json
+  step sweep_cuda_default 150 "$build/experiments/bigbatch" sweep "$config" --out "$res/sweep_cuda_default" --device cuda
+  step sweep_cuda 150 "$build/experiments/bigbatch" sweep "$config" --out "$res/sweep_cuda" --device cuda \
+    --no-batch-trials
+  grep -hE "^sweep quickstart" "$res"/sweep_cuda_default.txt "$res"/sweep_cuda.txt >> "$md"
+  if [ -e "$res/sweep_cuda_default/quickstart/steps_to_target.csv" ] && [ -e "$res/sweep_cuda/quickstart/steps_to_target.csv" ]; then
+    step sweeps_report 60 "$build/experiments/bigbatch" report "$res/sweep_cuda/quickstart" \
+      "$res/sweep_cuda_default/quickstart" --labels unbatched,default
+    cat "$res/sweeps_report.txt" >> "$md"
+  fi
+}
+
+stage_lease() {
+  # Correctness first, all at once (no verdict here depends on timing): the
+  # GPU's tests and sanitizers beside the CPU suite.
+  (stage_sanitize) &
+  local sanitize=$!
+  (
+    for t in "${cuda_binaries[@]}"; do
+      step "cuda_$t" 240 "$build/tests/$t" --gtest_filter='*_CUDA*' --gtest_output="json:$res/$t.json"
+    done
+    step cuda_optimizers_separate 180 env BIGBATCH_CUDA_FINALIZE=separate "$build/tests/optimizers_tests" \
+      --gtest_filter='*_CUDA*' --gtest_output="json:$res/separate_optimizers_tests.json"
+  ) &
+  local gpu=$!
+  step ctest_rest 360 env OMP_NUM_THREADS=2 ctest --test-dir "$build" -j $((jobs - 4)) --timeout 300 \
+    --output-on-failure -E '\.CUDA$|^CLI\.|^Consumer\.|^Benchmarks\.|^Fuzz\.|^TorchOptim'
+  wait "$gpu"
+  wait "$sanitize"
+  step cuda_tests_ran 60 "$python" "$root/benchmarks/cuda_table.py" tests "$res"/*_tests.json
+  cat "$res/cuda_tests_ran.txt" >> "$md"
+  grep -E "tests passed|tests failed" "$res/ctest_rest.txt" >> "$md"
+  # The finalize folded into its reducing pass against the separate kernel,
+  # alternated (each variant twice), on the lists where a step's fixed costs
+  # weigh (ResNet-50, 10,000 tensors) and on BERT-large (the passes' own speed).
+  local filter='^[A-Za-z]+(_clip|_bf16)?/resnet50_25M/fused|^copy/resnet50_25M/'
+  filter+='|^(LAMB|LARS|NovoGrad)/bert_large_335M/fused|^copy/bert_large_335M/(24|28|44)B|^LAMB/small_10000t/fused'
+  local i=0 variant
+  for variant in separate folded folded separate; do
+    i=$((i + 1))
+    step "fold_${i}_$variant" 90 env BIGBATCH_CUDA_FINALIZE=$variant "$build/benchmarks/bm_cuda_optimizers" \
+      --benchmark_filter="$filter" --benchmark_repetitions=5 --benchmark_min_time=0.1 \
+      --benchmark_report_aggregates_only=true --benchmark_out="$res/fold_${i}_$variant.json" --benchmark_out_format=json
+  done
+  step fold_table 30 "$python" "$root/benchmarks/cuda_table.py" fold "$res"/fold_*.json &&
+    { echo; echo "finalize folded against separate (bm_cuda_optimizers, medians of 5, runs alternated):";
+      cat "$res/fold_table.txt"; } >> "$md"
+  sweeps_default_and_unbatched
+}
+
+stage_lease2() {
+  local config=$root/experiments/configs/quickstart.json
+  "$python" -c 'import json, sys; c = json.load(open(sys.argv[1])); c.update(name="precision_cuda", batch_sizes=[256, 1024], search={"lr": [0.02]}, device="cuda", variants={"fp32": {}, "bf16": {"precision": "bf16"}, "fp16": {"precision": "fp16"}}); json.dump(c, open(sys.argv[2], "w"))' \
+    "$config" "$res/precision_cuda.json"
+  step precision_cuda 150 "$build/experiments/bigbatch" sweep "$res/precision_cuda.json" --out "$res/sweep_precision" \
+    --no-batch-trials
+  grep -hE "^sweep precision_cuda" "$res/precision_cuda.txt" >> "$md"
+  step precision_report 30 "$build/experiments/bigbatch" report "$res/sweep_precision/precision_cuda" &&
+    cat "$res/precision_report.txt" >> "$md"
+  step quickstart_cuda_nccl1 90 "$build/experiments/bigbatch" train "$config" \
+    --device cuda --backend nccl --batch-size 256 --steps 200 --out "$res/runs"
+  tail -n 1 "$res/quickstart_cuda_nccl1.txt" >> "$md"
+  step bm_muon 90 "$build/benchmarks/bm_muon" --device=cuda --benchmark_min_time=0.1 \
+    --benchmark_filter='gpt_small|resnet50' --benchmark_out="$res/bm_muon.json" --benchmark_out_format=json &&
+    { echo; echo "bm_muon --device=cuda:"; grep -E '^Muon/' "$res/bm_muon.txt"; } >> "$md"
+  step torch_muon 60 "$python" "$root/benchmarks/torch_muon_bench.py" --device cuda --lists gpt_small_124M,resnet50_25M \
+    --steps 10 && { echo; echo "torch.optim.Muon:"; cat "$res/torch_muon.txt"; } >> "$md"
+  step bm_compression 60 "$build/benchmarks/bm_compression" --device=cuda --benchmark_min_time=0.1 \
+    --benchmark_out="$res/bm_compression.json" --benchmark_out_format=json &&
+    { echo; echo "bm_compression --device=cuda:"; grep -E '^(copy|codec)/' "$res/bm_compression.txt"; } >> "$md"
+}
+
 # One log and one results file for the call (STAGE.log, STAGE.md; all.log
 # and all.md for all four), and each stage's outputs as STAGE.tar.gz.
 log=$out/$stage.log
@@ -304,6 +398,11 @@ run_stage() {
     sanitize) targets=(optimizers_tests) ;;
     bench) targets=(bm_cuda_optimizers bm_compression) ;;
     sweeps) targets=(bigbatch_cli) ;;
+    lease | lease2)
+      # The tests, the CLI and the CUDA benchmarks: not the CPU benchmarks,
+      # fuzzers and consumers, which the lease does not run.
+      targets=(bigbatch_cli bm_cuda_optimizers bm_muon bm_compression @tests)
+      ;;
   esac
   step build 0 build "${targets[@]}"
   grep -E "^torch |, [0-9.]+, " "$res/build.txt" | head -n 2 >> "$md"
@@ -316,11 +415,14 @@ run_stage() {
 }
 
 export BIGBATCH_FASHION_MNIST_DIR=$deps/usr/share/datasets/fashion-mnist
+# (the lease's stages each budget their own call unless told otherwise)
 if [ "$stage" = all ]; then
   for s in tests sanitize bench sweeps; do run_stage "$s"; done
 else
   run_stage "$stage"
 fi
+# (steps run in the background cannot set $failed: their log lines can)
+grep -qE '^(FAILED|TIMEOUT|SKIPPED)' "$log" && failed=1
 echo "--- $log"
 cat "$log"
 echo "--- $md"
