@@ -9,11 +9,6 @@
                          copy of the same bytes (each entry's bytes_per_param
                          counter), speed-up over the reference path, and fp32
                          LAMB against fused AdamW
-  fold RUN.json...       the folded finalize against the separate kernel: runs
-                         named *_folded.json and *_separate.json (alternated, in
-                         one call), each entry's median step in each run, the
-                         ratio of the medians over runs, and each variant's
-                         share of the copy's bandwidth
 """
 import json
 import sys
@@ -160,38 +155,6 @@ def table(bm_path, adamw_path):
     return 0
 
 
-def fold(paths):
-    runs = {"separate": [], "folded": []}
-    for path in paths:
-        kind = "folded" if path.endswith("_folded.json") else "separate" if path.endswith("_separate.json") else None
-        if kind is None:
-            print(f"fold: {path} is neither *_folded.json nor *_separate.json", file=sys.stderr)
-            return 2
-        runs[kind].append(medians(path))
-    if not runs["separate"] or not runs["folded"]:
-        print("fold: needs runs of both", file=sys.stderr)
-        return 1
-    names = [n for n in runs["folded"][0] if n.endswith("/fused")]
-    print("| optimizer | list | separate ms (runs) | folded ms (runs) | folded / separate | separate of copy "
-          "| folded of copy |")
-    print("|---|---|---|---|---:|---:|---:|")
-    for name in names:
-        opt, lst, _ = name.split("/")
-        sep = [r[name] for r in runs["separate"] if name in r]
-        fol = [r[name] for r in runs["folded"] if name in r]
-        if not sep or not fol:
-            continue
-        mid = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731 (the upper median of the runs)
-        nbytes = int(fol[0][2].get("bytes_per_param", 0))
-        copy = [r.get(f"copy/{lst}/{nbytes}B") for r in runs["separate"] + runs["folded"]]
-        copy_gbs = mid([c[1] for c in copy if c]) if any(copy) else 0.0
-        share = lambda xs: f"{mid([x[1] for x in xs]) / copy_gbs:.0%}" if copy_gbs else ""  # noqa: E731
-        row = [opt, lst, ", ".join(f"{x[0]:.4f}" for x in sep), ", ".join(f"{x[0]:.4f}" for x in fol),
-               f"{mid([x[0] for x in fol]) / mid([x[0] for x in sep]):.3f}", share(sep), share(fol)]
-        print("| " + " | ".join(row) + " |")
-    return 0
-
-
 def main(argv):
     if len(argv) >= 3 and argv[1] == "tests":
         return tests(argv[2:])
@@ -199,8 +162,6 @@ def main(argv):
         return adamw(argv[2])
     if len(argv) == 4 and argv[1] == "table":
         return table(argv[2], argv[3])
-    if len(argv) >= 3 and argv[1] == "fold":
-        return fold(argv[2:])
     print(__doc__, file=sys.stderr)
     return 2
 

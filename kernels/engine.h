@@ -157,18 +157,11 @@ std::unique_ptr<MultiTensorStep<Plan>> make_step();
 struct CountingRunner {
   std::vector<PassArrays> passes;
   int finalizers = 0;
-  int folded = 0;  ///< finalizers that follow their reducing pass (reduce()): the CUDA runner's fold
 
   template <typename Pass>
   void pass(const Pass&) { passes.push_back(Pass::kArrays); }
   template <typename Fin>
   void finalize(const Fin&) { ++finalizers; }
-  template <typename Pass, typename Fin>
-  void reduce(const Pass& p, const Fin& f) {
-    pass(p);
-    finalize(f);
-    ++folded;
-  }
 };
 
 /// The passes of one step of `Plan` with `config`.

@@ -239,9 +239,11 @@ struct LambPlan {
   template <typename Runner>
   static void run(Runner& runner, const Config& c) {
     if (c.check_skip || c.clip) {
-      runner.reduce(SquaresPass<false>{}, LambClipFinalize{});
+      runner.pass(SquaresPass<false>{});
+      runner.finalize(LambClipFinalize{});
     }
-    runner.reduce(LambMomentsPass{c.check_skip, c.clip}, LambRatioFinalize{c.check_skip});
+    runner.pass(LambMomentsPass{c.check_skip, c.clip});
+    runner.finalize(LambRatioFinalize{c.check_skip});
     runner.pass(LambApplyPass{c.check_skip});
   }
 };

@@ -160,7 +160,8 @@ struct MomentumPlan {
 
   template <typename Runner>
   static void run(Runner& runner, const Config& c) {
-    runner.reduce(SquaresPass<true>{}, MomentumScaleFinalize<Group>{});
+    runner.pass(SquaresPass<true>{});
+    runner.finalize(MomentumScaleFinalize<Group>{});
     runner.pass(MomentumApplyPass<Group>{c.check_skip});
   }
 };

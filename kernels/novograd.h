@@ -132,7 +132,8 @@ struct NovoGradPlan {
 
   template <typename Runner>
   static void run(Runner& runner, const Config& c) {
-    runner.reduce(SquaresPass<false>{}, NovoGradMomentFinalize{});
+    runner.pass(SquaresPass<false>{});
+    runner.finalize(NovoGradMomentFinalize{});
     runner.pass(NovoGradApplyPass{c.check_skip});
   }
 };

@@ -13,12 +13,10 @@
 //
 // Each algorithm writes its plan once, next to its per-element math
 // (kernels/lamb.h, momentum.h, novograd.h), as `Plan::run(runner, config)`
-// calling `runner.pass(p)`, `runner.finalize(f)` and `runner.reduce(p, f)`
-// (a reducing pass and the finalizer over its sums) in order. A runner
+// calling `runner.pass(p)` and `runner.finalize(f)` in order. A runner
 // executes it: the CPU one over chunks spread across threads, the CUDA one as
-// one kernel per pass, with each reduce()'s finalizer run by the pass's last
-// block (a kernel of its own when sharded); a counting runner reads off its
-// bytes and launches. Finalizers see the runner's Block (HostBlock here, DeviceBlock in
+// one kernel per pass or finalizer; a counting runner reads off its bytes and
+// launches. Finalizers see the runner's Block (HostBlock here, DeviceBlock in
 // multi_tensor.cuh): the loop over tensors, the "any" and "sum" across it.
 #pragma once
 
@@ -103,11 +101,9 @@ struct Table {
   std::int64_t* steps;               ///< [T] each tensor's step count
   float* group_coef;                 ///< [G] a per-group coefficient (LAMB: clipping factor)
   Scalars* scalars;
-  unsigned* chunks_done;             ///< [T] CUDA: a folded finalize's chunks finished per tensor (0 between steps)
   int num_tensors;
   int num_groups;
   std::int64_t num_chunks;
-  int tensors_with_chunks;           ///< CUDA: tensors of at least one element
 };
 
 /// The finalizer's view of the CPU runner: one thread visits every tensor.

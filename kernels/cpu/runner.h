@@ -141,13 +141,6 @@ struct CpuRunner {
     }
   }
 
-  /// A reducing pass and the finalizer over its sums.
-  template <typename Pass, typename Fin>
-  void reduce(const Pass& p, const Fin& fin) const {
-    pass(p);
-    finalize(fin);
-  }
-
   template <typename Fin>
   void finalize(const Fin& fin) const {
     const double* partial = table.partial;

@@ -3,7 +3,6 @@
 #include "runner.cuh"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -30,14 +29,6 @@ void check_not_capturing(cudaStream_t stream) {
         "bigbatch: a CUDA graph captured an optimizer step whose tensors changed since the last "
         "step; run one step outside the capture first (its table is built then)");
   }
-}
-
-bool fold_finalizers() {
-  const char* value = std::getenv("BIGBATCH_CUDA_FINALIZE");
-  if (value == nullptr || std::strcmp(value, "folded") == 0) return true;
-  if (std::strcmp(value, "separate") == 0) return false;
-  throw std::invalid_argument(std::string("bigbatch: BIGBATCH_CUDA_FINALIZE must be folded or separate, not '") +
-                              value + "'");
 }
 
 namespace {

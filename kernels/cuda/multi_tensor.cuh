@@ -200,12 +200,13 @@ __device__ inline double block_sum(double x) {
   return result;
 }
 
-/// One block's chunk of a pass (kernels/plan.h): the element op over the
-/// chunk of tensor t; with Pass::kReduce the chunk's two sums go to
-/// table.partial. Nothing when the step was abandoned.
+/// The element kernel of a pass (kernels/plan.h): one block per chunk. With
+/// Pass::kReduce each chunk's two sums go to table.partial.
 template <typename Group, typename Pass>
-__device__ void run_chunk(const Table<Group>& table, const Pass& pass, std::int64_t chunk, int t) {
+__global__ void __launch_bounds__(kThreads) chunk_kernel(Table<Group> table, Pass pass) {
   if (pass.check_skip && table.scalars->skip) return;  // the step was abandoned
+  const std::int64_t chunk = blockIdx.x;
+  const int t = table.chunk_tensor[chunk];
   const Slot s = table.slots[t];
   const std::int64_t begin = (chunk - table.chunk_start[t]) * kChunk;
   const std::int64_t end = begin + kChunk < s.numel ? begin + kChunk : s.numel;
@@ -243,34 +244,6 @@ __device__ void run_chunk(const Table<Group>& table, const Pass& pass, std::int6
   }
 }
 
-/// The element kernel of a pass: one block per chunk.
-template <typename Group, typename Pass>
-__global__ void __launch_bounds__(kThreads) chunk_kernel(Table<Group> table, Pass pass) {
-  const std::int64_t chunk = blockIdx.x;
-  run_chunk(table, pass, chunk, table.chunk_tensor[chunk]);
-}
-
-/// One tensor's sums from its chunks' (partial[first..end)), added by one
-/// warp: each lane every 32nd chunk in chunk order, then a fixed shuffle tree.
-/// The same order in finalize_kernel and reduce_kernel, so the same bits.
-/// Valid in lane 0. `Read` reads a partial sum (past L1 where other blocks
-/// of the same kernel wrote them).
-template <typename Read>
-__device__ inline void tensor_sums(const double* partial, std::int64_t first, std::int64_t end, int lane,
-                                   const Read& read, double& a, double& b) {
-  a = 0;
-  b = 0;
-  for (std::int64_t c = first + lane; c < end; c += 32) {
-    a += read(partial + 2 * c);
-    b += read(partial + 2 * c + 1);
-  }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    a += __shfl_down_sync(0xffffffffu, a, offset);
-    b += __shfl_down_sync(0xffffffffu, b, offset);
-  }
-}
-
 /// The finalizer's view of a block: its threads visit the tensors in turn.
 struct DeviceBlock {
   __device__ int first() const { return threadIdx.x; }
@@ -293,8 +266,15 @@ __global__ void __launch_bounds__(kThreads) finalize_kernel(Table<Group> table, 
   if (warp < table.num_tensors) {
     double a = 0;
     double b = 0;
-    tensor_sums(table.partial, table.chunk_start[warp], table.chunk_start[warp + 1], lane,
-                [](const double* q) { return *q; }, a, b);
+    for (std::int64_t c = table.chunk_start[warp] + lane; c < table.chunk_start[warp + 1]; c += 32) {
+      a += table.partial[2 * c];
+      b += table.partial[2 * c + 1];
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      a += __shfl_down_sync(0xffffffffu, a, offset);
+      b += __shfl_down_sync(0xffffffffu, b, offset);
+    }
     if (lane == 0) {
       table.sums[2 * warp] = a;
       table.sums[2 * warp + 1] = b;
@@ -305,54 +285,6 @@ __global__ void __launch_bounds__(kThreads) finalize_kernel(Table<Group> table, 
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(&table.scalars->blocks_done, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  fin(table, DeviceBlock{});
-  if (threadIdx.x == 0) table.scalars->blocks_done = 0;
-}
-
-/// A reducing pass with its finalizer folded in (DeviceRunner::reduce), one
-/// launch where chunk_kernel and finalize_kernel take two: each block runs its
-/// chunk; the last block of each tensor to finish adds that tensor's chunk
-/// sums (warp 0, finalize_kernel's order: the same bits); the last of those
-/// runs fin(table, block). Two counters (threadFenceReduction): chunks done
-/// per tensor and tensors done (Scalars::blocks_done), each set back to 0 by
-/// the block that completes it, so the next step and a graph's replays start
-/// from 0. A tensor without elements has no block: its sums stay the 0 of the
-/// table's build.
-template <typename Group, typename Pass, typename Fin>
-__global__ void __launch_bounds__(kThreads) reduce_kernel(Table<Group> table, Pass pass, Fin fin) {
-  const std::int64_t chunk = blockIdx.x;
-  const int t = table.chunk_tensor[chunk];
-  run_chunk(table, pass, chunk, t);
-  const std::int64_t first = table.chunk_start[t];
-  const std::int64_t end = table.chunk_start[t + 1];
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(table.chunks_done + t, 1u) == static_cast<unsigned>(end - first - 1);
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  if (threadIdx.x < 32) {
-    double a = 0;
-    double b = 0;
-    tensor_sums(table.partial, first, end, static_cast<int>(threadIdx.x), [](const double* q) { return __ldcg(q); },
-                a, b);
-    if (threadIdx.x == 0) {
-      table.sums[2 * t] = a;
-      table.sums[2 * t + 1] = b;
-      table.chunks_done[t] = 0;
-    }
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(&table.scalars->blocks_done, 1u) == static_cast<unsigned>(table.tensors_with_chunks - 1);
-  }
   __syncthreads();
   if (!last) return;
   __threadfence();
@@ -385,32 +317,13 @@ struct DeviceShard {
 
 /// Runs a plan on the device: each pass one chunk kernel over every chunk,
 /// each finalizer one finalize kernel with a warp per tensor; all on `stream`.
-/// reduce() folds its finalizer into the pass's kernel (reduce_kernel) unless
-/// `fold` is off or the step is sharded. Sharded, a finalizer first places
-/// the chunk sums among the whole tensors' and all-reduces them (ShardSpec),
-/// then finalizes over those.
+/// Sharded, a finalizer first places the chunk sums among the whole tensors'
+/// and all-reduces them (ShardSpec), then finalizes over those.
 template <typename Group>
 struct DeviceRunner {
   const Table<Group>& table;
   cudaStream_t stream;
   DeviceShard shard{};
-  bool fold = true;
-
-  /// Whether reduce() takes one launch (else a pass's and a finalizer's).
-  static bool folds(bool fold, bool sharded, std::int64_t chunks) { return fold && !sharded && chunks > 0; }
-
-  template <typename Pass, typename Fin>
-  void reduce(const Pass& p, const Fin& fin) const {
-    static_assert(Pass::kReduce, "reduce() takes a reducing pass");
-    if (!folds(fold, shard.spec != nullptr, table.num_chunks)) {
-      pass(p);
-      finalize(fin);
-      return;
-    }
-    launch_kernel(reduce_kernel<Group, Pass, Fin>, dim3(static_cast<unsigned>(table.num_chunks)), dim3(kThreads),
-                  stream, table, p, fin);
-    BIGBATCH_CUDA_CHECK(cudaGetLastError());
-  }
 
   template <typename Pass>
   void pass(const Pass& pass) const {

@@ -26,8 +26,7 @@ inline std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 25
 template <typename Group>
 struct ArenaLayout {
   std::size_t bytes = 0;  ///< the whole allocation (first: place() adds to it as the offsets are made)
-  std::size_t slots, grads, chunk_start, groups, partial, sums, coef, ratio, steps, group_coef, chunk_tensor,
-      chunks_done;
+  std::size_t slots, grads, chunk_start, groups, partial, sums, coef, ratio, steps, group_coef, chunk_tensor;
 
   ArenaLayout(std::size_t tensors, std::size_t num_groups, std::size_t chunks)
       : slots(place(tensors * sizeof(Slot))),
@@ -40,8 +39,7 @@ struct ArenaLayout {
         ratio(place(tensors * sizeof(double))),
         steps(place(tensors * sizeof(std::int64_t))),
         group_coef(place(num_groups * sizeof(float))),
-        chunk_tensor(place(chunks * sizeof(std::int32_t))),
-        chunks_done(place(tensors * sizeof(unsigned))) {}
+        chunk_tensor(place(chunks * sizeof(std::int32_t))) {}
 
   /// The array at `offset` of the allocation at `base`.
   template <typename T>
@@ -66,12 +64,6 @@ int upload(T* dst, const std::vector<T>& src, cudaStream_t stream) {
 /// Throws, with what to do, when `stream` is being captured: a rebuild
 /// allocates and uploads a table, which a graph cannot replay.
 void check_not_capturing(cudaStream_t stream);
-
-/// Whether a reducing pass and its finalizer share one kernel
-/// (reduce_kernel): yes, unless the environment's BIGBATCH_CUDA_FINALIZE is
-/// "separate" (two kernels, as before the fold: kept to measure the fold
-/// against). Read when a step is made; another value throws, naming it.
-bool fold_finalizers();
 
 template <typename Plan>
 class CudaStep final : public MultiTensorStep<Plan> {
@@ -132,7 +124,7 @@ class CudaStep final : public MultiTensorStep<Plan> {
 
   void run(cudaStream_t stream) override {
     if (slots_.empty()) return;
-    const DeviceRunner<Group> runner{table_, stream, shard_ != nullptr ? device_shard_ : DeviceShard{}, fold_};
+    const DeviceRunner<Group> runner{table_, stream, shard_ != nullptr ? device_shard_ : DeviceShard{}};
     Plan::run(runner, config_);
     ran_ = true;
     record(stream);
@@ -164,12 +156,9 @@ class CudaStep final : public MultiTensorStep<Plan> {
   int launches_per_step() const override {
     if (slots_.empty()) return 0;
     const CountingRunner counted = count_plan<Plan>(config_);
-    // Sharded, each finalizer first places the chunk sums (the all-reduce is the backend's);
-    // unsharded, a reduce()'s finalizer runs in its pass's kernel.
+    // Sharded, each finalizer first places the chunk sums (the all-reduce is the backend's).
     const int place = shard_ != nullptr ? counted.finalizers : 0;
-    const bool folds = DeviceRunner<Group>::folds(fold_, shard_ != nullptr, table_.num_chunks);
-    return bind_launches_ + static_cast<int>(counted.passes.size()) + counted.finalizers + place -
-           (folds ? counted.folded : 0);
+    return bind_launches_ + static_cast<int>(counted.passes.size()) + counted.finalizers + place;
   }
 
   std::int64_t bytes_per_step() const override { return plan_bytes<Plan>(slots_, config_); }
@@ -285,13 +274,10 @@ class CudaStep final : public MultiTensorStep<Plan> {
     table_.steps = L::template at<std::int64_t>(arena_, layout_of.steps);
     table_.group_coef = L::template at<float>(arena_, layout_of.group_coef);
     table_.chunk_tensor = L::template at<std::int32_t>(arena_, layout_of.chunk_tensor);
-    table_.chunks_done = L::template at<unsigned>(arena_, layout_of.chunks_done);
     table_.scalars = scalars_;
     table_.num_tensors = static_cast<int>(t);
     table_.num_groups = static_cast<int>(num_groups);
     table_.num_chunks = static_cast<std::int64_t>(chunks);
-    table_.tensors_with_chunks = 0;
-    for (std::size_t i = 0; i < t; ++i) table_.tensors_with_chunks += layout.chunk_start[i + 1] > layout.chunk_start[i];
 
     std::vector<Slot> host_slots(t);
     std::vector<const void*> grads(t);
@@ -307,9 +293,6 @@ class CudaStep final : public MultiTensorStep<Plan> {
     bind_launches_ += upload(const_cast<std::int32_t*>(table_.chunk_tensor), layout.chunk_tensor, stream);
     bind_launches_ += upload(table_.steps, steps, stream);
     bind_launches_ += upload(table_.group_coef, std::vector<float>(num_groups, 1.0f), stream);
-    // The folded finalize's counters start at 0, and a tensor without elements keeps sums of 0.
-    bind_launches_ += upload(table_.chunks_done, std::vector<unsigned>(t, 0u), stream);
-    bind_launches_ += upload(table_.sums, std::vector<double>(2 * t, 0.0), stream);
     slots_ = slots;
     groups_.clear();  // uploaded by bind()
     ran_ = false;
@@ -327,7 +310,6 @@ class CudaStep final : public MultiTensorStep<Plan> {
   bool captured_ = false;               // a step was captured: its replays are not ours to see
   bool ran_ = false;                    // a run since the last rebuild (the ratios are written)
   int bind_launches_ = 0;               // uploads of the last bind()
-  bool fold_ = fold_finalizers();       // reduce() in one kernel
   std::shared_ptr<const ShardSpec> shard_;  // sharded across ranks, or null
   ShardLayout shard_host_;              // the layout uploaded to shard_arena_
   DeviceShard device_shard_;
