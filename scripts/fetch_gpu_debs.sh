@@ -4,14 +4,15 @@
 # GoogleTest, Google Benchmark, nlohmann/json, CLI11, zlib headers, Gloo's
 # headers (c10d's ProcessGroupGloo.hpp needs them; PyPI's wheels lack them), ninja and
 # the embedded Fashion-MNIST, and the King James Bible with its program (the
-# language-model corpus, scripts/kjv.sh). Idempotent.
+# language-model corpus, scripts/kjv.sh), and SentencePiece's spm_train with
+# its library (the LM tests train a tokenizer). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .debs
 cd .debs
 packages=(libgtest-dev libgmock-dev googletest libbenchmark-dev libbenchmark1debian
           nlohmann-json3-dev libcli11-dev zlib1g-dev ninja-build dataset-fashion-mnist
-          bible-kjv bible-kjv-text libgloo-dev)
+          bible-kjv bible-kjv-text libgloo-dev sentencepiece libsentencepiece0)
 for p in "${packages[@]}"; do
   ls "${p}"_*.deb >/dev/null 2>&1 || apt-get download "$p"
 done

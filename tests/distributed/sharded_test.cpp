@@ -134,6 +134,18 @@ void backward(torch::nn::Sequential& net, const at::Tensor& x, const at::Tensor&
   torch::nn::functional::cross_entropy(net->forward(in).to(at::kFloat), y).backward();
 }
 
+// The gradients of `from` given to `to` (a net of the same shape): nets
+// that must step alike get one backward's gradients. Two backward passes of
+// equal nets on one input need not give the same bits: on an H200 machine's
+// Xeon with torch 2.11 they gave local gradient norms 1.7e-5 apart (its CPU
+// kernels' sums depend on where the tensors lie), and the comparisons below
+// are of the optimizers, given the same gradients.
+void copy_grads(torch::nn::Sequential& from, torch::nn::Sequential& to) {
+  const auto source = from->parameters();
+  auto target = to->parameters();
+  for (std::size_t i = 0; i < source.size(); ++i) target[i].mutable_grad() = source[i].grad().clone();
+}
+
 // What every rank writes: each copy's parameters and last trust ratios, and the state bytes.
 void save_tensor(const std::string& path, const at::Tensor& t) { torch::save(t, path); }
 at::Tensor load_tensor(const std::string& path) {
@@ -167,7 +179,7 @@ int sharded_cuda_worker() {
     plain->zero_grad();
     states.zero_grad();
     backward(plain_net, xs, ys);
-    backward(states_net, xs, ys);
+    copy_grads(plain_net, states_net);
     bd::allreduce_gradients(group, in_group_order(plain_net));
     states.reduce_gradients();
     plain->step();
@@ -326,8 +338,13 @@ int reshard_worker(const std::string& name, bool bf16, int saved_world, const st
     const at::Tensor ys = y.slice(0, begin, begin + kPerRank);
     for (auto* net : {&net_a, &net_b, &net_c, &net_d, &net_e}) {
       for (auto& p : (*net)->parameters()) p.mutable_grad().reset();
-      backward(*net, xs, ys);
     }
+    // A and B must step alike, and C and D: each pair one backward.
+    backward(net_a, xs, ys);
+    copy_grads(net_a, net_b);
+    backward(net_c, xs, ys);
+    copy_grads(net_c, net_d);
+    backward(net_e, xs, ys);
     a.reduce_gradients();
     c.reduce_gradients();
     e.reduce_gradients();
@@ -394,8 +411,8 @@ int sharded_worker(const std::string& scenario) {
     states.zero_grad();
     grads.zero_grad();
     backward(plain_net, xs, ys);
-    backward(states_net, xs, ys);
-    backward(grads_net, xs, ys);
+    copy_grads(plain_net, states_net);
+    copy_grads(plain_net, grads_net);
     if (step == 3 && world.rank == 0) {
       // A NaN in rank 0's gradient of the last bias, which the last rank's
       // shard holds: every rank must skip the step, knowing it only from the
@@ -411,13 +428,17 @@ int sharded_worker(const std::string& scenario) {
     const bd::GradientNorms grads_norms = grads.reduce_gradients();
     // The same squares added in another order (group order, and shard by
     // shard). With 4 ranks the averaged gradients may differ in their last
-    // bit (below), and so the weights after the first step and the local gradients.
+    // bit (below), and so the weights after the first step, and the global sums.
     const double tol = world.world_size == 2 ? 1e-12 : 1e-6;
     if (std::abs(grads_norms.global_sq - plain_norms.global_sq) > tol * plain_norms.global_sq ||
         std::abs(grads_norms.local_sq - plain_norms.local_sq) > tol * plain_norms.local_sq) {
       std::cerr.precision(17);
-      std::cerr << "reduce_gradients' norms " << grads_norms.local_sq << " " << grads_norms.global_sq
-                << " against allreduce_gradients' " << plain_norms.local_sq << " " << plain_norms.global_sq << "\n";
+      const at::Tensor w = flat_params(plain_net);
+      std::cerr << "step " << step << ": reduce_gradients' norms " << grads_norms.local_sq << " "
+                << grads_norms.global_sq << " against allreduce_gradients' " << plain_norms.local_sq << " "
+                << plain_norms.global_sq << "; weights differ by at most "
+                << (flat_params(grads_net) - w).abs().max().item<double>() << " of " << w.abs().max().item<double>()
+                << "\n";
       return 3;
     }
     for (const auto& p : grads_net->parameters()) {
@@ -481,13 +502,14 @@ int sharded_worker(const std::string& scenario) {
     archive.load_from(saved);
     resumed.load(archive);
   }
-  for (auto* copy : {&grads_net, &resumed_net}) {
-    auto& opt = copy == &grads_net ? grads : resumed;
-    opt.zero_grad();
-    backward(*copy, x.slice(0, world.rank * kPerRank, (world.rank + 1) * kPerRank),
-             y.slice(0, world.rank * kPerRank, (world.rank + 1) * kPerRank));
-    opt.reduce_gradients();
-    opt.step();
+  grads.zero_grad();
+  resumed.zero_grad();
+  backward(grads_net, x.slice(0, world.rank * kPerRank, (world.rank + 1) * kPerRank),
+           y.slice(0, world.rank * kPerRank, (world.rank + 1) * kPerRank));
+  copy_grads(grads_net, resumed_net);
+  for (auto* opt : {&grads, &resumed}) {
+    opt->reduce_gradients();
+    opt->step();
   }
   if (!at::equal(flat_params(grads_net), flat_params(resumed_net))) {
     std::cerr << "the resumed shard stepped differently\n";

@@ -125,7 +125,7 @@ TEST_P(CudaGraph, AWholeTrainingStepReplaysAsEagerSteps_CUDA) {
   };
   torch::manual_seed(9);
   const at::Tensor xs = torch::randn({kWarmup + kSteps, kBatch, 20}, torch::kCUDA);
-  const at::Tensor ys = torch::randint(0, 4, {kWarmup + kSteps, kBatch}, torch::kCUDA);
+  const at::Tensor ys = torch::randint(0, 4, {kWarmup + kSteps, kBatch}, torch::TensorOptions(torch::kCUDA).dtype(torch::kLong));
   const auto train_step = [](torch::nn::Sequential& m, torch::optim::Optimizer& opt, const at::Tensor& x,
                              const at::Tensor& y) {
     for (auto& p : m->parameters()) {
