@@ -24,12 +24,11 @@
 #
 # A lease of 15 minutes of device time in all (the machine's start included)
 # takes two calls, the second at once while the machine is warm:
-#   lease     build (tests, CLI, CUDA benchmarks); at once: every _CUDA test
-#             (the optimizers' also with the finalize unfolded), the sanitize
-#             stage, the rest of the suite on the CPU cores; then alone: the
-#             folded finalize against the separate kernel (bm_cuda_optimizers,
-#             alternated runs), and the quickstart sweep on CUDA by its default
-#             (batched) and with --no-batch-trials, side by side
+#   lease     build (tests, CLI, CUDA benchmarks); at once: the tests stage
+#             and the sanitize stage; then alone: bm_cuda_optimizers' fused
+#             steps on the ResNet-50 list and a few others, and the quickstart
+#             sweep on CUDA by its default (batched) and with
+#             --no-batch-trials, side by side
 #   lease2    the quickstart in fp32, bf16 and fp16 on CUDA; a quickstart
 #             trial in an NCCL world of one; bm_muon and torch.optim.Muon;
 #             bm_compression on the GPU
@@ -151,20 +150,25 @@ cuda_tool() {
 cuda_binaries=(optimizers_tests cuda_graph_tests normalization_tests distributed_tests experiments_tests)
 
 stage_tests() {
-  for t in "${cuda_binaries[@]}"; do
-    step "cuda_$t" 300 "$build/tests/$t" --gtest_filter='*_CUDA*' --gtest_output="json:$res/$t.json"
-  done
+  # The GPU's tests beside the CPU suite (no verdict here depends on timing).
+  # The rest runs against this LibTorch (CI runs it against 1.13 and 2.x on
+  # CPUs); the CLI scenarios, consumers and benchmark smoke runs are CI's.
+  # Two intra-op threads a test: 12 tests at once beside the GPU's.
+  (
+    for t in "${cuda_binaries[@]}"; do
+      step "cuda_$t" 300 "$build/tests/$t" --gtest_filter='*_CUDA*' --gtest_output="json:$res/$t.json"
+    done
+  ) &
+  local gpu=$!
+  step ctest_rest 420 env OMP_NUM_THREADS=2 ctest --test-dir "$build" -j $((jobs - 4)) --timeout 300 \
+    --output-on-failure -E '\.CUDA$|^CLI\.|^Consumer\.|^Benchmarks\.|^Fuzz\.|^TorchOptim'
+  wait "$gpu"
   step cuda_tests_ran 60 "$python" "$root/benchmarks/cuda_table.py" tests "$res"/*_tests.json
   cat "$res/cuda_tests_ran.txt" >> "$md"  # which ran, which failed or were skipped
+  grep -E "tests passed|tests failed" "$res/ctest_rest.txt" >> "$md"
   step quickstart_cuda_nccl1 300 "$build/experiments/bigbatch" train "$root/experiments/configs/quickstart.json" \
     --device cuda --backend nccl --batch-size 256 --steps 200 --out "$res/runs"
   tail -n 1 "$res/quickstart_cuda_nccl1.txt" >> "$md"
-  # The rest against this LibTorch (CI runs it against 1.13 and 2.x on CPUs);
-  # the CLI scenarios, consumers and benchmark smoke runs are CI's. Two
-  # intra-op threads a test: 16 tests at once share the 16 cores.
-  step ctest_rest 420 env OMP_NUM_THREADS=2 ctest --test-dir "$build" -j "$jobs" --timeout 300 \
-    --output-on-failure -E '\.CUDA$|^CLI\.|^Consumer\.|^Benchmarks\.|^Fuzz\.|^TorchOptim'
-  grep -E "tests passed|tests failed" "$res/ctest_rest.txt" >> "$md"
 }
 
 stage_sanitize() {
@@ -321,40 +325,18 @@ sweeps_default_and_unbatched() {
 }
 
 stage_lease() {
-  # Correctness first, all at once (no verdict here depends on timing): the
-  # GPU's tests and sanitizers beside the CPU suite.
+  # Correctness first, all at once: the sanitizers beside the tests stage.
   (stage_sanitize) &
   local sanitize=$!
-  (
-    for t in "${cuda_binaries[@]}"; do
-      step "cuda_$t" 240 "$build/tests/$t" --gtest_filter='*_CUDA*' --gtest_output="json:$res/$t.json"
-    done
-    step cuda_optimizers_separate 180 env BIGBATCH_CUDA_FINALIZE=separate "$build/tests/optimizers_tests" \
-      --gtest_filter='*_CUDA*' --gtest_output="json:$res/separate_optimizers_tests.json"
-  ) &
-  local gpu=$!
-  step ctest_rest 360 env OMP_NUM_THREADS=2 ctest --test-dir "$build" -j $((jobs - 4)) --timeout 300 \
-    --output-on-failure -E '\.CUDA$|^CLI\.|^Consumer\.|^Benchmarks\.|^Fuzz\.|^TorchOptim'
-  wait "$gpu"
+  stage_tests
   wait "$sanitize"
-  step cuda_tests_ran 60 "$python" "$root/benchmarks/cuda_table.py" tests "$res"/*_tests.json
-  cat "$res/cuda_tests_ran.txt" >> "$md"
-  grep -E "tests passed|tests failed" "$res/ctest_rest.txt" >> "$md"
-  # The finalize folded into its reducing pass against the separate kernel,
-  # alternated (each variant twice), on the lists where a step's fixed costs
-  # weigh (ResNet-50, 10,000 tensors) and on BERT-large (the passes' own speed).
+  # Then alone: the fused steps on the ResNet-50 list (where a step's fixed
+  # costs weigh), BERT-large's LAMB, LARS and NovoGrad, and LAMB on 10,000 tensors.
   local filter='^[A-Za-z]+(_clip|_bf16)?/resnet50_25M/fused|^copy/resnet50_25M/'
   filter+='|^(LAMB|LARS|NovoGrad)/bert_large_335M/fused|^copy/bert_large_335M/(24|28|44)B|^LAMB/small_10000t/fused'
-  local i=0 variant
-  for variant in separate folded folded separate; do
-    i=$((i + 1))
-    step "fold_${i}_$variant" 90 env BIGBATCH_CUDA_FINALIZE=$variant "$build/benchmarks/bm_cuda_optimizers" \
-      --benchmark_filter="$filter" --benchmark_repetitions=5 --benchmark_min_time=0.1 \
-      --benchmark_report_aggregates_only=true --benchmark_out="$res/fold_${i}_$variant.json" --benchmark_out_format=json
-  done
-  step fold_table 30 "$python" "$root/benchmarks/cuda_table.py" fold "$res"/fold_*.json &&
-    { echo; echo "finalize folded against separate (bm_cuda_optimizers, medians of 5, runs alternated):";
-      cat "$res/fold_table.txt"; } >> "$md"
+  step bm_lists 120 "$build/benchmarks/bm_cuda_optimizers" --benchmark_filter="$filter" --benchmark_repetitions=5 \
+    --benchmark_min_time=0.1 --benchmark_report_aggregates_only=true --benchmark_out="$res/bm_lists.json" \
+    --benchmark_out_format=json && { echo; echo "bm_cuda_optimizers (medians of 5):"; grep -E '_median' "$res/bm_lists.txt"; } >> "$md"
   sweeps_default_and_unbatched
 }
 
@@ -395,6 +377,7 @@ run_stage() {
   # What each stage needs, built alone on a fresh machine.
   local targets=()
   case $s in
+    tests) targets=(bigbatch_cli @tests) ;;
     sanitize) targets=(optimizers_tests) ;;
     bench) targets=(bm_cuda_optimizers bm_compression) ;;
     sweeps) targets=(bigbatch_cli) ;;
