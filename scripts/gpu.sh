@@ -29,9 +29,8 @@
 #             steps on the ResNet-50 list and a few others, and the quickstart
 #             sweep on CUDA by its default (batched) and with
 #             --no-batch-trials, side by side
-#   lease2    the quickstart in fp32, bf16 and fp16 on CUDA; a quickstart
-#             trial in an NCCL world of one; bm_muon and torch.optim.Muon;
-#             bm_compression on the GPU
+#   lease2    the quickstart in fp32, bf16 and fp16 on CUDA; bm_compression,
+#             bm_muon and torch.optim.Muon on the GPU
 #
 # Every stage builds first (nothing to do when the build is there), runs each
 # step under a time limit, goes on after a failing step, and writes to OUT
@@ -234,13 +233,18 @@ json.dump({"benchmarks": runs}, open(sys.argv[1], "w"), indent=1)' "$res/bm_cuda
     echo "ncu_lamb: no kernel was profiled" >> "$log"
     failed=1
   fi
-  # Gradient compression's codecs on the GPU (docs/distributed.md).
-  step bm_compression 120 "$build/benchmarks/bm_compression" --device=cuda --benchmark_min_time=0.2 \
+  codecs_and_muon 0.2
+}
+
+# codecs_and_muon MIN_TIME: gradient compression's codecs on the GPU
+# (docs/distributed.md); Muon there, fused and reference, fp32 and bf16,
+# against its products alone, and PyTorch's own torch.optim.Muon on the same
+# lists (docs/cuda.md); each benchmark for at least MIN_TIME seconds.
+codecs_and_muon() {
+  step bm_compression 120 "$build/benchmarks/bm_compression" --device=cuda --benchmark_min_time="$1" \
     --benchmark_out="$res/bm_compression.json" --benchmark_out_format=json &&
     { echo; echo "bm_compression --device=cuda:"; grep -E '^(copy|codec)/' "$res/bm_compression.txt"; } >> "$md"
-  # Muon on the GPU: fused and reference, fp32 and bf16, against its products
-  # alone, and PyTorch's own torch.optim.Muon on the same lists (docs/optimizers.md).
-  step bm_muon 150 "$build/benchmarks/bm_muon" --device=cuda --benchmark_min_time=0.2 \
+  step bm_muon 150 "$build/benchmarks/bm_muon" --device=cuda --benchmark_min_time="$1" \
     --benchmark_filter='gpt_small|resnet50' --benchmark_out="$res/bm_muon.json" --benchmark_out_format=json &&
     { echo; echo "bm_muon --device=cuda:"; grep -E '^Muon/' "$res/bm_muon.txt"; } >> "$md"
   step torch_muon 90 "$python" "$root/benchmarks/torch_muon_bench.py" --device cuda --lists gpt_small_124M,resnet50_25M \
@@ -267,17 +271,7 @@ stage_sweeps() {
     step sweeps_report 60 "$build/experiments/bigbatch" report "${dirs[@]}" --labels "$(IFS=,; echo "${labels[*]}")"
     cat "$res/sweeps_report.txt" >> "$md"
   fi
-  # Mixed precision on the GPU: the quickstart at batch 256 and 1024 (its
-  # best rate, 3 seeds) in fp32, bf16 and fp16 with its loss scale, each
-  # trial alone (fp16 trials do not batch): the tables side by side with
-  # their intervals, and each variant's wall time (docs/experiments.md "Mixed precision").
-  "$python" -c 'import json, sys; c = json.load(open(sys.argv[1])); c.update(name="precision_cuda", batch_sizes=[256, 1024], search={"lr": [0.02]}, device="cuda", variants={"fp32": {}, "bf16": {"precision": "bf16"}, "fp16": {"precision": "fp16"}}); json.dump(c, open(sys.argv[2], "w"))' \
-    "$config" "$res/precision_cuda.json"
-  step precision_cuda 150 "$build/experiments/bigbatch" sweep "$res/precision_cuda.json" --out "$res/sweep_precision" \
-    --no-batch-trials
-  grep -hE "^sweep precision_cuda" "$res/precision_cuda.txt" >> "$md"
-  step precision_report 30 "$build/experiments/bigbatch" report "$res/sweep_precision/precision_cuda" &&
-    cat "$res/precision_report.txt" >> "$md"
+  precision_on_cuda
   # ResNet-8 on generated CIFAR-format files on the GPU: the loader's pinned
   # batches and non-blocking copies, and how long the step waits for data.
   step cifar_data 60 "$python" "$root/tests/experiments/make_cifar.py" "$res/cifar10" --train 12000 --test 1000
@@ -307,6 +301,20 @@ JSON
   step lm_cuda 240 "$build/experiments/bigbatch" sweep "$res/lm_quickstart.json" --out "$res/sweep_lm_cuda" --device cuda
   grep -hE "^sweep lm_quickstart" "$res/lm_cuda.txt" >> "$md"
   [ -e "$res/sweep_lm_cuda/lm_quickstart/steps_to_target.csv" ] && cat "$res/sweep_lm_cuda/lm_quickstart/steps_to_target.csv" >> "$md"
+}
+
+# Mixed precision on the GPU: the quickstart at batch 256 and 1024 (its
+# best rate, 3 seeds) in fp32, bf16 and fp16 with its loss scale, each
+# trial alone (fp16 trials do not batch): the tables side by side with
+# their intervals, and each variant's wall time (docs/experiments.md "Mixed precision").
+precision_on_cuda() {
+  "$python" -c 'import json, sys; c = json.load(open(sys.argv[1])); c.update(name="precision_cuda", batch_sizes=[256, 1024], search={"lr": [0.02]}, device="cuda", variants={"fp32": {}, "bf16": {"precision": "bf16"}, "fp16": {"precision": "fp16"}}); json.dump(c, open(sys.argv[2], "w"))' \
+    "$root/experiments/configs/quickstart.json" "$res/precision_cuda.json"
+  step precision_cuda 150 "$build/experiments/bigbatch" sweep "$res/precision_cuda.json" --out "$res/sweep_precision" \
+    --no-batch-trials
+  grep -hE "^sweep precision_cuda" "$res/precision_cuda.txt" >> "$md"
+  step precision_report 30 "$build/experiments/bigbatch" report "$res/sweep_precision/precision_cuda" &&
+    cat "$res/precision_report.txt" >> "$md"
 }
 
 # The quickstart sweep on CUDA by its default (batched trials) and with
@@ -341,25 +349,8 @@ stage_lease() {
 }
 
 stage_lease2() {
-  local config=$root/experiments/configs/quickstart.json
-  "$python" -c 'import json, sys; c = json.load(open(sys.argv[1])); c.update(name="precision_cuda", batch_sizes=[256, 1024], search={"lr": [0.02]}, device="cuda", variants={"fp32": {}, "bf16": {"precision": "bf16"}, "fp16": {"precision": "fp16"}}); json.dump(c, open(sys.argv[2], "w"))' \
-    "$config" "$res/precision_cuda.json"
-  step precision_cuda 150 "$build/experiments/bigbatch" sweep "$res/precision_cuda.json" --out "$res/sweep_precision" \
-    --no-batch-trials
-  grep -hE "^sweep precision_cuda" "$res/precision_cuda.txt" >> "$md"
-  step precision_report 30 "$build/experiments/bigbatch" report "$res/sweep_precision/precision_cuda" &&
-    cat "$res/precision_report.txt" >> "$md"
-  step quickstart_cuda_nccl1 90 "$build/experiments/bigbatch" train "$config" \
-    --device cuda --backend nccl --batch-size 256 --steps 200 --out "$res/runs"
-  tail -n 1 "$res/quickstart_cuda_nccl1.txt" >> "$md"
-  step bm_muon 90 "$build/benchmarks/bm_muon" --device=cuda --benchmark_min_time=0.1 \
-    --benchmark_filter='gpt_small|resnet50' --benchmark_out="$res/bm_muon.json" --benchmark_out_format=json &&
-    { echo; echo "bm_muon --device=cuda:"; grep -E '^Muon/' "$res/bm_muon.txt"; } >> "$md"
-  step torch_muon 60 "$python" "$root/benchmarks/torch_muon_bench.py" --device cuda --lists gpt_small_124M,resnet50_25M \
-    --steps 10 && { echo; echo "torch.optim.Muon:"; cat "$res/torch_muon.txt"; } >> "$md"
-  step bm_compression 60 "$build/benchmarks/bm_compression" --device=cuda --benchmark_min_time=0.1 \
-    --benchmark_out="$res/bm_compression.json" --benchmark_out_format=json &&
-    { echo; echo "bm_compression --device=cuda:"; grep -E '^(copy|codec)/' "$res/bm_compression.txt"; } >> "$md"
+  precision_on_cuda
+  codecs_and_muon 0.1
 }
 
 # One log and one results file for the call (STAGE.log, STAGE.md; all.log
