@@ -220,7 +220,7 @@ ShardedOptimizer::ShardedOptimizer(ProcessGroup& group, Parts parts, ShardStage 
   sharding_ = std::make_shared<optim::OptimizerSharding>();
   for (std::size_t t = 0; t < params_.size(); ++t) {
     index_[slices_[t].unsafeGetTensorImpl()] = t;  // a slice keeps its TensorImpl (refresh_slices)
-    sharding_->shards[slices_[t].unsafeGetTensorImpl()] = {(plan_.numel[t] + kChunkElements - 1) / kChunkElements,
+    sharding_->shards[slices_[t].unsafeGetTensorImpl()] = {kernels::chunks_of(plan_.numel[t]),
                                                            mine()[t].begin / kChunkElements};
   }
   std::map<at::ScalarType, std::vector<std::size_t>> by_dtype;

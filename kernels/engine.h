@@ -67,7 +67,7 @@ inline ShardLayout shard_layout(const ShardSpec& spec, const std::vector<TensorS
   ShardLayout layout;
   layout.chunk_start.assign(slots.size() + 1, 0);
   for (std::size_t t = 0; t < slots.size(); ++t) {
-    const std::int64_t own = (slots[t].numel + kChunkElements - 1) / kChunkElements;
+    const std::int64_t own = chunks_of(slots[t].numel);
     if (spec.first_chunk[t] < 0 || spec.first_chunk[t] + own > spec.tensor_chunks[t]) {
       throw std::invalid_argument("bigbatch: slot " + std::to_string(t) + " holds " + std::to_string(own) +
                                   " chunks from chunk " + std::to_string(spec.first_chunk[t]) + " of a tensor of " +
@@ -194,7 +194,7 @@ inline ChunkLayout chunk_layout(const std::vector<TensorSlot>& slots) {
   ChunkLayout layout;
   layout.chunk_start.assign(slots.size() + 1, 0);
   for (std::size_t i = 0; i < slots.size(); ++i) {
-    layout.chunk_start[i + 1] = layout.chunk_start[i] + (slots[i].numel + kChunkElements - 1) / kChunkElements;
+    layout.chunk_start[i + 1] = layout.chunk_start[i] + chunks_of(slots[i].numel);
   }
   if (layout.chunk_start.back() > 0x7fffffff) {
     throw std::runtime_error("bigbatch: more than 2^31 - 1 chunks in one multi-tensor step");

@@ -40,6 +40,9 @@ namespace bigbatch::kernels {
 /// the unit of the norm sums (whose order is fixed by it).
 constexpr std::int64_t kChunkElements = 1 << 14;
 
+/// The chunks a tensor of `numel` elements is cut in (the last one partial).
+constexpr std::int64_t chunks_of(std::int64_t numel) { return (numel + kChunkElements - 1) / kChunkElements; }
+
 /// The arrays of a tensor a pass reads or writes.
 enum Array : unsigned { kParam = 1, kGrad = 2, kM = 4, kV = 8 };
 

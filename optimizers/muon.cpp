@@ -415,7 +415,7 @@ void Muon::shard(std::shared_ptr<const OptimizerSharding> sharding) {
       for (std::size_t j = 0; j < params.size(); ++j) {
         const auto it = sharding->shards.find(params[j].unsafeGetTensorImpl());
         if (it == sharding->shards.end() || params[j].numel() == 0) continue;
-        const std::int64_t chunks = (params[j].numel() + kernels::kChunkElements - 1) / kernels::kChunkElements;
+        const std::int64_t chunks = kernels::chunks_of(params[j].numel());
         TORCH_CHECK(it->second.first_chunk == 0 && it->second.tensor_chunks == chunks, "Muon: parameter ", j,
                     " of group ", i, " is a piece of a tensor cut across ranks (from chunk ", it->second.first_chunk,
                     " of ", it->second.tensor_chunks, "); a sharded Muon takes whole matrices (shards_whole_tensors)");
