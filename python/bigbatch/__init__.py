@@ -1,0 +1,10 @@
+"""bigbatch for PyTorch (docs/python.md): the fused large-batch optimizers
+(bigbatch.optim.LAMB, LARS, LARC, NovoGrad, Lion, Muon) as torch.optim
+optimizers over torch custom operators, and the sweep runner
+(bigbatch.sweep, bigbatch.plot)."""
+from . import _ops  # noqa: F401 - loads the operator library
+from . import optim
+from .runner import plot, sweep
+
+__version__ = "0.1.0"
+__all__ = ["optim", "sweep", "plot"]

@@ -1,0 +1,337 @@
+"""bigbatch's optimizers as torch.optim optimizers (docs/python.md).
+
+Each class is a thin torch.optim.Optimizer over the C++ optimizer of the same
+name (optimizers/*.h), which it holds through the operators of
+python/csrc/ops.cpp: a step is one call of the custom operator bigbatch::step
+with the parameters and each group's learning rate, and runs the C++ step
+itself (the fused multi-tensor kernels on CPU or CUDA by default, the
+reference path with fused=False), so a Python step and a C++ step of the same
+tensors give the same bits. The options are the C++ options' names and
+defaults; param_groups hold them as torch.optim's do, so a scheduler that
+writes group["lr"] (or any other option) takes effect at the next step.
+
+The state (moments, fp32 master copies, step counts, the skipped-step count)
+lives in the C++ optimizer: state_dict() copies it out in torch.optim's
+layout, load_state_dict() puts it back, and save()/load() read and write the
+file torch::save(optimizer, path) of a C++ program reads and writes.
+"""
+import collections.abc
+
+import torch
+
+from . import _ops
+
+__all__ = ["LAMB", "LARS", "LARC", "NovoGrad", "Lion", "Muon", "layerwise_param_groups", "muon_param_groups"]
+
+
+class _StateView(collections.abc.Mapping):
+    """optimizer.state: each parameter's state as the C++ optimizer holds it
+    now (a copy of the step count, the tensors themselves), read on access."""
+
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+
+    def __getitem__(self, param):
+        index = self._optimizer._index_of(param)
+        state = self._optimizer._state_at(index) if index is not None else None
+        if state is None:
+            raise KeyError(param)
+        return state
+
+    def __iter__(self):
+        for index, param in enumerate(self._optimizer._params()):
+            if self._optimizer._state_at(index) is not None:
+                yield param
+
+    def __len__(self):
+        return sum(1 for _ in self)
+
+
+class _Optimizer(torch.optim.Optimizer):
+    """What the six classes share; a subclass names its C++ kind."""
+
+    _kind = None
+    _required = ()  # options without a default
+
+    def __init__(self, params, **options):
+        self._handle = None
+        for key in self._required:
+            if key not in options:
+                raise TypeError(f"bigbatch.optim.{self._kind} needs the option {key} (it has no default)")
+        self._sent = []
+        defaults = _ops.loads(_ops.ops.default_options(self._kind))
+        for key in options:
+            if key not in defaults:
+                raise ValueError(f"{self._kind} has no option '{key}' (its options: {', '.join(defaults)})")
+        defaults.update(options)
+        super().__init__(params, defaults)
+        groups = self.param_groups
+        flat = self._params()
+        self._handle = _ops.ops.create(self._kind, flat, [len(g["params"]) for g in groups],
+                                       _ops.dumps(defaults), "[" + ",".join(self._options_json(g) for g in groups) + "]")
+        self._sent = [self._options_json(g) for g in groups]
+
+    # torch.optim.Optimizer.__init__ assigns self.state; the state is the C++ optimizer's.
+    @property
+    def state(self):
+        return _StateView(self)
+
+    @state.setter
+    def state(self, value):
+        if value:
+            raise ValueError("bigbatch: the state is the C++ optimizer's; use load_state_dict()")
+
+    def __del__(self):
+        handle = getattr(self, "_handle", None)
+        if handle is not None and _ops is not None and _ops.ops is not None:
+            try:
+                _ops.ops.release(handle)
+            except Exception:  # noqa: BLE001 - at interpreter exit the library may be gone
+                pass
+
+    def __getstate__(self):
+        raise TypeError(f"bigbatch.optim.{self._kind} cannot be pickled; save its state_dict()")
+
+    def _params(self):
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _index_of(self, param):
+        for index, p in enumerate(self._params()):
+            if p is param:
+                return index
+        return None
+
+    def _options_json(self, group):
+        return _ops.dumps({k: group[k] for k in self.defaults})
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        if self._handle is None:  # during __init__: the groups go to the C++ optimizer together
+            return
+        group = self.param_groups[-1]
+        try:
+            _ops.ops.add_group(self._handle, group["params"], self._options_json(group))
+        except Exception:
+            self.param_groups.pop()
+            raise
+        self._sent.append(self._options_json(group))
+
+    def _sync_options(self):
+        """Sends the options of every group whose options (but lr, which
+        every step sends) changed since the last step."""
+        for i, group in enumerate(self.param_groups):
+            text = _ops.dumps({k: group[k] for k in self.defaults if k != "lr"})
+            if text != self._sent[i]:
+                _ops.ops.set_group_options(self._handle, i, text)
+                self._sent[i] = text
+
+    def step(self, closure=None):
+        """One step of every group (the C++ step); `closure`, if given, is
+        called first with gradients enabled and its loss returned."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._sync_options()
+        lrs = [float(g["lr"]) for g in self.param_groups]
+        with torch.no_grad():
+            _ops.ops.step(self._handle, self._params(), lrs)
+        return loss
+
+    # ------------------------------------------------------------- state ----
+
+    def _state_at(self, index):
+        names, values = _ops.ops.state(self._handle, index)
+        if not names:
+            return None
+        return {n: (int(v) if v.dim() == 0 and v.dtype == torch.int64 else v) for n, v in zip(names, values)}
+
+    def state_dict(self):
+        """torch.optim's layout: {"state": {index: {field: value}},
+        "param_groups": [{options..., "params": [indices]}]}, plus
+        "bigbatch": {"kind", "skipped_steps"}. The tensors are the optimizer's
+        own (torch.save copies them, as it does for torch.optim)."""
+        self._sync_options()
+        state = {}
+        for index in range(len(self._params())):
+            s = self._state_at(index)
+            if s is not None:
+                state[index] = s
+        groups = []
+        start = 0
+        for g in self.param_groups:
+            entry = {k: v for k, v in g.items() if k != "params"}
+            entry["params"] = list(range(start, start + len(g["params"])))
+            start += len(g["params"])
+            groups.append(entry)
+        return {"state": state, "param_groups": groups,
+                "bigbatch": {"kind": self._kind, "skipped_steps": self.skipped_steps()}}
+
+    def load_state_dict(self, state_dict):
+        """Loads what state_dict() gave (of an optimizer of the same kind and
+        group sizes): the groups' options, each parameter's state (moved to
+        the parameter's device), the skipped-step count."""
+        kind = state_dict.get("bigbatch", {}).get("kind", self._kind)
+        if kind != self._kind:
+            raise ValueError(f"bigbatch.optim.{self._kind}: the state_dict is a {kind}'s")
+        saved = state_dict["param_groups"]
+        sizes = [len(g["params"]) for g in self.param_groups]
+        if [len(g["params"]) for g in saved] != sizes:
+            raise ValueError(f"bigbatch.optim.{self._kind}: the state_dict's groups hold "
+                             f"{[len(g['params']) for g in saved]} parameters, this optimizer's {sizes}")
+        for group, entry in zip(self.param_groups, saved):
+            for k, v in entry.items():
+                if k != "params":
+                    group[k] = v
+        self._sync_options()
+        params = self._params()
+        old_index = [i for g in saved for i in g["params"]]
+        for index, param in enumerate(params):
+            s = state_dict["state"].get(old_index[index])
+            if s is None:
+                _ops.ops.set_state(self._handle, index, [], [])
+                continue
+            names = list(s)
+            values = [torch.tensor(v, dtype=torch.int64) if isinstance(v, int) else
+                      v.detach().to(device=param.device, copy=True) for v in s.values()]
+            _ops.ops.set_state(self._handle, index, names, values)
+        _ops.ops.set_skipped_steps(self._handle, int(state_dict.get("bigbatch", {}).get("skipped_steps", 0)))
+
+    def save(self, path):
+        """Writes the optimizer as torch::save(optimizer, path) does in C++."""
+        self._sync_options()
+        for i, g in enumerate(self.param_groups):  # the rates the next step would use
+            _ops.ops.set_group_options(self._handle, i, _ops.dumps({"lr": g["lr"]}))
+        _ops.ops.save(self._handle, str(path))
+
+    def load(self, path):
+        """Reads a file that torch::save(optimizer, path) wrote, in C++ or by
+        save(): the state and every group's options, which param_groups then show."""
+        _ops.ops.load(self._handle, str(path))
+        for i, g in enumerate(self.param_groups):
+            g.update(_ops.loads(_ops.ops.group_options(self._handle, i)))
+        self._sent = [_ops.dumps({k: g[k] for k in self.defaults if k != "lr"}) for g in self.param_groups]
+
+    # --------------------------------------------------------- what it saw ----
+
+    def skipped_steps(self):
+        """Steps that changed nothing because a gradient was inf or NaN (skip_nonfinite)."""
+        return _ops.ops.skipped_steps(self._handle)
+
+    def trust_ratios(self):
+        """(parameter, ratio) for each parameter of a group that adapts, in
+        group order: the ratio its last update was scaled by (LARS's and
+        LAMB's, LARC's clipped local rate over lr). Empty before the first
+        step, after a skipped one, and for NovoGrad."""
+        params = self._params()
+        indices, ratios = _ops.ops.trust_ratios(self._handle)
+        return [(params[i], r) for i, r in zip(indices, ratios)]
+
+    def state_bytes(self):
+        """Bytes of the state this optimizer holds (moments, buffers, master copies)."""
+        return _ops.ops.state_bytes(self._handle)
+
+
+class LAMB(_Optimizer):
+    """LAMB (You et al. 2019): options lr=1e-3, betas=(0.9, 0.999), eps=1e-6,
+    weight_decay=0.01, bias_correction, grad_averaging, adam_w_mode,
+    max_grad_norm=0 (global clipping; apex's 1.0), always_adapt, trust_clip,
+    min_trust, max_trust, adapt, skip_nonfinite, fused, master_weights."""
+    _kind = "LAMB"
+
+
+class LARS(_Optimizer):
+    """LARS (You et al. 2017): lr (required), momentum=0.9, weight_decay=0,
+    trust_coefficient=1e-3, eps=0, nesterov, adapt, skip_nonfinite, fused, master_weights."""
+    _kind = "LARS"
+    _required = ("lr",)
+
+
+class LARC(_Optimizer):
+    """LARC (NVIDIA apex): lr (required), momentum=0.9, weight_decay=0,
+    trust_coefficient=0.02, eps=1e-8, clip=True, nesterov, adapt, skip_nonfinite, fused, master_weights."""
+    _kind = "LARC"
+    _required = ("lr",)
+
+
+class NovoGrad(_Optimizer):
+    """NovoGrad (Ginsburg et al. 2019): lr=1e-3, betas=(0.95, 0.98), eps=1e-8,
+    weight_decay=0, grad_averaging, adapt, skip_nonfinite, fused, master_weights."""
+    _kind = "NovoGrad"
+
+
+class Lion(_Optimizer):
+    """Lion (Chen et al. 2023): lr=1e-4, betas=(0.9, 0.99), weight_decay=0,
+    adapt, skip_nonfinite, fused, master_weights."""
+    _kind = "Lion"
+
+
+class Muon(_Optimizer):
+    """Muon (Jordan et al. 2024) with AdamW for the groups with
+    orthogonalize=False: lr=1e-3, weight_decay=0.1, orthogonalize, momentum=0.95,
+    nesterov, ns_coefficients, ns_steps=5, eps=1e-7, adjust_lr="original",
+    ns_bfloat16, adamw_betas, adamw_eps, skip_nonfinite, fused, master_weights.
+    muon_param_groups() makes the usual split."""
+    _kind = "Muon"
+
+    def update_rms(self):
+        """(parameter, RMS of its last orthogonalized update) for each matrix
+        of an orthogonalized group; empty before the first step."""
+        params = self._params()
+        indices, rms = _ops.ops.update_rms(self._handle)
+        return [(params[i], r) for i, r in zip(indices, rms)]
+
+
+# ------------------------------------------------------------ the groups ----
+
+def layerwise_param_groups(model, plain=None, **options):
+    """The two groups of large-batch training: the weights (with `options`),
+    and the parameters `plain` says yes to (default: those of 0 or 1
+    dimensions, biases and normalization parameters) with `options` but no
+    weight decay and no trust ratio (weight_decay=0, adapt=False). Empty
+    groups are left out. As optimizers/param_groups.h does in C++."""
+    plain = plain or (lambda p: p.dim() < 2)
+    weights, others = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (others if plain(p) else weights).append(p)
+    groups = []
+    if weights:
+        groups.append({"params": weights, **options})
+    if others:
+        groups.append({"params": others, **options, "weight_decay": 0.0, "adapt": False})
+    return groups
+
+
+def muon_param_groups(model, **options):
+    """Muon's usual split, as muon_param_groups() does in C++: the hidden
+    matrices (2 or more dimensions) orthogonalized with `options`; the
+    weights of nn.Embedding modules and of the first and the last module with
+    parameters of its own (input layer and head) by AdamW with the decay;
+    the parameters of 0 or 1 dimensions by AdamW without decay."""
+    owners = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    edge = set()
+    if owners:
+        for m in (owners[0], owners[-1]):
+            edge.update(id(p) for p in m.parameters(recurse=False))
+    for m in model.modules():
+        if isinstance(m, torch.nn.Embedding):
+            edge.update(id(p) for p in m.parameters(recurse=False))
+    hidden, adamw, plain = [], [], []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        if p.dim() < 2:
+            plain.append(p)
+        elif id(p) in edge:
+            adamw.append(p)
+        else:
+            hidden.append(p)
+    groups = []
+    if hidden:
+        groups.append({"params": hidden, **options})
+    if adamw:
+        groups.append({"params": adamw, **options, "orthogonalize": False})
+    if plain:
+        groups.append({"params": plain, **options, "orthogonalize": False, "weight_decay": 0.0})
+    return groups

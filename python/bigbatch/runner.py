@@ -1,0 +1,111 @@
+"""The sweep runner from Python (docs/python.md): bigbatch.sweep runs the
+`bigbatch` program's sweep (experiments/, the same folders, resumption,
+tables and plots as the command line) on a config, with a PyTorch model of
+the user's when one is given, scripted for the C++ runner; bigbatch.plot
+draws a sweep folder's plots."""
+import csv
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import pathlib
+import subprocess
+
+import torch
+
+__all__ = ["sweep", "plot", "cli"]
+
+_HERE = pathlib.Path(__file__).resolve().parent
+
+
+def cli():
+    """The bigbatch program: $BIGBATCH_CLI, else the one installed with the package."""
+    path = os.environ.get("BIGBATCH_CLI") or str(_HERE / "bin" / "bigbatch")
+    if not os.access(path, os.X_OK):
+        raise FileNotFoundError(f"bigbatch: no bigbatch program at {path}: install the package with its CLI "
+                                "(the default; BIGBATCH_PYTHON_CLI=OFF leaves it out) or set BIGBATCH_CLI")
+    return path
+
+
+def _environment():
+    env = dict(os.environ)
+    script = _HERE / "plot_sweep.py"
+    if "BIGBATCH_PLOT_SCRIPT" not in env and script.exists():
+        env["BIGBATCH_PLOT_SCRIPT"] = str(script)
+    if "BIGBATCH_PYTHON" not in env:  # the plots need matplotlib: this Python's if it has it
+        if importlib.util.find_spec("matplotlib") is not None:
+            env["BIGBATCH_PYTHON"] = os.path.realpath(__import__("sys").executable)
+    return env
+
+
+def _run(args):
+    """Runs the program; its one-line error (exit code 2: a config or usage
+    error) comes back as a ValueError, any other failure as a RuntimeError."""
+    proc = subprocess.run([cli()] + args, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+    if proc.returncode == 2:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        raise ValueError(lines[-1] if lines else f"bigbatch {args[0]}: exit code 2")
+    if proc.returncode != 0:
+        raise RuntimeError(f"bigbatch {' '.join(args)} failed with exit code {proc.returncode}:\n"
+                           + "\n".join(proc.stderr.splitlines()[-20:]))
+    return proc.stdout
+
+
+def _script(model):
+    if isinstance(model, torch.jit.ScriptModule):
+        return model
+    try:
+        return torch.jit.script(model)
+    except Exception as e:  # noqa: BLE001 - TorchScript's errors are of several types
+        raise ValueError(f"bigbatch.sweep: the model cannot be scripted for the C++ runner ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}); pass torch.jit.trace(model, example) instead") from e
+
+
+def sweep(config, model=None, out="runs", plots=True, args=()):
+    """Runs (or resumes) the sweep of `config` (a dict, or a JSON file's path)
+    into OUT/<name>/ and returns its steps-to-target rows (steps_to_target.csv)
+    as dicts. `model`, an nn.Module (scripted here; a ScriptModule as it is),
+    replaces the config's model: its weights are every trial's starting point,
+    saved in the sweep folder as model-<hash>.pt. plots=False skips the
+    plots; `args` go to `bigbatch sweep` as they are ("--jobs", "2", ...)."""
+    if isinstance(config, (str, os.PathLike)):
+        path = pathlib.Path(config)
+        try:
+            config = json.loads(path.read_text())
+        except OSError as e:
+            raise FileNotFoundError(f"bigbatch.sweep: cannot read {path}: {e.strerror}") from e
+    else:
+        config = json.loads(json.dumps(config))  # a copy, and a check that it is JSON
+    if not isinstance(config, dict) or not isinstance(config.get("name"), str):
+        raise ValueError("bigbatch.sweep: the config needs a \"name\" (string): its folder is OUT/<name>/")
+    folder = pathlib.Path(out) / config["name"]
+    folder.mkdir(parents=True, exist_ok=True)
+    if model is not None:
+        buffer = io.BytesIO()
+        torch.jit.save(_script(model), buffer)
+        data = buffer.getvalue()
+        file = folder / f"model-{hashlib.sha256(data).hexdigest()[:12]}.pt"
+        if not file.exists():
+            tmp = file.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(file)
+        config["model"] = {"type": "torchscript", "path": str(file.resolve())}
+    config_file = folder.parent / f".{config['name']}.config.json"
+    tmp = config_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(config, indent=2))
+    tmp.replace(config_file)
+    _run(["sweep", str(config_file), "--out", str(out)] + [str(a) for a in args])
+    if plots:
+        plot(folder)
+    with open(folder / "steps_to_target.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def plot(folder, out=None):
+    """Writes the plots of a sweep folder (into FOLDER/plots, or `out`)."""
+    _run(["plot", str(folder)] + (["--out", str(out)] if out else []))
+    return pathlib.Path(out) if out else pathlib.Path(folder) / "plots"
+
+

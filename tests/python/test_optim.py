@@ -1,0 +1,338 @@
+"""bigbatch.optim against the C++ optimizers (bit for bit, through the peer
+program tests/python/peer.cpp), against independent references (timm's LAMB
+and LARS, torch.optim.Muon, float64 re-derivations of Lion and NovoGrad), and
+as a torch.optim optimizer (state_dict, schedulers, closures, the
+non-finite skip, refused options, torch.compile, the profiler)."""
+import inspect
+import io
+import math
+
+import pytest
+import torch
+
+import bigbatch
+from bigbatch.optim import LAMB, LARC, LARS, Lion, Muon, NovoGrad
+
+SHAPES = [(17, 33), (8, 3, 3, 3), (33,), (8,)]
+STEPS = 4
+PLAIN = {"weight_decay": 0.0, "adapt": False}
+# case -> (class, options, the plain group's (1-D parameters') overrides, dtype); peer.cpp has the same cases.
+CASES = {
+    "lamb": (LAMB, dict(lr=1e-2, weight_decay=0.01), PLAIN, torch.float32),
+    "lamb_clip": (LAMB, dict(lr=2e-3, betas=(0.8, 0.99), max_grad_norm=1.0, trust_clip=True), PLAIN, torch.float32),
+    "lamb_reference": (LAMB, dict(lr=1e-2, weight_decay=0.01, fused=False), PLAIN, torch.float32),
+    "lamb_master": (LAMB, dict(lr=1e-2, weight_decay=0.01, master_weights=True), PLAIN, torch.bfloat16),
+    "lars": (LARS, dict(lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True), PLAIN, torch.float32),
+    "larc": (LARC, dict(lr=0.1, weight_decay=5e-4), PLAIN, torch.float32),
+    "novograd": (NovoGrad, dict(lr=1e-2, weight_decay=1e-3, grad_averaging=True), PLAIN, torch.float32),
+    "lion": (Lion, dict(lr=1e-3, weight_decay=0.1), PLAIN, torch.float32),
+    "muon": (Muon, dict(lr=0.02, weight_decay=0.01), {"orthogonalize": False, "weight_decay": 0.0}, torch.float32),
+}
+
+
+def tensors(dtype=torch.float32, seed=0, steps=STEPS, gap=True):
+    """Parameters of odd shapes and their gradients for `steps` steps; with
+    `gap`, the last parameter has none in step 1."""
+    g = torch.Generator().manual_seed(seed)
+    params = [torch.randn(s, generator=g).to(dtype) for s in SHAPES]
+    grads = [[None if (gap and t == 1 and i == len(SHAPES) - 1) else torch.randn(s, generator=g).mul(0.1).to(dtype)
+              for i, s in enumerate(SHAPES)] for t in range(steps)]
+    return params, grads
+
+
+def make(case, params):
+    cls, options, plain, _ = CASES[case]
+    mats = [p for p in params if p.dim() >= 2]
+    rest = [p for p in params if p.dim() < 2]
+    return cls([{"params": mats}, {"params": rest, **plain}], **options)
+
+
+def leaves(params):
+    return [p.clone().requires_grad_(True) for p in params]
+
+
+def run(opt, params, grads):
+    for step in grads:
+        for p, g in zip(params, step):
+            p.grad = None if g is None else g.clone()
+        opt.step()
+    return params
+
+
+def assert_same_bits(a, b):
+    for x, y in zip(a, b):
+        assert x.dtype == y.dtype and torch.equal(x.detach(), y.detach()), (x - y).abs().max()
+
+
+# ------------------------------------------------------------ the C++ peer ----
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_steps_bit_for_bit_as_the_cpp_optimizer(case, peer):
+    params, grads = tensors(CASES[case][3])
+    cpp = peer(case, params, grads)
+    mine = leaves(params)
+    opt = make(case, mine)
+    run(opt, mine, grads)
+    assert_same_bits(mine, cpp["params"])
+    assert [r for _, r in opt.trust_ratios()] == cpp["ratios"]
+    assert not torch.equal(mine[0].detach(), params[0])  # it moved
+
+
+@pytest.mark.parametrize("case", ["lamb", "lamb_master", "novograd", "muon"])
+def test_optimizer_files_move_between_cpp_and_python(case, peer, tmp_path):
+    params, grads = tensors(CASES[case][3])
+    whole = peer(case, params, grads)["params"]
+    # C++ saves after two steps; Python loads and takes the other two.
+    half = peer(case, params, grads[:2], save=tmp_path / "cpp.pt")["params"]
+    mine = leaves(half)
+    opt = make(case, mine)
+    opt.load(tmp_path / "cpp.pt")
+    run(opt, mine, grads[2:])
+    assert_same_bits(mine, whole)
+    # Python saves after two steps; C++ loads and takes the other two.
+    mine = leaves(params)
+    opt = make(case, mine)
+    run(opt, mine, grads[:2])
+    opt.save(tmp_path / "py.pt")
+    cpp = peer(case, mine, grads[2:], load=tmp_path / "py.pt")["params"]
+    assert_same_bits(cpp, whole)
+
+
+@pytest.mark.parametrize("case", ["lamb", "lars", "novograd", "muon", "lamb_master"])
+def test_state_dict_round_trips_through_torch_save(case):
+    params, grads = tensors(CASES[case][3])
+    a = leaves(params)
+    opt_a = make(case, a)
+    run(opt_a, a, grads[:2])
+    buffer = io.BytesIO()
+    torch.save(opt_a.state_dict(), buffer)
+    buffer.seek(0)
+    b = [p.detach().clone().requires_grad_(True) for p in a]
+    opt_b = make(case, b)
+    opt_b.load_state_dict(torch.load(buffer))
+    run(opt_a, a, grads[2:])
+    run(opt_b, b, grads[2:])
+    assert_same_bits(a, b)
+    state = opt_a.state_dict()["state"]
+    assert set(state) == set(range(len(SHAPES)))
+    if case == "lamb_master":
+        assert state[0]["master"].dtype == torch.float32
+    if case in ("lamb", "lamb_master", "novograd"):  # per-tensor step counts
+        assert state[0]["step"] == STEPS and state[3]["step"] == STEPS - 1  # no gradient in step 1
+
+
+# --------------------------------------------------- independent references ----
+
+def test_lamb_matches_timm():
+    from timm.optim.lamb import Lamb
+    # Every parameter has a gradient every step: timm counts steps per group, bigbatch per tensor.
+    params, grads = tensors(seed=1, steps=6, gap=False)
+    mine, theirs = leaves(params), leaves(params)
+    run(LAMB(mine, lr=1e-2, weight_decay=0.01, max_grad_norm=1.0), mine, grads)
+    run(Lamb(theirs, lr=1e-2, weight_decay=0.01, max_grad_norm=1.0), theirs, grads)
+    for a, b, p in zip(mine, theirs, params):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max()
+        assert not torch.allclose(a, p)
+
+
+def test_lars_matches_timm():
+    from timm.optim.lars import Lars
+    params, grads = tensors(seed=2, steps=6, gap=False)
+    mine, theirs = leaves(params), leaves(params)
+    run(LARS(mine, lr=0.5, momentum=0.9, weight_decay=1e-3, eps=1e-8, nesterov=True), mine, grads)
+    run(Lars(theirs, lr=0.5, momentum=0.9, weight_decay=1e-3, trust_coeff=1e-3, eps=1e-8, nesterov=True),
+        theirs, grads)
+    for a, b in zip(mine, theirs):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), (a - b).abs().max()
+
+
+def test_muon_matches_torch_optim_muon_with_an_fp32_iteration(monkeypatch):
+    from torch.optim import _muon
+    # torch's iteration runs in bfloat16; the same code in fp32 compares to fp32 rounding.
+    source = inspect.getsource(_muon._zeropower_via_newtonschulz).replace("torch.bfloat16", "torch.float32")
+    scope = dict(vars(_muon))
+    exec(compile(source, _muon.__file__, "exec"), scope)  # noqa: S102 - torch's own source, one dtype changed
+    monkeypatch.setattr(_muon, "_zeropower_via_newtonschulz", scope["_zeropower_via_newtonschulz"])
+    g = torch.Generator().manual_seed(3)
+    params = [torch.randn(s, generator=g) for s in [(16, 40), (40, 16), (24, 24)]]
+    grads = [[torch.randn(p.shape, generator=g) for p in params] for _ in range(4)]
+    mine, theirs = leaves(params), leaves(params)
+    run(Muon(mine, lr=0.02, weight_decay=0.01, momentum=0.95, nesterov=True), mine, grads)
+    run(torch.optim.Muon(theirs, lr=0.02, weight_decay=0.01, momentum=0.95, nesterov=True), theirs, grads)
+    for a, b, p in zip(mine, theirs, params):
+        assert torch.allclose(a - p, b - p, rtol=1e-4, atol=1e-6), ((a - b).abs().max(), (b - p).abs().max())
+
+
+def test_lion_matches_a_float64_derivation():
+    params, grads = tensors(seed=4, steps=5)
+    mine = leaves(params)
+    lr, wd, b1, b2 = 1e-3, 0.1, 0.9, 0.99
+    run(Lion(mine, lr=lr, weight_decay=wd, betas=(b1, b2)), mine, grads)
+    for i, p in enumerate(params):
+        w, m = p.double(), torch.zeros_like(p, dtype=torch.float64)
+        for step in grads:
+            if step[i] is None:
+                continue
+            g = step[i].double()
+            w = w * (1 - lr * wd) - lr * torch.sign(b1 * m + (1 - b1) * g)
+            m = b2 * m + (1 - b2) * g
+        assert torch.allclose(mine[i].double(), w, rtol=0, atol=1e-6), (mine[i].double() - w).abs().max()
+
+
+def test_novograd_matches_a_float64_derivation():
+    params, grads = tensors(seed=5, steps=5)
+    mine = leaves(params)
+    lr, wd, b1, b2, eps = 1e-2, 1e-3, 0.95, 0.98, 1e-8
+    run(NovoGrad(mine, lr=lr, weight_decay=wd, betas=(b1, b2), eps=eps, grad_averaging=True), mine, grads)
+    for i, p in enumerate(params):
+        w, m, v = p.double(), torch.zeros_like(p, dtype=torch.float64), None
+        for step in grads:
+            if step[i] is None:
+                continue
+            g = step[i].double()
+            n = float(g.pow(2).sum())
+            v = n if v is None else b2 * v + (1 - b2) * n
+            m = b1 * m + (1 - b1) * (g / (math.sqrt(v) + eps) + wd * w)
+            w = w - lr * m
+        assert torch.allclose(mine[i].double(), w, rtol=1e-5, atol=1e-7), (mine[i].double() - w).abs().max()
+
+
+# ------------------------------------------------ as a torch.optim optimizer ----
+
+def test_a_scheduler_sets_the_rate_of_the_next_step():
+    params, grads = tensors()
+    a, b = leaves(params), leaves(params)
+    opt_a = LAMB(a, lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt_a, lambda epoch: 2.0 if epoch == 0 else 0.0)
+    opt_b = LAMB(b, lr=2e-2)
+    run(opt_a, a, grads[:1])
+    run(opt_b, b, grads[:1])
+    assert_same_bits(a, b)  # the scheduler's 2x is the optimizer's rate
+    sched.step()  # rate 0: LAMB's update and decay are both scaled by it
+    before = [p.detach().clone() for p in a]
+    run(opt_a, a, grads[1:2])
+    assert_same_bits(a, before)
+    assert opt_a.param_groups[0]["lr"] == 0.0
+
+
+def test_a_closure_is_called_once_and_its_loss_returned():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 3)
+    x = torch.randn(16, 5)
+    calls = []
+
+    def closure():
+        calls.append(1)
+        model.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        return loss
+
+    twin = torch.nn.Linear(5, 3)
+    twin.load_state_dict(model.state_dict())
+    opt = LAMB(model.parameters(), lr=1e-2)
+    loss = opt.step(closure)
+    assert len(calls) == 1 and loss.item() > 0
+    twin_opt = LAMB(twin.parameters(), lr=1e-2)
+    twin(x).pow(2).mean().backward()
+    twin_opt.step()
+    assert_same_bits(list(model.parameters()), list(twin.parameters()))
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS, LARC, NovoGrad, Lion, Muon])
+def test_a_nonfinite_gradient_skips_the_step(cls):
+    params, grads = tensors(gap=False)
+    mats = leaves([p for p in params if p.dim() >= 2])
+    fresh = leaves([p for p in params if p.dim() >= 2])
+    opt, fresh_opt = cls(mats, lr=0.01), cls(fresh, lr=0.01)
+    bad = [g.clone() for g in grads[0][:2]]
+    bad[0][0, 0] = float("inf")
+    run(opt, mats, [bad])
+    assert_same_bits(mats, fresh)  # nothing moved
+    assert opt.skipped_steps() == 1
+    # The next step is the first one: no moment or count kept anything of the skipped one.
+    run(opt, mats, [grads[1][:2]])
+    run(fresh_opt, fresh, [grads[1][:2]])
+    assert_same_bits(mats, fresh)
+    assert not torch.equal(mats[0].detach(), params[0]) and opt.skipped_steps() == 1
+
+
+def test_bad_options_are_refused_naming_the_option_and_value():
+    p = [torch.zeros(3, 3, requires_grad=True)]
+    with pytest.raises(ValueError, match=r"LAMB option eps: -1"):
+        LAMB(p, eps=-1.0)
+    with pytest.raises(ValueError, match=r"betas\[1\]: 1"):
+        LAMB(p, betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match=r"LAMB has no option 'momentum'"):
+        LAMB(p, momentum=0.9)
+    with pytest.raises(ValueError, match=r"ns_steps: 2.5 \(expected an integer\)"):
+        Muon(p, ns_steps=2.5)
+    with pytest.raises(TypeError, match=r"LARS needs the option lr"):
+        LARS(p)
+    # An option changed in param_groups is checked at the next step, which then changes nothing.
+    opt = LAMB(p, lr=0.1)
+    p[0].grad = torch.ones(3, 3)
+    opt.param_groups[0]["weight_decay"] = -0.5
+    with pytest.raises(ValueError, match=r"LAMB option weight_decay: -0.5"):
+        opt.step()
+    assert torch.equal(p[0].detach(), torch.zeros(3, 3))
+    with pytest.raises(ValueError, match=r"LAMB option adapt"):
+        opt.add_param_group({"params": [torch.zeros(2, requires_grad=True)], "adapt": "yes"})
+    assert len(opt.param_groups) == 1
+
+
+def test_the_step_is_one_opaque_operator_under_torch_compile():
+    params, grads = tensors()
+    a, b = leaves(params), leaves(params)
+    opt_a, opt_b = LAMB(a, lr=1e-2), LAMB(b, lr=1e-2)
+
+    @torch.compile(fullgraph=True)
+    def compiled_step(params, lrs):
+        torch.ops.bigbatch.step(opt_b._handle, params, lrs)
+
+    for step in grads:
+        for x, y, g in zip(a, b, step):
+            x.grad = y.grad = None if g is None else g.clone()
+        opt_a.step()
+        with torch.no_grad():
+            compiled_step(b, [1e-2])
+    assert_same_bits(a, b)
+    with pytest.raises(ValueError, match="not the optimizer's own"):
+        torch.ops.bigbatch.step(opt_a._handle, [p.detach().clone() for p in a], [1e-2])
+
+
+def test_the_step_shows_in_the_profiler():
+    p = [torch.randn(64, 64, requires_grad=True)]
+    opt = LAMB(p, lr=1e-3)
+    p[0].grad = torch.randn(64, 64)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        opt.step()
+    assert "bigbatch::step" in {e.name for e in prof.events()}
+
+
+def test_the_parameter_groups_of_the_helpers():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 8), torch.nn.LayerNorm(8),
+                                torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    groups = bigbatch.optim.layerwise_param_groups(model, weight_decay=0.01)
+    assert [len(g["params"]) for g in groups] == [4, 5]
+    assert groups[1]["weight_decay"] == 0.0 and groups[1]["adapt"] is False
+    opt = LAMB(groups, lr=1e-3)
+    assert opt.param_groups[0]["weight_decay"] == 0.01 and opt.param_groups[1]["adapt"] is False
+    groups = bigbatch.optim.muon_param_groups(model, lr=0.02)
+    hidden, adamw, plain = (g["params"] for g in groups)
+    assert [p is model[1].weight or p is model[3].weight for p in hidden] == [True, True]
+    assert {id(p) for p in adamw} == {id(model[0].weight), id(model[4].weight)}
+    assert len(plain) == 5 and groups[2]["weight_decay"] == 0.0
+    Muon(groups)
+
+
+def test_trust_ratios_and_state_bytes():
+    params, grads = tensors()
+    mine = leaves(params)
+    opt = make("lamb", mine)
+    assert opt.trust_ratios() == [] and opt.state_bytes() == 0
+    run(opt, mine, grads[:1])
+    ratios = opt.trust_ratios()
+    assert [p is q for (p, _), q in zip(ratios, mine[:2])] == [True, True]  # the matrices' group adapts
+    assert all(r > 0 for _, r in ratios)
+    assert opt.state_bytes() == sum(2 * 4 * p.numel() for p in mine)  # exp_avg and exp_avg_sq in fp32
