@@ -24,7 +24,7 @@ from check_includes import report, repo_files
 
 SOURCE = (".h", ".cpp", ".cu", ".cuh")
 TARGET_FOLDERS = ["compat", "config", "kernels", "optimizers", "schedules", "normalization", "noise",
-                  "distributed", "experiments", "cmake", "."]
+                  "distributed", "experiments", "python", "cmake", "."]
 
 
 def tables(text):

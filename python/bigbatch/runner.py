@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import subprocess
+import warnings
 
 import torch
 
@@ -57,7 +58,9 @@ def _script(model):
     if isinstance(model, torch.jit.ScriptModule):
         return model
     try:
-        return torch.jit.script(model)
+        with warnings.catch_warnings():  # TorchScript is deprecated in Python, and what the C++ runner loads
+            warnings.simplefilter("ignore", FutureWarning)
+            return torch.jit.script(model)
     except Exception as e:  # noqa: BLE001 - TorchScript's errors are of several types
         raise ValueError(f"bigbatch.sweep: the model cannot be scripted for the C++ runner ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''}); pass torch.jit.trace(model, example) instead") from e
@@ -66,7 +69,7 @@ def _script(model):
 def sweep(config, model=None, out="runs", plots=True, args=()):
     """Runs (or resumes) the sweep of `config` (a dict, or a JSON file's path)
     into OUT/<name>/ and returns its steps-to-target rows (steps_to_target.csv)
-    as dicts. `model`, an nn.Module (scripted here; a ScriptModule as it is),
+    as dicts of numbers (None for an empty cell). `model`, an nn.Module (scripted here; a ScriptModule as it is),
     replaces the config's model: its weights are every trial's starting point,
     saved in the sweep folder as model-<hash>.pt. plots=False skips the
     plots; `args` go to `bigbatch sweep` as they are ("--jobs", "2", ...)."""
@@ -84,7 +87,9 @@ def sweep(config, model=None, out="runs", plots=True, args=()):
     folder.mkdir(parents=True, exist_ok=True)
     if model is not None:
         buffer = io.BytesIO()
-        torch.jit.save(_script(model), buffer)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            torch.jit.save(_script(model), buffer)
         data = buffer.getvalue()
         file = folder / f"model-{hashlib.sha256(data).hexdigest()[:12]}.pt"
         if not file.exists():
@@ -100,12 +105,31 @@ def sweep(config, model=None, out="runs", plots=True, args=()):
     if plots:
         plot(folder)
     with open(folder / "steps_to_target.csv", newline="") as f:
-        return list(csv.DictReader(f))
+        return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
-def plot(folder, out=None):
-    """Writes the plots of a sweep folder (into FOLDER/plots, or `out`)."""
-    _run(["plot", str(folder)] + (["--out", str(out)] if out else []))
-    return pathlib.Path(out) if out else pathlib.Path(folder) / "plots"
+def _number(text):
+    """A table cell as Python reads it: int, float, None for an empty cell, else the text."""
+    if text == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
+def plot(*folders, out=None, labels=None):
+    """Writes each sweep folder's plots (into FOLDER/plots) and, given several
+    folders, the figures comparing them (into `out`, which the comparison
+    needs), as `bigbatch plot` does. Returns the folder of the last figures."""
+    if not folders:
+        raise ValueError("bigbatch.plot: no sweep folder given")
+    args = ["plot"] + [str(f) for f in folders]
+    if out is not None:
+        args += ["--out", str(out)]
+    if labels:
+        args += ["--labels"] + [str(label) for label in labels]
+    _run(args)
+    return pathlib.Path(out) if out is not None else pathlib.Path(folders[0]) / "plots"

@@ -35,3 +35,13 @@ def peer(peer_program, tmp_path):
         assert proc.returncode == 0, proc.stderr
         return torch.load(dst, weights_only=False)  # written by the peer (typed containers)
     return run
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cli_program():
+    """The bigbatch program bigbatch.sweep runs: the package's own where it
+    was installed with it, else the main build's ($BIGBATCH_CLI overrides)."""
+    import bigbatch.runner
+    if "BIGBATCH_CLI" not in os.environ and not (pathlib.Path(bigbatch.runner.__file__).parent / "bin" / "bigbatch").exists():
+        os.environ["BIGBATCH_CLI"] = str(ROOT / "build" / "experiments" / "bigbatch")
+    return bigbatch.runner.cli()

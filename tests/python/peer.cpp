@@ -12,6 +12,12 @@
 // (torch::save's, in C++ or Python) before the steps, --save writes one
 // after. OUT (torch.load-able): {"params": the final parameters,
 // "skipped": skipped steps, "ratios": the last step's trust ratios}.
+//
+//   python_peer bench CASE IN MIN_SECONDS
+// times the C++ step of CASE on IN's parameters with the first step's
+// gradients for MIN_SECONDS and prints {"median_s": ...}, the median of
+// blocks of steps (benchmarks/python/bench_optim.py: the Python call's
+// overhead against this).
 #include "../../optimizers/lamb.h"
 #include "../../optimizers/larc.h"
 #include "../../optimizers/lars.h"
@@ -22,6 +28,8 @@
 #include <ATen/ATen.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -65,6 +73,10 @@ Make layerwise(const Options& o) {
 const std::map<std::string, Make>& cases() {
   static const std::map<std::string, Make> all = {
       {"lamb", layerwise<LAMB>(LAMBOptions(1e-2).weight_decay(0.01))},
+      {"lamb_flat",
+       [](const std::vector<at::Tensor>& params) -> std::unique_ptr<LayerwiseOptimizerBase> {
+         return std::make_unique<LAMB>(params, LAMBOptions(1e-3));
+       }},
       {"lamb_clip", layerwise<LAMB>(LAMBOptions(2e-3).betas(std::make_tuple(0.8, 0.99)).max_grad_norm(1.0).trust_clip(true))},
       {"lamb_reference", layerwise<LAMB>(LAMBOptions(1e-2).weight_decay(0.01).fused(false))},
       {"lamb_master", layerwise<LAMB>(LAMBOptions(1e-2).weight_decay(0.01).master_weights(true))},
@@ -89,10 +101,44 @@ std::vector<char> read_file(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+/// The median seconds of one step, over blocks of at least 10 ms for `min_seconds` in all.
+double bench(LayerwiseOptimizerBase& opt, double min_seconds) {
+  using clock = std::chrono::steady_clock;
+  opt.step();
+  int per_block = 1;
+  for (;;) {  // steps per block: at least 10 ms
+    const auto t0 = clock::now();
+    for (int i = 0; i < per_block; ++i) opt.step();
+    if (std::chrono::duration<double>(clock::now() - t0).count() >= 0.01) break;
+    per_block *= 2;
+  }
+  std::vector<double> blocks;
+  const auto start = clock::now();
+  while (blocks.size() < 5 || std::chrono::duration<double>(clock::now() - start).count() < min_seconds) {
+    const auto t0 = clock::now();
+    for (int i = 0; i < per_block; ++i) opt.step();
+    blocks.push_back(std::chrono::duration<double>(clock::now() - t0).count() / per_block);
+  }
+  std::sort(blocks.begin(), blocks.end());
+  return blocks[blocks.size() / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
+    if (argc == 5 && std::string(argv[1]) == "bench") {
+      const auto it = cases().find(argv[2]);
+      if (it == cases().end()) throw std::invalid_argument(std::string("no case ") + argv[2]);
+      const auto dict = torch::pickle_load(read_file(argv[3])).toGenericDict();
+      std::vector<at::Tensor> params;
+      for (const auto& p : dict.at("params").toListRef()) params.push_back(p.toTensor().clone().requires_grad_(true));
+      const auto first = dict.at("grads").toListRef()[0].toListRef();
+      for (std::size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = first[i].toTensor().clone();
+      auto opt = it->second(params);
+      std::cout << "{\"median_s\": " << bench(*opt, std::stod(argv[4])) << "}\n";
+      return 0;
+    }
     if (argc < 4) throw std::invalid_argument("usage: python_peer CASE IN OUT [--load FILE] [--save FILE]");
     const std::string name = argv[1];
     std::string load, save;

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""The Python package's step time (docs/python.md, "Measured"), in one run:
+
+  list/<name>: one step of bigbatch.optim.LAMB on the ResNet-50-like and
+    BERT-large-like lists of benchmarks/optimizer_bench.h, against what a
+    PyTorch user would otherwise pick: torch.optim.AdamW(fused=True) (fewer
+    bytes per element than LAMB: no norms), timm's LAMB (a Python loop over
+    tensors), and torch.optim.AdamW(foreach=True);
+  copy: dst.copy_(src) of the bytes LAMB's step and AdamW's step move (44 and
+    28 per fp32 parameter), the machine's own bound for either;
+  overhead: the Python call against the C++ call of the same step, on a small
+    list (16 tensors of 64 elements) where the step itself costs little: the
+    C++ step timed by the peer program (tests/python/peer.cpp, bench mode) on
+    the same tensors.
+
+Times are medians of torch.utils.benchmark's blocked_autorange on this
+machine's CPU (named in the output), or on CUDA with --device cuda.
+Usage: bench_optim.py [--device cpu|cuda] [--lists resnet50,bert_large] [--peer PATH] [--min-time S]
+"""
+import argparse
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import tempfile
+
+import torch
+import torch.utils.benchmark as tb
+
+import bigbatch
+
+
+def resnet50():
+    shapes = []
+
+    def conv_bn(cin, cout, k):
+        shapes.extend([(cout, cin, k, k), (cout,), (cout,)])
+
+    conv_bn(3, 64, 7)
+    cin = 64
+    for width, blocks in zip((64, 128, 256, 512), (3, 4, 6, 3)):
+        for b in range(blocks):
+            conv_bn(cin, width, 1)
+            conv_bn(width, width, 3)
+            conv_bn(width, 4 * width, 1)
+            if b == 0:
+                conv_bn(cin, 4 * width, 1)
+            cin = 4 * width
+    return shapes + [(1000, 2048), (1000,)]
+
+
+def bert_large():
+    shapes = [(30522, 1024), (512, 1024), (2, 1024), (1024,), (1024,)]
+    for _ in range(24):
+        shapes += [(1024, 1024), (1024,)] * 4 + [(1024,)] * 4 + [(4096, 1024), (4096,), (1024, 4096), (1024,)]
+    return shapes + [(1024, 1024), (1024,), (1024, 1024), (1024,), (1024,), (1024,), (30522,)]
+
+
+LISTS = {"resnet50": resnet50, "bert_large": bert_large}
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def step_time(make, shapes, device, min_time):
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(s, generator=g).to(device).requires_grad_(True) for s in shapes]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g).mul_(0.01).to(device)
+    opt = make(params)
+    opt.step()  # the state is made in the first step
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def one():
+        opt.step()
+        sync()
+
+    return tb.Timer(stmt="one()", globals={"one": one}).blocked_autorange(min_run_time=min_time).median
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--lists", default="resnet50,bert_large")
+    parser.add_argument("--peer", default=str(pathlib.Path(__file__).resolve().parents[2] / "build" / "tests" / "python_peer"))
+    parser.add_argument("--min-time", type=float, default=2.0)
+    args = parser.parse_args()
+    from timm.optim.lamb import Lamb
+
+    print(f"device {args.device}: {torch.cuda.get_device_name() if args.device == 'cuda' else cpu_name()}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    peers = {
+        "bigbatch.optim.LAMB": lambda p: bigbatch.optim.LAMB(p, lr=1e-3),
+        "torch AdamW(fused=True)": lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True),
+        "torch AdamW(foreach=True)": lambda p: torch.optim.AdamW(p, lr=1e-3, foreach=True),
+        "timm Lamb": lambda p: Lamb(p, lr=1e-3),
+    }
+    results = {}
+    for name in args.lists.split(","):
+        shapes = LISTS[name]()
+        numel = sum(torch.Size(s).numel() for s in shapes)
+        times = {k: step_time(make, shapes, args.device, args.min_time) for k, make in peers.items()}
+        # A copy of the bytes LAMB's step must move (44 per fp32 parameter: kernels/lamb.h), and AdamW's 28.
+        for label, per in (("copy of LAMB's 44 B/param", 44), ("copy of AdamW's 28 B/param", 28)):
+            src = torch.randn(numel * per // 8, device=args.device)
+            dst = torch.zeros_like(src)
+            sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+            times[label] = tb.Timer(stmt="dst.copy_(src); sync()", globals={"dst": dst, "src": src, "sync": sync}
+                                    ).blocked_autorange(min_run_time=args.min_time).median
+            del src, dst
+        base = times["bigbatch.optim.LAMB"]
+        print(f"\nlist {name}: {len(shapes)} tensors, {numel / 1e6:.1f}M parameters")
+        for k, t in times.items():
+            print(f"  {k:28s} {t * 1e3:9.2f} ms   {t / base:5.2f}x bigbatch's")
+        results[name] = times
+
+    # The Python call's overhead: the same step from Python and from C++.
+    shapes = [(64,)] * 16
+    py = step_time(lambda p: bigbatch.optim.LAMB(p, lr=1e-3), shapes, "cpu", args.min_time)
+    with tempfile.TemporaryDirectory() as tmp:
+        g = torch.Generator().manual_seed(0)
+        params = [torch.randn(s, generator=g) for s in shapes]
+        grads = [[torch.randn(s, generator=g).mul_(0.01) for s in shapes]]
+        torch.save({"params": params, "grads": grads}, os.path.join(tmp, "in.pt"))
+        out = subprocess.run([args.peer, "bench", "lamb_flat", os.path.join(tmp, "in.pt"), str(args.min_time)],
+                             check=True, capture_output=True, text=True).stdout
+        cpp = json.loads(out)["median_s"]
+    print(f"\noverhead (16 tensors of 64 on the CPU): Python step {py * 1e6:.1f} us, C++ step {cpp * 1e6:.1f} us, "
+          f"the Python call adds {(py - cpp) * 1e6:.1f} us per step")
+
+
+if __name__ == "__main__":
+    main()
