@@ -69,7 +69,7 @@ class _Optimizer(torch.optim.Optimizer):
         flat = self._params()
         self._handle = _ops.ops.create(self._kind, flat, [len(g["params"]) for g in groups],
                                        _ops.dumps(defaults), "[" + ",".join(self._options_json(g) for g in groups) + "]")
-        self._sent = [self._options_json(g) for g in groups]
+        self._sent = [self._options_sent(g) for g in groups]
 
     # torch.optim.Optimizer.__init__ assigns self.state; the state is the C++ optimizer's.
     @property
@@ -104,6 +104,10 @@ class _Optimizer(torch.optim.Optimizer):
     def _options_json(self, group):
         return _ops.dumps({k: group[k] for k in self.defaults})
 
+    def _options_sent(self, group):
+        """A group's options but lr (which every step sends), as last sent."""
+        return _ops.dumps({k: group[k] for k in self.defaults if k != "lr"})
+
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
         if self._handle is None:  # during __init__: the groups go to the C++ optimizer together
@@ -114,13 +118,13 @@ class _Optimizer(torch.optim.Optimizer):
         except Exception:
             self.param_groups.pop()
             raise
-        self._sent.append(self._options_json(group))
+        self._sent.append(self._options_sent(group))
 
     def _sync_options(self):
         """Sends the options of every group whose options (but lr, which
         every step sends) changed since the last step."""
         for i, group in enumerate(self.param_groups):
-            text = _ops.dumps({k: group[k] for k in self.defaults if k != "lr"})
+            text = self._options_sent(group)
             if text != self._sent[i]:
                 _ops.ops.set_group_options(self._handle, i, text)
                 self._sent[i] = text
@@ -210,7 +214,7 @@ class _Optimizer(torch.optim.Optimizer):
         _ops.ops.load(self._handle, str(path))
         for i, g in enumerate(self.param_groups):
             g.update(_ops.loads(_ops.ops.group_options(self._handle, i)))
-        self._sent = [_ops.dumps({k: g[k] for k in self.defaults if k != "lr"}) for g in self.param_groups]
+        self._sent = [self._options_sent(g) for g in self.param_groups]
 
     # --------------------------------------------------------- what it saw ----
 
