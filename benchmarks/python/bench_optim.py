@@ -2,7 +2,8 @@
 """The Python package's step time (docs/python.md, "Measured"), in one run:
 
   list/<name>: one step of bigbatch.optim.LAMB on the ResNet-50-like and
-    BERT-large-like lists of benchmarks/optimizer_bench.h, against what a
+    BERT-large-like lists of the C++ benchmarks (benchmarks/cuda_table.py's
+    sizes), against what a
     PyTorch user would otherwise pick: torch.optim.AdamW(fused=True) (fewer
     bytes per element than LAMB: no norms), timm's LAMB (a Python loop over
     tensors), and torch.optim.AdamW(foreach=True);
@@ -23,6 +24,7 @@ import os
 import pathlib
 import platform
 import subprocess
+import sys
 import tempfile
 
 import torch
@@ -31,33 +33,14 @@ import torch.utils.benchmark as tb
 import bigbatch
 
 
-def resnet50():
-    shapes = []
-
-    def conv_bn(cin, cout, k):
-        shapes.extend([(cout, cin, k, k), (cout,), (cout,)])
-
-    conv_bn(3, 64, 7)
-    cin = 64
-    for width, blocks in zip((64, 128, 256, 512), (3, 4, 6, 3)):
-        for b in range(blocks):
-            conv_bn(cin, width, 1)
-            conv_bn(width, width, 3)
-            conv_bn(width, 4 * width, 1)
-            if b == 0:
-                conv_bn(cin, 4 * width, 1)
-            cin = 4 * width
-    return shapes + [(1000, 2048), (1000,)]
-
-
-def bert_large():
-    shapes = [(30522, 1024), (512, 1024), (2, 1024), (1024,), (1024,)]
-    for _ in range(24):
-        shapes += [(1024, 1024), (1024,)] * 4 + [(1024,)] * 4 + [(4096, 1024), (4096,), (1024, 4096), (1024,)]
-    return shapes + [(1024, 1024), (1024,), (1024, 1024), (1024,), (1024,), (1024,), (30522,)]
-
-
-LISTS = {"resnet50": resnet50, "bert_large": bert_large}
+def lists():
+    """The ResNet-50-like and BERT-large-like lists of the C++ benchmarks, as
+    benchmarks/cuda_table.py writes them (sizes; each tensor flat here: a
+    step's cost follows its tensors' sizes, not their shapes)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    import cuda_table
+    return {"resnet50": [(n,) for n in cuda_table.resnet50()[1]],
+            "bert_large": [(n,) for n in cuda_table.bert_large()[1]]}
 
 
 def cpu_name():
@@ -104,8 +87,9 @@ def main():
         "timm Lamb": lambda p: Lamb(p, lr=1e-3),
     }
     results = {}
+    known = lists()
     for name in args.lists.split(","):
-        shapes = LISTS[name]()
+        shapes = known[name]
         numel = sum(torch.Size(s).numel() for s in shapes)
         times = {k: step_time(make, shapes, args.device, args.min_time) for k, make in peers.items()}
         # A copy of the bytes LAMB's step must move (44 per fp32 parameter: kernels/lamb.h), and AdamW's 28.
