@@ -20,7 +20,12 @@
 #             steps-to-target tables side by side; the quickstart in fp32,
 #             bf16 and fp16 (loss-scaled) on the GPU, side by side;
 #             ResNet-20 on generated CIFAR-format files on the GPU with its data-wait fraction
-#   all       the four in order (default)
+#   python    the Python package built with its CUDA kernels against this
+#             torch (a venv over the system's, the build backend and pytest
+#             from .debs/wheels), tests/python on it (CUDA tensors against the
+#             CPU, and bit for bit against the C++ peer), and
+#             benchmarks/python/bench_optim.py on the GPU (docs/python.md)
+#   all       the five in order (default)
 #
 # A lease of 15 minutes of device time in all (the machine's start included)
 # takes two calls, the second at once while the machine is warm:
@@ -29,8 +34,8 @@
 #             steps on the ResNet-50 list and a few others, and the quickstart
 #             sweep on CUDA by its default (batched) and with
 #             --no-batch-trials, side by side
-#   lease2    the quickstart in fp32, bf16 and fp16 on CUDA; bm_compression,
-#             bm_muon and torch.optim.Muon on the GPU
+#   lease2    the python stage; the quickstart in fp32, bf16 and fp16 on CUDA;
+#             bm_compression, bm_muon and torch.optim.Muon on the GPU
 #
 # Every stage builds first (nothing to do when the build is there), runs each
 # step under a time limit, goes on after a failing step, and writes to OUT
@@ -41,14 +46,14 @@
 # exits 1 when a step failed.
 # The Debian packages it needs come from ./.debs (scripts/fetch_gpu_debs.sh,
 # run on a networked Debian machine); they are unpacked under build-gpu/deps.
-# Usage: scripts/gpu.sh [tests|sanitize|bench|sweeps|all|lease|lease2] [OUT]
+# Usage: scripts/gpu.sh [tests|sanitize|bench|sweeps|python|all|lease|lease2] [OUT]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
 stage=${1:-all}
 out=${2:-${OUT:-$root/build-gpu/out}}
-case $stage in tests | sanitize | bench | sweeps | all | lease | lease2) ;; *)
-  echo "gpu.sh: unknown stage '$stage' (tests, sanitize, bench, sweeps, all, lease or lease2)" >&2
+case $stage in tests | sanitize | bench | sweeps | python | all | lease | lease2) ;; *)
+  echo "gpu.sh: unknown stage '$stage' (tests, sanitize, bench, sweeps, python, all, lease or lease2)" >&2
   exit 2
   ;;
 esac
@@ -348,7 +353,36 @@ stage_lease() {
   sweeps_default_and_unbatched
 }
 
+# The Python package on the GPU (docs/python.md): pip builds it with
+# BIGBATCH_CUDA=ON against this torch, in a venv that sees the system's
+# packages (torch) and gets the build backend and pytest from .debs/wheels
+# (no network here); tests/python runs on it (the CUDA tests, and the CPU ones
+# with the C++ peer of this build; timm's are skipped where timm is missing);
+# then one step of bigbatch.optim.LAMB on the GPU against AdamW(fused=True).
+python_package() {
+  local venv=$build/pyenv
+  if [ ! -x "$venv/bin/python" ]; then
+    "$python" -m venv --system-site-packages "$venv" &&
+      "$venv/bin/python" -m pip install --quiet --no-index --find-links "$root/.debs/wheels" scikit-build-core pytest ||
+      return 1
+  fi
+  TORCH_CUDA_ARCH_LIST=9.0 BIGBATCH_PYTHON_CLI=OFF CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$venv/bin/python" -m pip install \
+    --quiet --no-index --no-deps --no-build-isolation --config-settings=cmake.define.BIGBATCH_CUDA=ON \
+    --config-settings=cmake.define.CMAKE_PREFIX_PATH="$deps/usr;$deps/usr/share/cmake" \
+    --config-settings=build-dir="$build/python" "$root"
+}
+stage_python() {
+  local venv=$build/pyenv
+  step python_install 300 python_package || return
+  step python_tests 240 env BIGBATCH_PYTHON_PEER="$build/tests/python_peer" BIGBATCH_CLI="$build/experiments/bigbatch" \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs "$root/tests/python"
+  tail -n 1 "$res/python_tests.txt" >> "$md"
+  step python_bench 180 "$venv/bin/python" "$root/benchmarks/python/bench_optim.py" --device cuda --min-time 0.5 \
+    --peer "$build/tests/python_peer" && { echo; echo "bench_optim.py --device cuda:"; cat "$res/python_bench.txt"; } >> "$md"
+}
+
 stage_lease2() {
+  stage_python
   precision_on_cuda
   codecs_and_muon 0.1
 }
@@ -369,13 +403,14 @@ run_stage() {
   local targets=()
   case $s in
     tests) targets=(bigbatch_cli @tests) ;;
+    python) targets=(bigbatch_cli python_peer) ;;
     sanitize) targets=(optimizers_tests) ;;
     bench) targets=(bm_cuda_optimizers bm_compression) ;;
     sweeps) targets=(bigbatch_cli) ;;
     lease | lease2)
       # The tests, the CLI and the CUDA benchmarks: not the CPU benchmarks,
       # fuzzers and consumers, which the lease does not run.
-      targets=(bigbatch_cli bm_cuda_optimizers bm_muon bm_compression @tests)
+      targets=(bigbatch_cli bm_cuda_optimizers bm_muon bm_compression python_peer @tests)
       ;;
   esac
   step build 0 build "${targets[@]}"
@@ -391,7 +426,7 @@ run_stage() {
 export BIGBATCH_FASHION_MNIST_DIR=$deps/usr/share/datasets/fashion-mnist
 # (the lease's stages each budget their own call unless told otherwise)
 if [ "$stage" = all ]; then
-  for s in tests sanitize bench sweeps; do run_stage "$s"; done
+  for s in tests sanitize bench sweeps python; do run_stage "$s"; done
 else
   run_stage "$stage"
 fi

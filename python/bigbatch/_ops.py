@@ -24,8 +24,8 @@ def _step_fake(handle, params, lrs):  # noqa: ARG001 - the schema's arguments
 def encode(value):
     """An option's value as ops.cpp reads it: tuples as lists, a non-finite
     float as "inf", "-inf" or "nan" (JSON has no such numbers)."""
-    if isinstance(value, torch.Tensor):
-        value = value.item()
+    if isinstance(value, torch.Tensor) or (hasattr(value, "item") and hasattr(value, "dtype")):
+        value = value.item()  # a 0-dim tensor or a numpy scalar
     if isinstance(value, (tuple, list)):
         return [encode(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
@@ -35,7 +35,8 @@ def encode(value):
 
 def decode(value, like=None):
     """The inverse of encode, for the options ops.cpp writes (a list becomes a
-    tuple, as torch.optim's betas are)."""
+    tuple, as torch.optim's betas are); `like`, the default's value, keeps a
+    string option "inf" a string."""
     if isinstance(value, list):
         return tuple(decode(v) for v in value)
     if value in ("inf", "-inf", "nan") and not isinstance(like, str):
@@ -47,5 +48,6 @@ def dumps(options):
     return json.dumps({k: encode(v) for k, v in options.items()})
 
 
-def loads(text):
-    return {k: decode(v) for k, v in json.loads(text).items()}
+def loads(text, like=None):
+    like = like or {}
+    return {k: decode(v, like.get(k)) for k, v in json.loads(text).items()}

@@ -18,6 +18,7 @@ file torch::save(optimizer, path) of a C++ program reads and writes.
 import collections.abc
 
 import torch
+from torch.optim.optimizer import required as _REQUIRED  # torch.optim's marker of an option without a default
 
 from . import _ops
 
@@ -51,24 +52,26 @@ class _Optimizer(torch.optim.Optimizer):
     """What the six classes share; a subclass names its C++ kind."""
 
     _kind = None
-    _required = ()  # options without a default
+    _required = ()  # options without a default: each group must have them
+    _bookkeeping = ("params", "param_names")  # group keys torch.optim itself reads
 
     def __init__(self, params, **options):
         self._handle = None
-        for key in self._required:
-            if key not in options:
-                raise TypeError(f"bigbatch.optim.{self._kind} needs the option {key} (it has no default)")
         self._sent = []
         defaults = _ops.loads(_ops.ops.default_options(self._kind))
         for key in options:
             if key not in defaults:
                 raise ValueError(f"{self._kind} has no option '{key}' (its options: {', '.join(defaults)})")
         defaults.update(options)
+        for key in self._required:  # torch.optim's own check, group by group
+            if key not in options:
+                defaults[key] = _REQUIRED
         super().__init__(params, defaults)
         groups = self.param_groups
-        flat = self._params()
-        self._handle = _ops.ops.create(self._kind, flat, [len(g["params"]) for g in groups],
-                                       _ops.dumps(defaults), "[" + ",".join(self._options_json(g) for g in groups) + "]")
+        sent_defaults = {k: v for k, v in defaults.items() if v is not _REQUIRED}
+        self._handle = _ops.ops.create(self._kind, self._params(), [len(g["params"]) for g in groups],
+                                       _ops.dumps(sent_defaults),
+                                       "[" + ",".join(self._options_json(g) for g in groups) + "]")
         self._sent = [self._options_sent(g) for g in groups]
 
     # torch.optim.Optimizer.__init__ assigns self.state; the state is the C++ optimizer's.
@@ -78,8 +81,13 @@ class _Optimizer(torch.optim.Optimizer):
 
     @state.setter
     def state(self, value):
+        """An empty mapping clears every parameter's state (`opt.state =
+        defaultdict(dict)`, a common reset); anything else is refused."""
         if value:
             raise ValueError("bigbatch: the state is the C++ optimizer's; use load_state_dict()")
+        if getattr(self, "_handle", None) is not None:
+            for index in range(len(self._params())):
+                _ops.ops.set_state(self._handle, index, [], [])
 
     def __del__(self):
         handle = getattr(self, "_handle", None)
@@ -109,6 +117,11 @@ class _Optimizer(torch.optim.Optimizer):
         return _ops.dumps({k: group[k] for k in self.defaults if k != "lr"})
 
     def add_param_group(self, param_group):
+        if isinstance(param_group, dict):
+            unknown = [k for k in param_group if k not in self.defaults and k not in self._bookkeeping]
+            if unknown:
+                raise ValueError(f"{self._kind} has no option '{unknown[0]}' (its options: "
+                                 f"{', '.join(sorted(self.defaults))})")
         super().add_param_group(param_group)
         if self._handle is None:  # during __init__: the groups go to the C++ optimizer together
             return
@@ -137,9 +150,12 @@ class _Optimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._sync_options()
+        params = self._params()
+        if not params:  # (empty groups: nothing to step, and no tensor to dispatch on)
+            return loss
         lrs = [float(g["lr"]) for g in self.param_groups]
         with torch.no_grad():
-            _ops.ops.step(self._handle, self._params(), lrs)
+            _ops.ops.step(self._handle, params, lrs)
         return loss
 
     # ------------------------------------------------------------- state ----
@@ -154,7 +170,10 @@ class _Optimizer(torch.optim.Optimizer):
         """torch.optim's layout: {"state": {index: {field: value}},
         "param_groups": [{options..., "params": [indices]}]}, plus
         "bigbatch": {"kind", "skipped_steps"}. The tensors are the optimizer's
-        own (torch.save copies them, as it does for torch.optim)."""
+        own (torch.save copies them, as it does for torch.optim). The state
+        dict hooks of torch.optim run as they do there."""
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
         self._sync_options()
         state = {}
         for index in range(len(self._params())):
@@ -168,38 +187,70 @@ class _Optimizer(torch.optim.Optimizer):
             entry["params"] = list(range(start, start + len(g["params"])))
             start += len(g["params"])
             groups.append(entry)
-        return {"state": state, "param_groups": groups,
-                "bigbatch": {"kind": self._kind, "skipped_steps": self.skipped_steps()}}
+        state_dict = {"state": state, "param_groups": groups,
+                      "bigbatch": {"kind": self._kind, "skipped_steps": self.skipped_steps()}}
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            result = post_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        return state_dict
 
     def load_state_dict(self, state_dict):
         """Loads what state_dict() gave (of an optimizer of the same kind and
         group sizes): the groups' options, each parameter's state (moved to
-        the parameter's device), the skipped-step count."""
-        kind = state_dict.get("bigbatch", {}).get("kind", self._kind)
-        if kind != self._kind:
-            raise ValueError(f"bigbatch.optim.{self._kind}: the state_dict is a {kind}'s")
+        the parameter's device), the skipped-step count. Everything is
+        checked before anything changes: a refused state_dict (ValueError,
+        naming what is wrong) leaves the optimizer as it was."""
+        state_dict = dict(state_dict)
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        ours = state_dict.get("bigbatch")
+        if not isinstance(ours, dict) or "kind" not in ours:
+            raise ValueError(f"bigbatch.optim.{self._kind}: not a bigbatch optimizer's state_dict (no \"bigbatch\" "
+                             "entry); torch.optim's state does not carry over")
+        if ours["kind"] != self._kind:
+            raise ValueError(f"bigbatch.optim.{self._kind}: the state_dict is a {ours['kind']}'s")
         saved = state_dict["param_groups"]
         sizes = [len(g["params"]) for g in self.param_groups]
         if [len(g["params"]) for g in saved] != sizes:
             raise ValueError(f"bigbatch.optim.{self._kind}: the state_dict's groups hold "
                              f"{[len(g['params']) for g in saved]} parameters, this optimizer's {sizes}")
+        # Check: every group's options, every parameter's state.
+        for entry in saved:
+            _ops.ops.check_options(self._kind, _ops.dumps({k: v for k, v in entry.items() if k in self.defaults}))
+        params = self._params()
+        old_index = [i for g in saved for i in g["params"]]
+        states = []
+        for index, param in enumerate(params):
+            s = state_dict["state"].get(old_index[index])
+            names, values = [], []
+            if s is not None:
+                for name, v in s.items():
+                    names.append(name)
+                    if isinstance(v, torch.Tensor):
+                        values.append(v.detach().to(device=param.device, copy=True,
+                                                    memory_format=torch.contiguous_format))
+                    elif isinstance(v, int) or (hasattr(v, "dtype") and hasattr(v, "item")
+                                                and isinstance(v.item(), int)):
+                        values.append(torch.tensor(int(v), dtype=torch.int64))
+                    else:
+                        raise ValueError(f"bigbatch.optim.{self._kind}: state field '{name}' of parameter {index} "
+                                         f"is a {type(v).__name__}, not a tensor or an integer")
+                _ops.ops.check_state(self._handle, index, names, values)
+            states.append((names, values))
+        # Apply.
         for group, entry in zip(self.param_groups, saved):
             for k, v in entry.items():
                 if k != "params":
                     group[k] = v
         self._sync_options()
-        params = self._params()
-        old_index = [i for g in saved for i in g["params"]]
-        for index, param in enumerate(params):
-            s = state_dict["state"].get(old_index[index])
-            if s is None:
-                _ops.ops.set_state(self._handle, index, [], [])
-                continue
-            names = list(s)
-            values = [torch.tensor(v, dtype=torch.int64) if isinstance(v, int) else
-                      v.detach().to(device=param.device, copy=True) for v in s.values()]
+        for index, (names, values) in enumerate(states):
             _ops.ops.set_state(self._handle, index, names, values)
-        _ops.ops.set_skipped_steps(self._handle, int(state_dict.get("bigbatch", {}).get("skipped_steps", 0)))
+        _ops.ops.set_skipped_steps(self._handle, int(ours.get("skipped_steps", 0)))
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
 
     def save(self, path):
         """Writes the optimizer as torch::save(optimizer, path) does in C++."""
@@ -213,7 +264,7 @@ class _Optimizer(torch.optim.Optimizer):
         save(): the state and every group's options, which param_groups then show."""
         _ops.ops.load(self._handle, str(path))
         for i, g in enumerate(self.param_groups):
-            g.update(_ops.loads(_ops.ops.group_options(self._handle, i)))
+            g.update(_ops.loads(_ops.ops.group_options(self._handle, i), like=self.defaults))
         self._sent = [self._options_sent(g) for g in self.param_groups]
 
     # --------------------------------------------------------- what it saw ----

@@ -10,7 +10,10 @@ import io
 import json
 import os
 import pathlib
+import re
 import subprocess
+import sys
+import tempfile
 import warnings
 
 import torch
@@ -41,17 +44,51 @@ def _environment():
 
 
 def _run(args):
-    """Runs the program; its one-line error (exit code 2: a config or usage
-    error) comes back as a ValueError, any other failure as a RuntimeError."""
-    proc = subprocess.run([cli()] + args, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+    """Runs the program, its output passed through (a sweep's progress); its
+    one-line error (exit code 2: a config or usage error) comes back as a
+    ValueError, any other failure as a RuntimeError with its last lines."""
+    tail = []
+    with subprocess.Popen([cli()] + args, env=_environment(), stderr=subprocess.PIPE, text=True) as proc:
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            tail = (tail + [line.rstrip("\n")])[-20:]
     if proc.returncode == 2:
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        lines = [line for line in tail if line.strip()]
         raise ValueError(lines[-1] if lines else f"bigbatch {args[0]}: exit code 2")
     if proc.returncode != 0:
-        raise RuntimeError(f"bigbatch {' '.join(args)} failed with exit code {proc.returncode}:\n"
-                           + "\n".join(proc.stderr.splitlines()[-20:]))
-    return proc.stdout
+        raise RuntimeError(f"bigbatch {' '.join(args)} failed with exit code {proc.returncode}:\n" + "\n".join(tail))
+
+
+def _write(path, data):
+    """Writes `data` (bytes) to `path` through a temporary file renamed over
+    it: a killed run leaves no half file, and two runs do not share one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _weights_digest(scripted):
+    """A digest of what a trial starts from that is the same in every
+    process (torch.jit.save's bytes are not: its archive holds a fresh
+    serialization id): each parameter's and buffer's name, dtype, shape and
+    bytes, and each module's name, type and code."""
+    h = hashlib.sha256()
+    for name, t in sorted(scripted.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    for name, m in scripted.named_modules():
+        h.update(f"{name}|{m.original_name}|".encode())
+        try:
+            h.update(m.code.encode())
+        except (RuntimeError, AttributeError):  # a module without forward
+            pass
+    return h.hexdigest()[:12]
 
 
 def _script(model):
@@ -83,29 +120,32 @@ def sweep(config, model=None, out="runs", plots=True, args=()):
         config = json.loads(json.dumps(config))  # a copy, and a check that it is JSON
     if not isinstance(config, dict) or not isinstance(config.get("name"), str):
         raise ValueError("bigbatch.sweep: the config needs a \"name\" (string): its folder is OUT/<name>/")
-    folder = pathlib.Path(out) / config["name"]
+    name = config["name"]
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name) or ".." in name:  # the program's own rule, checked before writing
+        raise ValueError(f"bigbatch.sweep: name: letters, digits, '.', '_' and '-' only, and no '..', got '{name}'")
+    folder = pathlib.Path(out) / name
+    scripted = _script(model) if model is not None else None
     folder.mkdir(parents=True, exist_ok=True)
-    if model is not None:
-        buffer = io.BytesIO()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            torch.jit.save(_script(model), buffer)
-        data = buffer.getvalue()
-        file = folder / f"model-{hashlib.sha256(data).hexdigest()[:12]}.pt"
-        if not file.exists():
-            tmp = file.with_suffix(".tmp")
-            tmp.write_bytes(data)
-            tmp.replace(file)
+    if scripted is not None:
+        file = folder / f"model-{_weights_digest(scripted)}.pt"
+        if not file.exists():  # the same weights and code: the same file, so a sweep resumes
+            buffer = io.BytesIO()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                torch.jit.save(scripted, buffer)
+            _write(file, buffer.getvalue())
         config["model"] = {"type": "torchscript", "path": str(file.resolve())}
-    config_file = folder.parent / f".{config['name']}.config.json"
-    tmp = config_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(config, indent=2))
-    tmp.replace(config_file)
+    config_file = folder.parent / f".{name}.config.json"
+    _write(config_file, json.dumps(config, indent=2).encode())
     _run(["sweep", str(config_file), "--out", str(out)] + [str(a) for a in args])
-    if plots:
-        plot(folder)
     with open(folder / "steps_to_target.csv", newline="") as f:
-        return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        rows = [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    if plots:
+        try:
+            plot(folder)
+        except (RuntimeError, ValueError) as e:  # the sweep's results stand without their plots
+            warnings.warn(f"bigbatch.sweep: the plots failed: {e}", stacklevel=2)
+    return rows
 
 
 def _number(text):

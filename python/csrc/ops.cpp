@@ -18,11 +18,14 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 #include <torch/serialize/archive.h>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -173,6 +176,13 @@ json parse(const std::string& text, const char* what) {
 /// What the operators do with an optimizer of one kind (the calls that need
 /// its options type or its class: construction and the options of a group).
 struct Kind {
+  /// Its state's fields by name (the field lists of optimizers/*.cpp, in
+  /// their order; tests/python checks them against what a step makes), the
+  /// integer ones, and the tensors that are one number per parameter rather
+  /// than shaped like it.
+  std::vector<std::string> fields;
+  std::vector<std::string> int_fields{"step"};
+  std::vector<std::string> scalar_fields;
   virtual ~Kind() = default;
   virtual json defaults() const = 0;
   virtual std::unique_ptr<LayerwiseOptimizerBase> make(const std::vector<std::vector<at::Tensor>>& groups,
@@ -180,6 +190,8 @@ struct Kind {
   virtual json group_options(const LayerwiseOptimizerBase& opt, std::int64_t group) const = 0;
   virtual void set_group_options(LayerwiseOptimizerBase& opt, std::int64_t group, const json& options) const = 0;
   virtual void add_group(LayerwiseOptimizerBase& opt, std::vector<at::Tensor> params, const json& options) const = 0;
+  /// The options as they would be set (all of them), refused as set_group_options would.
+  virtual json check_options(const json& options) const = 0;
 };
 
 /// The options a kind starts from: its defaults, with lr 0 for LARS and LARC,
@@ -195,8 +207,16 @@ Options default_options_of() {
 
 template <typename Opt, typename Options>
 struct KindOf final : Kind {
-  explicit KindOf(std::string name) : name(std::move(name)) {}
+  KindOf(std::string name, std::vector<std::string> state_fields, std::vector<std::string> scalars = {})
+      : name(std::move(name)) {
+    fields = std::move(state_fields);
+    scalar_fields = std::move(scalars);
+  }
   std::string name;
+
+  json check_options(const json& options) const override {
+    return options_json(options_from_json(default_options_of<Options>(), options, name));
+  }
 
   json defaults() const override { return options_json(default_options_of<Options>()); }
 
@@ -236,12 +256,19 @@ struct KindOf final : Kind {
 
 const Kind& kind_named(const std::string& name) {
   static const std::map<std::string, std::shared_ptr<const Kind>> kinds = {
-      {"LAMB", std::make_shared<KindOf<optim::LAMB, optim::LAMBOptions>>("LAMB")},
-      {"LARS", std::make_shared<KindOf<optim::LARS, optim::LARSOptions>>("LARS")},
-      {"LARC", std::make_shared<KindOf<optim::LARC, optim::LARCOptions>>("LARC")},
-      {"NovoGrad", std::make_shared<KindOf<optim::NovoGrad, optim::NovoGradOptions>>("NovoGrad")},
-      {"Lion", std::make_shared<KindOf<optim::Lion, optim::LionOptions>>("Lion")},
-      {"Muon", std::make_shared<KindOf<optim::Muon, optim::MuonOptions>>("Muon")},
+      {"LAMB", std::make_shared<KindOf<optim::LAMB, optim::LAMBOptions>>(
+                   "LAMB", std::vector<std::string>{"step", "exp_avg", "exp_avg_sq", "master"})},
+      {"LARS", std::make_shared<KindOf<optim::LARS, optim::LARSOptions>>(
+                   "LARS", std::vector<std::string>{"momentum_buffer", "master"})},
+      {"LARC", std::make_shared<KindOf<optim::LARC, optim::LARCOptions>>(
+                   "LARC", std::vector<std::string>{"momentum_buffer", "master"})},
+      {"NovoGrad", std::make_shared<KindOf<optim::NovoGrad, optim::NovoGradOptions>>(
+                       "NovoGrad", std::vector<std::string>{"step", "exp_avg", "exp_avg_sq", "master"},
+                       std::vector<std::string>{"exp_avg_sq"})},
+      {"Lion", std::make_shared<KindOf<optim::Lion, optim::LionOptions>>(
+                   "Lion", std::vector<std::string>{"step", "exp_avg", "master"})},
+      {"Muon", std::make_shared<KindOf<optim::Muon, optim::MuonOptions>>(
+                   "Muon", std::vector<std::string>{"step", "momentum_buffer", "exp_avg", "exp_avg_sq", "master"})},
   };
   const auto it = kinds.find(name);
   TORCH_CHECK_VALUE(it != kinds.end(), "bigbatch: no optimizer named '", name,
@@ -356,9 +383,20 @@ void step(std::int64_t handle, const std::vector<at::Tensor>& params, c10::Array
     }
   }
   TORCH_CHECK_VALUE(i == params.size(), "bigbatch::step: ", params.size(), " parameters for an optimizer of ", i);
+  for (std::size_t g = 0; g < groups.size(); ++g) {  // as the options' own check of lr
+    TORCH_CHECK_VALUE(std::isfinite(lrs[g]) && lrs[g] >= 0, "Invalid ", h->opt->kind(), " option lr: ", lrs[g],
+                      " (must be >= 0) in parameter group ", g);
+  }
   for (std::size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(lrs[g]);
-  at::NoGradGuard no_grad;
-  h->opt->step();
+  {
+    at::NoGradGuard no_grad;
+    h->opt->step();
+  }
+  // The fused step writes through raw pointers, past autograd's version
+  // counters: bumped here, as an in-place op would, so that a backward
+  // through a graph that saved a parameter before the step refuses, as
+  // torch.optim's steps make it.
+  for (const auto& p : params) torch::autograd::impl::bump_version(p);
 }
 
 /// The state of parameter `index` as names and tensors (an integer field,
@@ -381,35 +419,75 @@ std::tuple<std::vector<std::string>, std::vector<at::Tensor>> state(std::int64_t
   return {names, values};
 }
 
-/// Replaces the state of parameter `index` (a 0-dim int64 tensor is an
-/// integer field); no names remove it. The tensors are taken, not copied.
-void set_state(std::int64_t handle, std::int64_t index, const std::vector<std::string>& names,
-               const std::vector<at::Tensor>& values) {
+/// `names` and `values` as state of `param` for `kind`: every name one of the
+/// kind's fields, at most once; an integer field a 0-dim int64 tensor; any
+/// other an fp32 tensor on the parameter's device, shaped like it (or 0-dim
+/// where the field is one number per parameter), made contiguous. A
+/// ValueError names the field and what is wrong with it.
+optim::NamedState checked_state(const Kind& kind, const char* kind_name, std::int64_t index, const at::Tensor& param,
+                                const std::vector<std::string>& names, const std::vector<at::Tensor>& values) {
   TORCH_CHECK_VALUE(names.size() == values.size(), "bigbatch::set_state: ", names.size(), " names for ",
                     values.size(), " values");
+  const auto has = [](const std::vector<std::string>& list, const std::string& name) {
+    return std::find(list.begin(), list.end(), name) != list.end();
+  };
+  optim::NamedState named;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    const at::Tensor& v = values[i];
+    TORCH_CHECK_VALUE(has(kind.fields, name), kind_name, " state of parameter ", index, ": no field '", name,
+                      "' (its fields: ", c10::Join(", ", kind.fields), ")");
+    TORCH_CHECK_VALUE(std::count(names.begin(), names.end(), name) == 1, kind_name, " state of parameter ", index,
+                      ": field '", name, "' given twice");
+    TORCH_CHECK_VALUE(v.defined(), kind_name, " state of parameter ", index, ": field '", name, "' is undefined");
+    if (has(kind.int_fields, name)) {
+      TORCH_CHECK_VALUE(v.dim() == 0 && v.scalar_type() == at::kLong, kind_name, " state of parameter ", index,
+                        ": field '", name, "' must be an integer, got a ", v.scalar_type(), " tensor of shape ",
+                        v.sizes());
+      named.emplace_back(name, c10::IValue(v.item<std::int64_t>()));
+      continue;
+    }
+    const bool scalar = has(kind.scalar_fields, name);
+    TORCH_CHECK_VALUE(v.scalar_type() == at::kFloat && v.device() == param.device() &&
+                          (scalar ? v.dim() == 0 : v.sizes() == param.sizes()),
+                      kind_name, " state of parameter ", index, ": field '", name, "' is ", v.scalar_type(), " ",
+                      v.sizes(), " on ", v.device(), "; it must be float32 ", (scalar ? "of shape []" : "shaped"),
+                      scalar ? "" : " like the parameter ", scalar ? "" : c10::str(param.sizes()), " on ",
+                      param.device());
+    named.emplace_back(name, c10::IValue(v.contiguous()));
+  }
+  return named;
+}
+
+/// Checks a state as set_state would take it, and changes nothing.
+void check_state(std::int64_t handle, std::int64_t index, const std::vector<std::string>& names,
+                 const std::vector<at::Tensor>& values) {
+  const auto h = held(handle);
+  std::lock_guard<std::mutex> lock(h->step_mutex);
+  checked_state(*h->kind, h->opt->kind(), index, param_at(*h->opt, index), names, values);
+}
+
+/// Replaces the state of parameter `index` (checked as check_state does); no
+/// names remove it. The tensors are taken, not copied (a non-contiguous one is).
+void set_state(std::int64_t handle, std::int64_t index, const std::vector<std::string>& names,
+               const std::vector<at::Tensor>& values) {
   const auto h = held(handle);
   std::lock_guard<std::mutex> lock(h->step_mutex);
   const at::Tensor& param = param_at(*h->opt, index);
-  if (names.empty()) {
+  if (names.empty() && values.empty()) {
     h->opt->set_named_state(param, std::nullopt);
     return;
   }
-  optim::NamedState named;
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    const at::Tensor& v = values[i];
-    if (v.dim() == 0 && v.scalar_type() == at::kLong) {
-      named.emplace_back(names[i], c10::IValue(v.item<std::int64_t>()));
-    } else {
-      TORCH_CHECK_VALUE(v.scalar_type() == at::kFloat && v.device() == param.device() &&
-                            (v.sizes() == param.sizes() || v.dim() == 0),
-                        "bigbatch::set_state: ", names[i], " of parameter ", index, " is ", v.scalar_type(), " ",
-                        v.sizes(), " on ", v.device(), "; the parameter is ", param.sizes(), " on ",
-                        param.device(), " and its state float32");
-      named.emplace_back(names[i], c10::IValue(v));
-    }
-  }
-  h->opt->set_named_state(param, named);
+  h->opt->set_named_state(param, checked_state(*h->kind, h->opt->kind(), index, param, names, values));
 }
+
+/// The options `options` would be for a group of `kind` (every option, the
+/// kind's defaults where not given), checked as set_group_options checks them.
+std::string check_options(const std::string& kind, const std::string& options) {
+  return kind_named(kind).check_options(parse(options, "the group options")).dump();
+}
+
+std::vector<std::string> state_fields(const std::string& kind) { return kind_named(kind).fields; }
 
 std::int64_t skipped_steps(std::int64_t handle) {
   const auto h = held(handle);
@@ -501,6 +579,9 @@ TORCH_LIBRARY(bigbatch, m) {
   m.impl("step", c10::DispatchKey::CUDA, TORCH_FN(step));
   m.def("state(int handle, int index) -> (str[], Tensor[])", &state);
   m.def("set_state(int handle, int index, str[] names, Tensor[] values) -> ()", &set_state);
+  m.def("check_state(int handle, int index, str[] names, Tensor[] values) -> ()", &check_state);
+  m.def("check_options(str kind, str options) -> str", &check_options);
+  m.def("state_fields(str kind) -> str[]", &state_fields);
   m.def("skipped_steps(int handle) -> int", &skipped_steps);
   m.def("set_skipped_steps(int handle, int count) -> ()", &set_skipped_steps);
   m.def("trust_ratios(int handle) -> (int[], float[])", &trust_ratios);

@@ -45,3 +45,13 @@ def cli_program():
     if "BIGBATCH_CLI" not in os.environ and not (pathlib.Path(bigbatch.runner.__file__).parent / "bin" / "bigbatch").exists():
         os.environ["BIGBATCH_CLI"] = str(ROOT / "build" / "experiments" / "bigbatch")
     return bigbatch.runner.cli()
+
+
+def reference(module):
+    """The module `module` (timm, torchvision: the references and the
+    example's data), or a skip where it is missing, as on a GPU machine;
+    CI sets BIGBATCH_REQUIRE_REFERENCES=1, where a missing one fails."""
+    if os.environ.get("BIGBATCH_REQUIRE_REFERENCES") == "1":
+        import importlib
+        return importlib.import_module(module)
+    return pytest.importorskip(module)

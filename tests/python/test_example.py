@@ -8,11 +8,14 @@ import re
 import subprocess
 import sys
 
+from conftest import reference
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 IDX = os.environ.get("BIGBATCH_FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
 
 
 def test_the_mnist_example_trains_with_bigbatchs_lamb(tmp_path):
+    reference("torchvision")
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "python" / "mnist.py"), "--dataset", "fashion",
                            "--idx", IDX, "--data", str(tmp_path), "--epochs", "1", "--train-size", "6000",
                            "--test-size", "2000", "--device", "cpu"], capture_output=True, text=True, timeout=600)

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from conftest import reference
 
 import bigbatch
 from bigbatch.optim import LAMB, LARC, LARS, Lion, Muon, NovoGrad
@@ -124,7 +125,7 @@ def test_state_dict_round_trips_through_torch_save(case):
 # --------------------------------------------------- independent references ----
 
 def test_lamb_matches_timm():
-    from timm.optim.lamb import Lamb
+    Lamb = reference("timm.optim.lamb").Lamb
     # Every parameter has a gradient every step: timm counts steps per group, bigbatch per tensor.
     params, grads = tensors(seed=1, steps=6, gap=False)
     mine, theirs = leaves(params), leaves(params)
@@ -136,7 +137,7 @@ def test_lamb_matches_timm():
 
 
 def test_lars_matches_timm():
-    from timm.optim.lars import Lars
+    Lars = reference("timm.optim.lars").Lars
     params, grads = tensors(seed=2, steps=6, gap=False)
     mine, theirs = leaves(params), leaves(params)
     run(LARS(mine, lr=0.5, momentum=0.9, weight_decay=1e-3, eps=1e-8, nesterov=True), mine, grads)
@@ -267,8 +268,11 @@ def test_bad_options_are_refused_naming_the_option_and_value():
         LAMB(p, momentum=0.9)
     with pytest.raises(ValueError, match=r"ns_steps: 2.5 \(expected an integer\)"):
         Muon(p, ns_steps=2.5)
-    with pytest.raises(TypeError, match=r"LARS needs the option lr"):
+    with pytest.raises(ValueError, match=r"required optimization parameter lr"):
         LARS(p)
+    LARS([{"params": p, "lr": 0.1}])  # each group may give it
+    with pytest.raises(ValueError, match=r"LAMB has no option 'weight_decya'"):
+        LAMB([{"params": p, "weight_decya": 0.1}])
     # An option changed in param_groups is checked at the next step, which then changes nothing.
     opt = LAMB(p, lr=0.1)
     p[0].grad = torch.ones(3, 3)
@@ -336,3 +340,103 @@ def test_trust_ratios_and_state_bytes():
     assert [p is q for (p, _), q in zip(ratios, mine[:2])] == [True, True]  # the matrices' group adapts
     assert all(r > 0 for _, r in ratios)
     assert opt.state_bytes() == sum(2 * 4 * p.numel() for p in mine)  # exp_avg and exp_avg_sq in fp32
+
+
+def test_a_bad_rate_is_refused_at_the_step_which_changes_nothing():
+    p = [torch.zeros(3, 3, requires_grad=True)]
+    opt = LAMB(p, lr=0.1)
+    p[0].grad = torch.ones(3, 3)
+    for lr in (-1.0, float("nan")):
+        opt.param_groups[0]["lr"] = lr
+        with pytest.raises(ValueError, match=r"LAMB option lr: (-1|nan)"):
+            opt.step()
+        assert torch.equal(p[0].detach(), torch.zeros(3, 3))
+
+
+def test_the_step_bumps_the_parameters_versions_as_an_inplace_op():
+    w = torch.randn(4, 4, requires_grad=True)
+    opt = LAMB([w], lr=0.1)
+    loss = (w * w).sum()  # saves w for its backward
+    loss.backward(retain_graph=True)
+    opt.step()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_state_that_does_not_fit_is_refused_and_loading_changes_nothing_then():
+    params, grads = tensors()
+    mine = leaves(params)
+    opt = make("lamb", mine)
+    run(opt, mine, grads[:2])
+    good = opt.state_dict()
+    before = {i: {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
+              for i, s in good["state"].items()}
+
+    def broken(index, **change):
+        sd = {"state": {i: dict(s) for i, s in good["state"].items()},
+              "param_groups": [dict(g, weight_decay=0.3) for g in good["param_groups"]], "bigbatch": good["bigbatch"]}
+        sd["state"][index].update(change)
+        return sd
+
+    cases = [
+        (broken(0, exp_avg=torch.tensor(0.5)), r"field 'exp_avg' is Float \[\] on cpu; it must be float32 shaped like"),
+        (broken(1, exp_avg_sq=torch.zeros(3)), r"field 'exp_avg_sq' is Float \[3\]"),
+        (broken(2, moment=torch.zeros(33)), r"no field 'moment'"),
+        (broken(0, step=torch.tensor(2.0)), r"field 'step' must be an integer"),
+        (broken(0, exp_avg=good["state"][0]["exp_avg"].double()), r"field 'exp_avg' is Double"),
+    ]
+    for sd, message in cases:
+        with pytest.raises(ValueError, match=message):
+            opt.load_state_dict(sd)
+        assert opt.param_groups[0]["weight_decay"] == 0.01  # nothing applied
+        for i, s in before.items():
+            for k, v in s.items():
+                got = opt.state[mine[i]][k]
+                assert torch.equal(got, v) if isinstance(v, torch.Tensor) else got == v
+    with pytest.raises(ValueError, match="not a bigbatch optimizer's state_dict"):
+        opt.load_state_dict(torch.optim.AdamW(mine).state_dict())
+    # A column-major state tensor is taken as its values, not its memory.
+    twin = leaves([p.detach() for p in mine])
+    twin_opt = make("lamb", twin)
+    sd = opt.state_dict()
+    sd["state"] = {i: dict(s) for i, s in sd["state"].items()}
+    sd["state"][0]["exp_avg"] = sd["state"][0]["exp_avg"].t().contiguous().t()
+    twin_opt.load_state_dict(sd)
+    run(opt, mine, grads[2:])
+    run(twin_opt, twin, grads[2:])
+    assert_same_bits(mine, twin)
+
+
+def test_the_state_fields_are_those_a_step_makes():
+    for cls, extra in [(LAMB, {}), (LARS, {"lr": 0.1}), (LARC, {"lr": 0.1}), (NovoGrad, {}), (Lion, {})]:
+        p = [torch.randn(4, 4).bfloat16().requires_grad_(True)]
+        opt = cls(p, master_weights=True, **extra)
+        p[0].grad = torch.randn(4, 4).bfloat16()
+        opt.step()
+        assert list(opt.state[p[0]]) == list(torch.ops.bigbatch.state_fields(cls._kind)), cls
+    w, b = torch.randn(4, 4, requires_grad=True), torch.randn(4, requires_grad=True)
+    opt = Muon([{"params": [w]}, {"params": [b], "orthogonalize": False}], master_weights=True)
+    w.grad, b.grad = torch.randn(4, 4), torch.randn(4)
+    opt.step()
+    fields = set(opt.state[w]) | set(opt.state[b])
+    assert fields | {"master"} == set(torch.ops.bigbatch.state_fields("Muon"))
+
+
+def test_hooks_empty_groups_and_a_state_reset():
+    p = [torch.randn(3, 3, requires_grad=True)]
+    opt = LAMB(p, lr=0.1)
+    seen = []
+    opt.register_state_dict_pre_hook(lambda o: seen.append("pre"))
+    opt.register_state_dict_post_hook(lambda o, sd: {**sd, "note": 1})
+    opt.register_load_state_dict_post_hook(lambda o: seen.append("loaded"))
+    p[0].grad = torch.ones(3, 3)
+    opt.step()
+    sd = opt.state_dict()
+    assert seen == ["pre"] and sd["note"] == 1
+    opt.load_state_dict(sd)
+    assert seen[-1] == "loaded"
+    assert len(opt.state) == 1
+    opt.state = {}  # torch.optim's reset
+    assert len(opt.state) == 0
+    empty = LAMB([{"params": []}], lr=0.1)
+    assert empty.step(lambda: torch.tensor(1.0)).item() == 1.0
