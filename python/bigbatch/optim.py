@@ -59,9 +59,7 @@ class _Optimizer(torch.optim.Optimizer):
         self._handle = None
         self._sent = []
         defaults = _ops.loads(_ops.ops.default_options(self._kind))
-        for key in options:
-            if key not in defaults:
-                raise ValueError(f"{self._kind} has no option '{key}' (its options: {', '.join(defaults)})")
+        self._refuse_unknown(options, defaults)
         defaults.update(options)
         for key in self._required:  # torch.optim's own check, group by group
             if key not in options:
@@ -100,6 +98,12 @@ class _Optimizer(torch.optim.Optimizer):
     def __getstate__(self):
         raise TypeError(f"bigbatch.optim.{self._kind} cannot be pickled; save its state_dict()")
 
+    def _refuse_unknown(self, keys, options):
+        """A ValueError naming the first of `keys` that is not one of `options`."""
+        for key in keys:
+            if key not in options:
+                raise ValueError(f"{self._kind} has no option '{key}' (its options: {', '.join(sorted(options))})")
+
     def _params(self):
         return [p for g in self.param_groups for p in g["params"]]
 
@@ -118,10 +122,7 @@ class _Optimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group):
         if isinstance(param_group, dict):
-            unknown = [k for k in param_group if k not in self.defaults and k not in self._bookkeeping]
-            if unknown:
-                raise ValueError(f"{self._kind} has no option '{unknown[0]}' (its options: "
-                                 f"{', '.join(sorted(self.defaults))})")
+            self._refuse_unknown([k for k in param_group if k not in self._bookkeeping], self.defaults)
         super().add_param_group(param_group)
         if self._handle is None:  # during __init__: the groups go to the C++ optimizer together
             return

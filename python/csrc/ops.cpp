@@ -111,15 +111,22 @@ c10::IValue from_json(const json& j, const c10::IValue& like, const std::string&
   TORCH_INTERNAL_ASSERT(false, "bigbatch: option ", key, " of type ", like.tagKind(), " has no JSON form");
 }
 
+/// What `out` holds, to read back: the options types serialize one way into
+/// an OutputArchive and the other way from an InputArchive only.
+torch::serialize::InputArchive reread(torch::serialize::OutputArchive& out) {
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes);
+  return in;
+}
+
 /// Every option of `options` by its archive key, in the archive's order.
 template <typename Options>
 std::vector<std::pair<std::string, c10::IValue>> option_values(const Options& options) {
   torch::serialize::OutputArchive out;
   options.serialize(out);
-  std::stringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive in;
-  in.load_from(bytes);
+  torch::serialize::InputArchive in = reread(out);
   std::vector<std::pair<std::string, c10::IValue>> values;
   for (const auto& key : in.keys()) {
     c10::IValue v;
@@ -149,10 +156,7 @@ Options options_from_json(const Options& base, const json& j, const std::string&
   }
   torch::serialize::OutputArchive out;
   for (const auto& [key, value] : values) out.write(key, value);
-  std::stringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive in;
-  in.load_from(bytes);
+  torch::serialize::InputArchive in = reread(out);
   Options options = base;
   options.serialize(in);
   try {
@@ -501,20 +505,28 @@ void set_skipped_steps(std::int64_t handle, std::int64_t count) {
   h->opt->set_skipped_steps(count);
 }
 
+/// (parameter index, value) pairs of what an optimizer reports per
+/// parameter (TrustRatio's ratio, UpdateRms's rms): `value(item)` of each.
+template <typename Item, typename Value>
+std::tuple<std::vector<std::int64_t>, std::vector<double>> by_index(const LayerwiseOptimizerBase& opt,
+                                                                   const std::vector<Item>& items, Value value) {
+  std::unordered_map<const void*, std::int64_t> index;
+  const auto params = flat_params(opt);
+  for (std::size_t i = 0; i < params.size(); ++i) index[params[i].unsafeGetTensorImpl()] = static_cast<std::int64_t>(i);
+  std::vector<std::int64_t> which;
+  std::vector<double> values;
+  for (const auto& item : items) {
+    which.push_back(index.at(item.param.unsafeGetTensorImpl()));
+    values.push_back(value(item));
+  }
+  return {which, values};
+}
+
 /// The trust ratios of the last step as (parameter index, ratio) pairs.
 std::tuple<std::vector<std::int64_t>, std::vector<double>> trust_ratios(std::int64_t handle) {
   const auto h = held(handle);
   std::lock_guard<std::mutex> lock(h->step_mutex);
-  std::unordered_map<const void*, std::int64_t> index;
-  const auto params = flat_params(*h->opt);
-  for (std::size_t i = 0; i < params.size(); ++i) index[params[i].unsafeGetTensorImpl()] = static_cast<std::int64_t>(i);
-  std::vector<std::int64_t> which;
-  std::vector<double> ratios;
-  for (const auto& r : h->opt->trust_ratios()) {
-    which.push_back(index.at(r.param.unsafeGetTensorImpl()));
-    ratios.push_back(r.ratio);
-  }
-  return {which, ratios};
+  return by_index(*h->opt, h->opt->trust_ratios(), [](const optim::TrustRatio& r) { return r.ratio; });
 }
 
 /// Muon: the RMS of each orthogonalized parameter's last update, as trust_ratios.
@@ -523,16 +535,7 @@ std::tuple<std::vector<std::int64_t>, std::vector<double>> update_rms(std::int64
   std::lock_guard<std::mutex> lock(h->step_mutex);
   const auto* muon = dynamic_cast<const optim::Muon*>(h->opt.get());
   TORCH_CHECK_VALUE(muon, "bigbatch::update_rms: the optimizer is ", h->opt->kind(), ", not Muon");
-  std::unordered_map<const void*, std::int64_t> index;
-  const auto params = flat_params(*h->opt);
-  for (std::size_t i = 0; i < params.size(); ++i) index[params[i].unsafeGetTensorImpl()] = static_cast<std::int64_t>(i);
-  std::vector<std::int64_t> which;
-  std::vector<double> rms;
-  for (const auto& r : muon->update_rms()) {
-    which.push_back(index.at(r.param.unsafeGetTensorImpl()));
-    rms.push_back(r.rms);
-  }
-  return {which, rms};
+  return by_index(*h->opt, muon->update_rms(), [](const optim::UpdateRms& r) { return r.rms; });
 }
 
 std::int64_t state_bytes(std::int64_t handle) {
