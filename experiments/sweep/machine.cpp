@@ -377,6 +377,7 @@ nlohmann::json to_json(const MathCheck& m) {
           {"fma_peak_gflops_1_thread", m.peak_gflops > 0 ? nlohmann::json(m.peak_gflops) : nlohmann::json(nullptr)},
           {"fma_peak_isa", m.peak_isa},
           {"fraction_of_peak", std::isfinite(f) ? nlohmann::json(f) : nlohmann::json(nullptr)},
+          {"slow_below", slow_math_fraction()},
           {"slow", m.slow()},
           {"seconds", m.seconds}};
 }

@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -45,15 +46,25 @@ class ScopedEnv {
 // No matrix product on one core beats the multiply-adds it is made of: the
 // measured sgemm rate stays under the measured peak (10% for the timers'
 // noise). A peak measured too low (a narrower instruction set than the CPU
-// has, a loop the compiler shortened) breaks it; so does a peak measured at
-// the wrong width, which the CPU's own flags give away.
+// has, a loop the compiler shortened) breaks it in every measurement; so does
+// a peak measured at the wrong width, which the CPU's own flags give away.
+// The other core's load can slow one peak loop and not the products: a
+// measurement breaks the bound only by chance when another one keeps it, so
+// up to three are taken. No check here depends on how fast this CPU is.
 TEST(MathCheck, TheMatrixProductStaysUnderTheMeasuredMultiplyAddPeak) {
   const int threads = at::get_num_threads();
-  const MathCheck m = measure_math();
-  EXPECT_EQ(at::get_num_threads(), threads) << "the check must give the intra-op threads back";
-  EXPECT_EQ(m.sgemm_n, 512);
-  EXPECT_GT(m.sgemm_gflops, 0.1);
-  EXPECT_LT(m.seconds, 2.0) << "well under a second on any BLAS that is not generic";
+  MathCheck m;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const auto start = std::chrono::steady_clock::now();
+    m = measure_math();
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(at::get_num_threads(), threads) << "the check must give the intra-op threads back";
+    EXPECT_EQ(m.sgemm_n, 512);
+    EXPECT_GT(m.sgemm_gflops, 0);
+    EXPECT_GT(m.seconds, 0);
+    EXPECT_LE(m.seconds, wall) << "the check's own time is part of the call's";
+    if (!(m.peak_gflops > 0) || m.sgemm_gflops <= 1.1 * m.peak_gflops) break;
+  }
 #if defined(__x86_64__)
   __builtin_cpu_init();
   const std::string widest = __builtin_cpu_supports("avx512f")                                   ? "avx512f"
@@ -61,7 +72,8 @@ TEST(MathCheck, TheMatrixProductStaysUnderTheMeasuredMultiplyAddPeak) {
                                                                                                 : "sse2";
   EXPECT_EQ(m.peak_isa, widest);
   ASSERT_GT(m.peak_gflops, 0);
-  EXPECT_LE(m.sgemm_gflops, 1.1 * m.peak_gflops) << "sgemm " << m.sgemm_gflops << " GFLOP/s, peak " << m.peak_gflops;
+  EXPECT_LE(m.sgemm_gflops, 1.1 * m.peak_gflops) << "sgemm " << m.sgemm_gflops << " GFLOP/s, peak " << m.peak_gflops
+                                                 << " in each of three measurements";
   EXPECT_NEAR(m.fraction(), m.sgemm_gflops / m.peak_gflops, 1e-12);
 #else
   EXPECT_EQ(m.peak_gflops, 0);
@@ -170,6 +182,10 @@ TEST(MachineInfo, ThisMachineIsMeasuredOnceAndReported) {
   const nlohmann::json r = machine_record(m);
   EXPECT_EQ(r["math"]["sgemm_gflops_1_thread"].get<double>(), m.math.sgemm_gflops);
   EXPECT_EQ(r["blas"].get<std::string>(), m.blas);
+  // The verdict and the threshold it was judged against, so that a reader
+  // (and a test) can check the one against the other.
+  EXPECT_EQ(r["math"]["slow_below"].get<double>(), slow_math_fraction());
+  EXPECT_EQ(r["math"]["slow"].get<bool>(), m.math.slow());
   EXPECT_EQ(to_json(m)["nccl"].get<bool>(), m.nccl);
 }
 
