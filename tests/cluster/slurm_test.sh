@@ -66,21 +66,38 @@ once() {
   done
 }
 # held_by DIR: "TRIAL PID" of a trial whose checkpoint is written and whose
-# claim a live worker holds, once there is one.
+# claim a live worker holds, once there is one. The worker is stopped
+# (SIGSTOP) where it is, and found still holding the trial unfinished, so
+# that the trial cannot end before the test's signal reaches it, however
+# fast this machine runs it: the caller kills it, or continues it.
 held_by() {
-  local t slot
+  local t slot pid
   for _ in $(seq 600); do
     for t in $trials; do
       [ -e "$1/cluster/$t/checkpoint.pt" ] || continue
       slot=$(ls "$1/cluster/claims/$t".* 2> /dev/null | sort -t. -k2 -n | tail -1)
-      if [ -n "$slot" ] && grep -q '^run ' "$slot"; then
-        echo "$t $(cut -d: -f2 "$slot")"
+      [ -n "$slot" ] && grep -q '^run ' "$slot" || continue
+      pid=$(cut -d: -f2 "$slot")
+      kill -STOP "$pid" 2> /dev/null || continue
+      if [ "$(ls "$1/cluster/claims/$t".* 2> /dev/null | sort -t. -k2 -n | tail -1)" = "$slot" ] &&
+         [ ! -e "$1/cluster/$t/summary.json" ]; then
+        echo "$t $pid"
         return 0
       fi
+      kill -CONT "$pid"
     done
     sleep 0.1
   done
   fail "no trial of $1 wrote a checkpoint"
+}
+# usr1_pending PID: a SIGUSR1 waits at the (stopped) process PID: bit 10 of
+# its pending signals, the thread's or the process's.
+usr1_pending() {
+  local mask
+  for mask in $(sed -n 's/^\(SigPnd\|ShdPnd\):[[:space:]]*//p' "/proc/$1/status" 2> /dev/null); do
+    (( 0x$mask & 0x200 )) && return 0
+  done
+  return 1
 }
 
 "$bigbatch" sweep "$config" --out ref > /dev/null 2>&1
@@ -118,6 +135,10 @@ echo "2. worker $task killed in $trial: finished once, by the other, from its ch
 id=$(submit --out preempt --workers 1 --lease 4 --requeue)
 read -r trial pid < <(held_by preempt)
 scancel --batch --signal=USR1 "$id"
+# The batch shell passes the signal on to its stopped worker, which then goes on.
+for _ in $(seq 600); do usr1_pending "$pid" && break; sleep 0.1; done
+usr1_pending "$pid" || fail "the batch shell did not pass USR1 on to worker $pid"
+kill -CONT "$pid"
 log=preempt/cluster/slurm/${id}_0.out
 for _ in $(seq 600); do grep -q "requeued" "$log" 2> /dev/null && break; sleep 0.1; done
 grep -q "^bigbatch: stopped by SIGUSR1: 1 running trial(s) given back, checkpointed unless batched" "$log" \

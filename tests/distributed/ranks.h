@@ -47,6 +47,7 @@ inline at::Tensor read_tensor(const std::string& path, std::int64_t n) {
 struct Ranks {
   std::vector<int> status;  // exit codes, -1 when killed for time
   std::vector<std::string> logs;
+  std::vector<double> exited;  // when each rank ended, in seconds from the launch
   double seconds;
 };
 
@@ -82,15 +83,17 @@ inline Ranks launch(const std::string& scenario, const std::string& out, int wor
     pids.push_back(pid);
   }
   r.status.assign(world, -2);
+  r.exited.assign(world, limit);
   int left = world;
   while (left > 0) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     for (int i = 0; i < world; ++i) {
       int st = 0;
       if (r.status[i] != -2 || waitpid(pids[i], &st, WNOHANG) != pids[i]) continue;
       r.status[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      r.exited[i] = elapsed;
       --left;
     }
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (elapsed > limit) {
       for (int i = 0; i < world; ++i) {
         if (r.status[i] == -2) {

@@ -252,7 +252,7 @@ bool refused(const Load& load, const std::string& expected) {
 // fresh optimizer must step otherwise (the state was used).
 int reshard_worker(const std::string& name, bool bf16, int saved_world, const std::string& saved) {
   const bd::WorldInfo world = bd::world_from_env();
-  bd::ProcessGroup group(world, std::chrono::seconds(20));
+  bd::ProcessGroup group(world, std::chrono::seconds(60));  // room for the ranks' start-ups to differ under load
   const auto factory = [&](std::vector<torch::optim::OptimizerParamGroup> g) { return make_opt(name, std::move(g), bf16); };
   std::vector<std::string> paths;
   for (int r = 0; r < saved_world; ++r) paths.push_back(saved + ".r" + std::to_string(r) + ".shard");
@@ -394,7 +394,7 @@ int sharded_worker(const std::string& scenario) {
   const bool bf16 = scenario.substr(colon + 1) == "bf16";
   const bd::WorldInfo world = bd::world_from_env();
   const std::string out = std::string(std::getenv("BIGBATCH_DIST_OUT")) + ".r" + std::to_string(world.rank);
-  bd::ProcessGroup group(world, std::chrono::seconds(20));
+  bd::ProcessGroup group(world, std::chrono::seconds(60));  // room for the ranks' start-ups to differ under load
   auto plain_net = make_net(bf16);
   auto states_net = make_net(bf16);
   auto grads_net = make_net(bf16);

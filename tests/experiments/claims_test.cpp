@@ -11,16 +11,22 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,6 +55,64 @@ bool appears(const fs::path& path) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return true;
+}
+
+// Waits (up to 10 s) for `path` to hold something: a file is made empty
+// and written after, so its existence alone says nothing of its content.
+bool filled(const fs::path& path) {
+  const auto start = Clock::now();
+  while (!fs::exists(path) || fs::file_size(path) == 0) {
+    if (seconds_since(start) > 10) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// A board's heartbeats, counted through its tick callback, so that a test
+// waits for heartbeats rather than for a time it hopes holds some.
+class Ticks {
+ public:
+  std::function<void()> callback() {
+    return [this] {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++count_;
+      }
+      ready_.notify_all();
+    };
+  }
+  // Waits for `more` heartbeats after now (30 s at most: a watchdog, not a
+  // bound the test relies on). A tick counted first may close a heartbeat
+  // that began before the call: wait(2) sees one wholly after it.
+  bool wait(int more) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int want = count_ + more;
+    return ready_.wait_for(lock, std::chrono::seconds(30), [&] { return count_ >= want; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  int count_ = 0;
+};
+
+// Sets a slot's last heartbeat `age` seconds before now, by the folder's
+// clock, as a worker silent for that long would have left it: the decisions
+// under test follow the recorded age against the lease, never how long the
+// test happened to wait.
+void age_slot(bx::ClaimBoard& board, const fs::path& slot, double age) {
+  const double t = board.folder_now() - age;
+  timespec times[2];
+  times[0].tv_sec = static_cast<time_t>(std::floor(t));
+  times[0].tv_nsec = static_cast<long>((t - std::floor(t)) * 1e9);
+  times[1] = times[0];
+  ASSERT_EQ(::utimensat(AT_FDCWD, slot.c_str(), times, 0), 0) << slot;
+}
+
+// The age a takeover's "silent for X s, lease L s" line gives, NaN without one.
+double silent_for(const std::string& said) {
+  const auto at = said.find("(silent for ");
+  return at == std::string::npos ? std::nan("") : std::strtod(said.c_str() + at + 12, nullptr);
 }
 
 class Claims : public ScratchDirTest {};
@@ -92,24 +156,22 @@ TEST_F(Claims, ManyWorkersRacingForTheSameTrialsClaimEachOnce) {
 }
 
 TEST_F(Claims, ADeadWorkersTrialIsTakenOverOnceItsLeaseRunsOut) {
-  constexpr double kLease = 0.6;
+  constexpr double kLease = 8;
+  const fs::path slot = dir_ / "claims" / "t.1";
   auto a = std::make_unique<bx::ClaimBoard>(dir_.string(), kLease);
   ASSERT_EQ(a->try_claim("t", false), State::kClaimed);
-  std::this_thread::sleep_for(std::chrono::duration<double>(kLease * 1.5));  // heartbeats keep it
+  a.reset();  // dies holding it: no release, no more heartbeats (its process lives on: no shortcut)
   bx::ClaimBoard b(dir_.string(), kLease);
   EXPECT_EQ(b.try_claim("t", false), State::kBusy);
-  a.reset();  // dies holding it: no release, no more heartbeats
-  const auto died = Clock::now();
-  State s = State::kBusy;
-  while (s == State::kBusy && seconds_since(died) < 5) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    s = b.try_claim("t", false);
-  }
-  const double waited = seconds_since(died);
-  EXPECT_EQ(s, State::kClaimed);
-  // Its last heartbeat was at most lease/8 before it died.
-  EXPECT_GT(waited, kLease * 7 / 8 - 0.05);
-  EXPECT_LT(waited, kLease + 1.0);
+  age_slot(b, slot, kLease / 2);  // silent for half its lease: still its holder's
+  EXPECT_EQ(b.try_claim("t", false), State::kBusy);
+  age_slot(b, slot, 1.5 * kLease);  // silent past its lease: taken over, and said so
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(b.try_claim("t", false), State::kClaimed);
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("taking over trial t from worker "), std::string::npos) << said;
+  EXPECT_GE(silent_for(said), 1.5 * kLease - 0.05) << said;
+  EXPECT_NE(said.find(", lease 8 s)"), std::string::npos) << said;
   EXPECT_EQ(slurp(dir_ / "claims" / "t.2"), "run " + b.worker() + "\n");
   EXPECT_TRUE(b.commit("t"));
 }
@@ -131,14 +193,22 @@ TEST_F(Claims, AGoneProcessOfThisMachineIsTakenOverAtOnce) {
   EXPECT_EQ(slurp(dir_ / "claims" / "t.2"), "run " + b.worker() + "\n");
 }
 
+// A live worker's heartbeats keep its slot younger than the lease: a slot
+// left as a silent worker's would be is touched anew at the next heartbeat
+// (counted, not timed), and the others find the trial busy each time.
 TEST_F(Claims, ALiveWorkerIsNeverRobbed) {
-  constexpr double kLease = 0.3;
-  bx::ClaimBoard a(dir_.string(), kLease), b(dir_.string(), kLease);
+  constexpr double kLease = 2;  // a heartbeat every 0.25 s
+  const fs::path slot = dir_ / "claims" / "t.1";
+  Ticks ticks;
+  bx::ClaimBoard a(dir_.string(), kLease, bx::new_worker_id(), ticks.callback()), b(dir_.string(), kLease);
   ASSERT_EQ(a.try_claim("t", false), State::kClaimed);
-  const auto start = Clock::now();
-  while (seconds_since(start) < 5 * kLease) {
-    ASSERT_EQ(b.try_claim("t", false), State::kBusy);
-    std::this_thread::sleep_for(std::chrono::milliseconds(15));
+  for (int round = 0; round < 3; ++round) {
+    age_slot(b, slot, 2 * kLease);
+    ASSERT_TRUE(ticks.wait(2)) << "no heartbeat in 30 s";
+    const std::optional<bx::ClaimSlot> last = b.last_slot("t");
+    ASSERT_TRUE(last);
+    EXPECT_LT(b.folder_now() - last->mtime, kLease) << "round " << round;
+    EXPECT_EQ(b.try_claim("t", false), State::kBusy) << "round " << round;
   }
   EXPECT_FALSE(a.robbed("t"));
   EXPECT_TRUE(a.commit("t"));
@@ -156,12 +226,19 @@ TEST_F(Claims, AStalledWorkersLateResultIsRefused) {
   if (child == 0) {
     int code = 10;
     {
-      bx::ClaimBoard mine(dir_.string(), kLease);
+      Ticks ticks;
+      bx::ClaimBoard mine(dir_.string(), kLease, bx::new_worker_id(), ticks.callback());
       if (mine.try_claim("t", false) == State::kClaimed) {
         std::ofstream(claimed.string()) << "1";
         ::raise(SIGSTOP);  // stalled here until the parent continues it
-        std::this_thread::sleep_for(std::chrono::duration<double>(kLease / 2));  // a heartbeat or more
-        code = (mine.verify("t") ? 4 : 0) + (mine.robbed("t") ? 1 : 0) + (mine.commit("t") ? 0 : 2);
+        // A heartbeat after the stall: it sees the next slot taken. Then, in
+        // this order, what the worker learns before touching its trial's
+        // folder, and its commit.
+        const bool beat = ticks.wait(2);
+        const bool seen = mine.robbed("t");
+        const bool held = mine.verify("t");
+        const bool committed = mine.commit("t");
+        code = beat ? (held ? 4 : 0) + (seen ? 1 : 0) + (committed ? 0 : 2) : 8;
       }
     }
     ::_exit(code);
@@ -182,7 +259,7 @@ TEST_F(Claims, AStalledWorkersLateResultIsRefused) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
   // 3: robbed, seen so, and refused (1 alone: committed anyway; 2 alone: not
-  // seen robbed; 4: verify() said it still held the trial).
+  // seen robbed; 4: verify() said it still held the trial; 8: no heartbeat).
   EXPECT_EQ(WEXITSTATUS(status), 3);
   EXPECT_FALSE(taker.robbed("t"));
   EXPECT_TRUE(taker.commit("t"));  // slot 3: the taker's result stands
@@ -238,8 +315,7 @@ TEST_F(Cores, ProcessesSideBySideDivideTheCores) {
     ::pause();
     ::_exit(0);
   }
-  ASSERT_TRUE(appears(ready));
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(filled(ready));
   EXPECT_EQ(slurp(ready), "3");
   {
     bx::CoreLedger mine(ledger, 4);
@@ -315,8 +391,9 @@ TEST_F(SlurmScript, PassesTheSignalOnAndRequeuesAStoppedWorker) {
     ::execl("/bin/bash", "bash", script.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  ASSERT_TRUE(appears(dir_ / "started"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the shell is in `wait`
+  // The script sets its traps before it starts the worker, which writes
+  // this file once its own are set: the signal may come at once.
+  ASSERT_TRUE(filled(dir_ / "started"));
   EXPECT_EQ(slurp(dir_ / "started"), "sweep /configs/it's.json --out /shared/runs\n");
   ::kill(shell, SIGUSR1);
   int status = 0;
@@ -347,8 +424,7 @@ TEST_F(SlurmScript, ASigtermToTheWholeJobStopsTheWorkerOnce) {
     ::execl("/bin/bash", "bash", script.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  ASSERT_TRUE(appears(dir_ / "started"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(filled(dir_ / "started"));
   ::kill(-shell, SIGTERM);  // the whole process group
   int status = 0;
   ASSERT_EQ(::waitpid(shell, &status, 0), shell);
