@@ -9,39 +9,71 @@ rm -rf "$work"
 # A core ledger of its own (experiments/cluster/cores.h): a sweep the user runs beside
 # the suite would otherwise hold this machine's cores and refuse the example's.
 export BIGBATCH_CORE_LEDGER="$work/.cores"
-args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBIGBATCH_SOURCE_DIR="$src" -DBIGBATCH_CONSUMER_MODE="$mode")
+args=(-G Ninja -DBIGBATCH_SOURCE_DIR="$src" -DBIGBATCH_CONSUMER_MODE="$mode")
+# The package's programs are Release builds, as the README's user makes
+# them. add_subdirectory compiles bigbatch itself once more, here with no
+# build type (CMake's default: no optimization, assertions on), as a project
+# that sets none builds it: what this mode checks (bigbatch's targets, their
+# include paths and links inside another project) does not depend on the
+# optimization, which would double the time it takes.
+if [ "$mode" = package ]; then args+=(-DCMAKE_BUILD_TYPE=Release); else args+=(-DCMAKE_BUILD_TYPE=); fi
 if command -v ccache >/dev/null; then args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
-# The consumer finds the LibTorch this build used (Debian's, or a --torch wheel's).
 torch_dir=$(sed -n 's/^Torch_DIR:[A-Z]*=//p' "$build/CMakeCache.txt")
-if [ -n "$torch_dir" ]; then args+=(-DTorch_DIR="$torch_dir"); fi
 if [ "$mode" = package ]; then
+  # As the README's user does: only the install prefix. The package finds the
+  # LibTorch it was built against (cmake/bigbatchConfig.cmake.in), though
+  # Debian's libtorch-dev, which the test command installs, sits in /usr.
   cmake --install "$build" --prefix "$work/prefix" >/dev/null
   args+=(-DCMAKE_PREFIX_PATH="$work/prefix" -DBIGBATCH_PUBLIC_HEADERS_DIR="$work/prefix/include/bigbatch")
-else  # the build tree's links to the public headers (CMakeLists.txt, BIGBATCH_INCLUDE_ROOT)
+  # A project that chose another LibTorch is refused at configure time,
+  # naming both versions (not dozens of undefined c10:: symbols at link time).
+  other=""
+  for dir in /usr/lib/x86_64-linux-gnu/cmake/Torch "$src"/.torch/*/cmake; do
+    if [ -e "$dir/TorchConfig.cmake" ] && [ "$(cd "$dir" && pwd -P)" != "$(cd "$torch_dir" && pwd -P)" ]; then
+      other=$dir
+      break
+    fi
+  done
+  if [ -n "$other" ]; then
+    mine=$(sed -n 's/^set(bigbatch_TORCH_VERSION "\(.*\)")$/\1/p' "$work/prefix/lib/cmake/bigbatch/bigbatchConfig.cmake")
+    [ -n "$mine" ] || { echo "the installed bigbatchConfig.cmake records no LibTorch version" >&2; exit 1; }
+    if out=$(cmake -S "$src/tests/consumer" -B "$work/other-torch" "${args[@]}" -DTorch_DIR="$other" 2>&1 |
+             tr -s ' \n' '  '; exit "${PIPESTATUS[0]}"); then
+      echo "a consumer of another LibTorch ($other) configured against bigbatch built with $mine" >&2
+      exit 1
+    fi
+    theirs=$(grep -ho 'found LibTorch [0-9.a-z+]*' <<<"$out" | head -1)
+    grep -q "built against LibTorch $mine " <<<"$out" && [ -n "$theirs" ] && [ "$theirs" != "found LibTorch $mine" ] ||
+      { echo "another LibTorch refused without naming both versions:" >&2; echo "$out" >&2; exit 1; }
+    echo "another LibTorch refused: built against $mine, $theirs"
+  fi
+else  # the build tree's links to the public headers (CMakeLists.txt, BIGBATCH_INCLUDE_ROOT);
+  # bigbatch's own CMake finds the LibTorch this build used (Debian's, or a --torch wheel's).
+  [ -z "$torch_dir" ] || args+=(-DTorch_DIR="$torch_dir")
   args+=(-DBIGBATCH_PUBLIC_HEADERS_DIR="$work/build/bigbatch/public-include/bigbatch")
 fi
 cmake -S "$src/tests/consumer" -B "$work/build" "${args[@]}" >/dev/null
-# Every public header compiles alone in a consumer, and only those are
-# reachable (tests/consumer/CMakeLists.txt).
-cmake --build "$work/build" --target include_public >/dev/null
+# Everything this mode builds, in one build of two jobs: every public header
+# alone in one file (tests/consumer/CMakeLists.txt), the README's example,
+# the docs' examples (once is enough: the package), and the example
+# workload against this mode's bigbatch::experiments.
+targets=(include_public readme_example waves)
+[ "$mode" != package ] || targets+=(docs_examples)
+cmake --build "$work/build" --parallel 2 --target "${targets[@]}" >/dev/null
+# Only the public headers are reachable: each internal one fails to resolve.
 IFS=';' read -r -a internal < "$work/build/include_internal_targets.txt"
 for target in "${internal[@]}"; do
-  if out=$(cmake --build "$work/build" --target "$target" 2>&1); then
+  if out=$(cmake --build "$work/build" --parallel 2 --target "$target" 2>&1); then
     echo "an internal header is reachable by a consumer: $target" >&2
     exit 1
   fi
   grep -q "No such file or directory" <<<"$out" || { echo "$target failed for another reason:" >&2; echo "$out" >&2; exit 1; }
 done
 echo "internal headers unreachable: ${#internal[@]}"
-cmake --build "$work/build" --parallel 2 --target readme_example
 "$work/build/readme_example"
-if [ "$mode" = package ]; then  # the docs' examples, once is enough
-  cmake --build "$work/build" --parallel 2 --target docs_examples
-  "$work/build/docs_examples"
-fi
-# The example workload, built against this mode's bigbatch::experiments: its
-# sweep and cbs end to end (the plots once), each with a table to show.
-cmake --build "$work/build" --parallel 2 --target waves >/dev/null
+[ "$mode" != package ] || "$work/build/docs_examples"
+# The example workload: its sweep and cbs end to end (the plots once), each
+# with a table to show.
 example="$src/examples/sequence_workload"
 runs="$work/runs"
 "$work/build/sequence_workload/waves" sweep "$example/sweep.json" --out "$runs" --jobs 2 >/dev/null 2>"$work/sweep.log" ||
