@@ -14,13 +14,15 @@
 //
 // Run without arguments: it measures the world of one, then re-executes
 // itself as 2 ranks (rank 0 prints). Iteration counts are fixed in world 2 so
-// that the ranks stay in step.
+// that the ranks stay in step. ctest's smoke run cuts the lists and the
+// iterations down (smoke.h).
 //
 // --device=cuda (scripts/gpu.sh bench, a BIGBATCH_CUDA build): the codecs
 // and the copy on the GPU, in an NCCL world of one, each iteration timed
 // from the host to a device synchronization (the world of one's all-reduce,
 // a device copy, included); no passes, no world 2.
 #include "optimizer_bench.h"
+#include "smoke.h"
 
 #include "../distributed/compression.h"
 #include "../experiments/cluster/launch.h"
@@ -50,6 +52,14 @@ at::Device device = at::kCPU;
 
 void sync() {
   if (device.is_cuda()) torch::cuda::synchronize();
+}
+
+// The list, or in ctest's smoke run the same tensors cut down (smoke.h).
+ShapeList sized(ShapeList list) {
+  for (auto& shape : list.shapes) {
+    for (auto& d : shape) d = bigbatch::bench::dimension(d);
+  }
+  return list;
 }
 
 // Parameters of the list's shapes with random gradients.
@@ -233,14 +243,14 @@ int main(int argc, char** argv) {
                                              device.is_cuda() ? bd::Backend::kNccl : bd::Backend::kGloo);
   if (world.world_size > 1) {
     at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.world_size));
-    const ShapeList r = bigbatch::bench::resnet50();
+    const ShapeList r = sized(bigbatch::bench::resnet50());
     for (const Compression c : kAll) {
       benchmark::RegisterBenchmark((std::string("step/") + bd::compression_name(c) + "/" + r.name + "/world2").c_str(),
                                    [r, c](benchmark::State& st) { step(st, r, c); })
-          ->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+          ->Iterations(bigbatch::bench::iterations(3))->Unit(benchmark::kMillisecond)->UseRealTime();
     }
   } else {
-    for (const ShapeList& list : {bigbatch::bench::resnet50(), bigbatch::bench::bert_large()}) {
+    for (const ShapeList& list : {sized(bigbatch::bench::resnet50()), sized(bigbatch::bench::bert_large())}) {
       const std::string name = list.name;
       benchmark::RegisterBenchmark(("copy/" + name).c_str(), [list](benchmark::State& st) { copy(st, list); })
           ->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -10,6 +10,7 @@
 #include "../experiments/cluster/launch.h"
 #include "../optimizers/lamb.h"
 #include "rank_bench.h"
+#include "smoke.h"
 
 #include <benchmark/benchmark.h>
 #include <torch/nn/functional/loss.h>
@@ -100,18 +101,18 @@ int main(int argc, char** argv) {
   group = bigbatch::bench::join_world(world);
   const std::string suffix = "/world" + std::to_string(world.world_size);
   benchmark::RegisterBenchmark(("compute_per_rank" + suffix).c_str(), bm_compute)
-      ->Iterations(100)->Unit(benchmark::kMillisecond)->UseRealTime();
+      ->Iterations(bigbatch::bench::iterations(100))->Unit(benchmark::kMillisecond)->UseRealTime();
   if (group) {
     benchmark::RegisterBenchmark(("allreduce" + suffix).c_str(), bm_allreduce)
-        ->Iterations(100)->Unit(benchmark::kMillisecond)->UseRealTime();
+        ->Iterations(bigbatch::bench::iterations(100))->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   benchmark::RegisterBenchmark(("step" + suffix).c_str(), bm_step)
-      ->Iterations(100)->Unit(benchmark::kMillisecond)->UseRealTime();
+      ->Iterations(bigbatch::bench::iterations(100))->Unit(benchmark::kMillisecond)->UseRealTime();
   if (group) {
     for (const bool overlap : {false, true}) {
       benchmark::RegisterBenchmark(("step_1MB_buckets" + std::string(overlap ? "_overlap" : "") + suffix).c_str(),
                                    [overlap](benchmark::State& st) { bm_step_buckets(st, overlap); })
-          ->Iterations(100)->Unit(benchmark::kMillisecond)->UseRealTime();
+          ->Iterations(bigbatch::bench::iterations(100))->Unit(benchmark::kMillisecond)->UseRealTime();
     }
   }
   if (world.rank != 0) std::freopen("/dev/null", "w", stdout);

@@ -18,13 +18,14 @@
 //                        else uses 127.0.0.1 meanwhile
 // Run without arguments: it measures world 1 itself, then re-executes itself
 // as 2 and as 4 ranks; rank 0 prints. Iteration counts are fixed so that the
-// ranks stay in step.
+// ranks stay in step (30; 2 in ctest's smoke run, benchmarks/smoke.h).
 #include "../distributed/process_group.h"
 #include "../distributed/sharded.h"
 #include "../experiments/cluster/launch.h"
 #include "../optimizers/lamb.h"
 #include "../optimizers/muon.h"
 #include "rank_bench.h"
+#include "smoke.h"
 
 #include <benchmark/benchmark.h>
 #include <torch/nn/functional/loss.h>
@@ -46,7 +47,6 @@ namespace {
 namespace bd = bigbatch::distributed;
 namespace bo = bigbatch::optim;
 constexpr std::int64_t kGlobalBatch = 256;
-constexpr int kIterations = 30;
 std::unique_ptr<bd::ProcessGroup> group;
 
 // Bytes the loopback interface has transmitted since boot.
@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
       const bd::ShardStage s = stage;
       benchmark::RegisterBenchmark((kind + "_shard_" + name + suffix).c_str(),
                                    [kind, s](benchmark::State& st) { bm_step(st, kind, s); })
-          ->Iterations(kIterations)->Unit(benchmark::kMillisecond)->UseRealTime();
+          ->Iterations(bigbatch::bench::iterations(30))->Unit(benchmark::kMillisecond)->UseRealTime();
     }
   }
   if (world.rank != 0) std::freopen("/dev/null", "w", stdout);
