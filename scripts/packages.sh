@@ -37,8 +37,9 @@ main=(build-essential cmake ninja-build ccache git python3-pip
 # Bible the language-model quickstart trains on (scripts/kjv.sh).
 # slurm-wlm, munge, iproute2: the real Slurm (22.05) and its authentication
 # daemon the cluster tests start (scripts/slurm_cluster.sh; ss picks its ports).
+# python3-venv: the Python package's environment (scripts/pyenv.sh).
 tests=(libtorch-dev python3-torch libopenblas0-openmp libgtest-dev libgmock-dev libbenchmark-dev
-       libboost-context-dev sentencepiece bible-kjv slurm-wlm munge iproute2)
+       libboost-context-dev sentencepiece bible-kjv slurm-wlm munge iproute2 python3-venv)
 
 packages=("${main[@]}")
 case ${1:-} in

@@ -5,24 +5,44 @@
 # package, pip-installed from this checkout into ./.pyenv (PyPI's torch of
 # that pin, scripts/pyenv.sh) and tested with pytest (tests/python, against
 # the main build's C++ peer program and CLI); through ctest against Debian's
-# LibTorch 1.13, the compatibility lane (./build-debian); then the tests
-# labelled "sanitize" under ASan and UBSan (./build-asan, scripts/sanitize.sh).
-# Every lane always runs; the last line adds up their summaries.
+# LibTorch 1.13, the compatibility lane (./build-debian), which builds and
+# runs what depends on the LibTorch version; then the tests labelled
+# "sanitize" under ASan and UBSan (./build-asan, scripts/sanitize.sh).
+# Every lane always runs. The last lines give each lane's summary beside its
+# wall time (setup and build, then tests), and add the summaries up.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.ccache}"
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+logs=$(mktemp -d)
+pyenv_pid=""
+trap '[ -z "$pyenv_pid" ] || kill "$pyenv_pid" 2>/dev/null; rm -rf "$logs"' EXIT
 status=0
-lane() {  # lane NAME BUILD EXCLUDE SETUP_ARGS...: set up and build, then the suite but the tests EXCLUDE matches
-  local name=$1 build=$2 exclude=$3
-  shift 3
-  echo "== $name"
-  { scripts/setup.sh "$@" && remedy "$build" &&
-    ctest --test-dir "$build" --output-on-failure --parallel 2 --timeout 900 ${exclude:+-E "$exclude"}; } 2>&1 |
-    tee -a "$log" || status=1
+began=$SECONDS
+clock() { printf '%d min %02d s' $(($1 / 60)) $(($1 % 60)); }
+
+# lane N NAME FUNCTION [ARGS...]: runs one lane, its output shown and kept
+# in its own log, and times it; FUNCTION writes "build SECONDS" to the file
+# $logs/N.build where the lane builds before it tests.
+lane() {
+  local n=$1 name=$2 t0=$SECONDS
+  shift 2
+  echo "== lane $n: $name"
+  "$@" "$n" 2>&1 | tee "$logs/$n" || status=1
+  echo "$name" > "$logs/$n.name"
+  echo $((SECONDS - t0)) > "$logs/$n.wall"
+}
+built() { echo $((SECONDS - $2)) > "$logs/$1.build"; }  # built N T0: lane N built, T0 its start
+
+# ctest_lane BUILD EXCLUDE SETUP_ARGS... N: set up and build, then the suite
+# but the tests EXCLUDE matches.
+ctest_lane() {
+  local build=$1 exclude=$2 n=${!#} t0=$SECONDS
+  set -- "${@:3:$#-3}"
+  scripts/setup.sh "$@" && remedy "$build" || return 1
+  built "$n" "$t0"
+  ctest --test-dir "$build" --output-on-failure --parallel 2 --timeout 900 ${exclude:+-E "$exclude"}
 }
 # Where the build's BLAS is an OpenBLAS running generic kernels (Debian's
 # 1.13 on the Xeons of this machine kind: a third of the speed, and of the
@@ -39,17 +59,30 @@ if m["math"]["slow"] and m["blas"].startswith("OpenBLAS"):
     export OPENBLAS_CORETYPE=$core
   fi
 }
-lane "lane 1: current LibTorch (the main build)" build ""
+
+# The Python lane's environment (2.9 GB of wheels, fetched once, and their
+# unpacking: network and disk more than CPU) is made while lane 1 builds,
+# once the packages and the torch wheel it shares with lane 1 are there.
+scripts/packages.sh && /usr/bin/python3 scripts/fetch_torch.py "$(cat scripts/torch_version)" ".torch/$(cat scripts/torch_version)" ||
+  status=1
+scripts/pyenv.sh > "$logs/pyenv" 2>&1 &
+pyenv_pid=$!
+
+lane 1 "current LibTorch (the main build)" ctest_lane build ""
+
 # The package builds without its CLI here (BIGBATCH_PYTHON_CLI=OFF: the main
 # build's serves bigbatch.sweep, through BIGBATCH_CLI), which saves two of
 # the package's three and a half minutes of compiling; docs/python.md.
-echo "== lane 2: the Python package (pip install from this checkout, pytest)"
 python_lane() {
-  scripts/pyenv.sh &&
-    CMAKE_BUILD_PARALLEL_LEVEL=2 BIGBATCH_PYTHON_CLI=OFF .pyenv/bin/python -m pip install --quiet \
-      --disable-pip-version-check --no-build-isolation . || return 1
+  local n=$1 t0=$SECONDS rc=0
+  wait "$pyenv_pid" || rc=1
+  pyenv_pid=""
+  cat "$logs/pyenv"
+  [ "$rc" -eq 0 ] || return 1
+  CMAKE_BUILD_PARALLEL_LEVEL=2 BIGBATCH_PYTHON_CLI=OFF .pyenv/bin/python -m pip install --quiet \
+    --disable-pip-version-check --no-build-isolation . || return 1
+  built "$n" "$t0"
   rm -f build/pytest.xml
-  local rc=0
   BIGBATCH_CLI="$PWD/build/experiments/bigbatch" BIGBATCH_PYTHON_PEER="$PWD/build/tests/python_peer" \
     BIGBATCH_REQUIRE_REFERENCES=1 .pyenv/bin/python -m pytest -q -p no:cacheprovider --junitxml=build/pytest.xml \
     tests/python || rc=1
@@ -61,25 +94,48 @@ bad += int(s.get("errors"))
 print(f"pytest: {n - bad - skip} tests passed, {bad} tests failed, {skip} skipped, out of {n}")' build/pytest.xml
   return $rc
 }
-python_lane 2>&1 | tee -a "$log" || status=1
-# Lane 3 builds everything but the SIMT executor's suite (the CUDA device
-# code, which no LibTorch version changes) and runs the rest but for what
-# does not depend on the LibTorch version and costs minutes: the
+lane 2 "the Python package (pip install from this checkout, pytest)" python_lane
+
+# Lane 3 builds and runs what depends on the LibTorch version: the
+# libraries, the CLI and the test binaries that call LibTorch, and their
+# tests. It leaves out what does not: the SIMT executor's suite (the CUDA
+# device code), the torch-free tests (io_tests, kernels_tests and the fuzz
+# corpora of torch-free formats, which lane 4 also runs under the
+# sanitizers; the scripts' checks of the tree), the benchmarks, the CUDA
+# compile check (a BIGBATCH_CUDA build needs LibTorch 2.x), the
 # add_subdirectory consumer (it builds bigbatch once more; Consumer.package
-# runs), the benchmarks' smoke runs and the Slurm cluster.
-lane "lane 3: Debian's LibTorch 1.13 (compatibility)" build-debian '^Consumer\.subdirectory$|^Benchmarks\.|^Slurm\.cluster$' \
-  --debian -DBIGBATCH_SIMT_TESTS=OFF
-echo "== lane 4: ASan and UBSan"
-scripts/sanitize.sh 2>&1 | tee -a "$log" || status=1
+# runs), and the Slurm cluster. tests/CMakeLists.txt says which is which
+# (BIGBATCH_COMPAT_TESTS).
+lane 3 "Debian's LibTorch 1.13 (compatibility)" ctest_lane build-debian "" \
+  --debian -DBIGBATCH_SIMT_TESTS=OFF -DBIGBATCH_BUILD_BENCHMARKS=OFF -DBIGBATCH_COMPAT_TESTS=ON
+
+sanitize_lane() {
+  local n=$1 t0=$SECONDS
+  scripts/sanitize.sh --build || return 1
+  built "$n" "$t0"
+  scripts/sanitize.sh --test
+}
+lane 4 "ASan and UBSan" sanitize_lane
 
 # ctest: "100% tests passed, 0 tests failed out of 390" per lane; pytest's
 # line above: "pytest: 40 tests passed, 0 tests failed, 0 skipped, out of 40".
-read -r lanes total failed < <(awk '/tests passed, [0-9]+ tests? failed out of/ {n++; f += $4; t += $NF}
-                                    /^pytest: [0-9]+ tests passed/ {n++; f += $5; t += $NF}
-                                    END {print n + 0, t + 0, f + 0}' "$log")
-skipped=$(( $(grep -cE '^[[:space:]]*[0-9]+ - .* \(Skipped\)$' "$log") +
-            $(awk '/^pytest: [0-9]+ tests passed/ {s += $8} END {print s + 0}' "$log") ))
-if [ "$lanes" -ne 4 ] || [ "$total" -eq 0 ]; then status=1; fi
-echo "(four lanes; the skipped entries are the _CUDA tests, one entry per test binary, which need a GPU (lane 1 runs them on the SIMT executor), lane 2's tests/python/test_cuda.py (no GPU), and lane 3's TorchOptim.MuonMatchesPyTorchsMuon, whose PyTorch Muon comes with current LibTorch; lane 3 leaves out Consumer.subdirectory, Benchmarks.* and Slurm.cluster)"
-echo "total: $((total - failed - skipped)) passed, $failed failed, $skipped skipped"
+echo "== summary: each lane's tests, and its wall time (setup and build, then tests)"
+passed=0 failed=0 skipped=0 lanes=0
+for n in 1 2 3 4; do
+  line=$(grep -hE 'tests passed, [0-9]+ tests? failed out of|^pytest: [0-9]+ tests passed' "$logs/$n" 2>/dev/null | tail -1)
+  wall=$(cat "$logs/$n.wall" 2>/dev/null || echo 0)
+  build=$(cat "$logs/$n.build" 2>/dev/null || echo "")
+  times="$(clock "$wall")${build:+: setup and build $(clock "$build"), tests $(clock $((wall - build)))}"
+  echo "lane $n, $(cat "$logs/$n.name" 2>/dev/null): ${line:-no summary (the lane stopped before its tests)} [$times]"
+  [ -n "$line" ] || continue
+  lanes=$((lanes + 1))
+  # Out of how many, failed, skipped (ctest's skipped: its "(Skipped)" lines).
+  read -r t f s < <(awk '/tests passed, [0-9]+ tests? failed out of/ {print $NF, $4, -1}
+                         /^pytest: [0-9]+ tests passed/ {print $NF, $5, $8}' <<<"$line")
+  [ "$s" -ge 0 ] || s=$(grep -cE '^[[:space:]]*[0-9]+ - .* \(Skipped\)$' "$logs/$n")
+  passed=$((passed + t - f - s)) failed=$((failed + f)) skipped=$((skipped + s))
+done
+if [ "$lanes" -ne 4 ] || [ "$passed" -le 0 ]; then status=1; fi
+echo "(the skipped entries are the _CUDA tests, one entry per test binary, which need a GPU (lane 1 runs them on the SIMT executor), lane 2's tests/python/test_cuda.py (no GPU), and lane 3's TorchOptim.MuonMatchesPyTorchsMuon, whose PyTorch Muon comes with current LibTorch)"
+echo "total: $passed passed, $failed failed, $skipped skipped, in $(clock $((SECONDS - began)))"
 exit $status
