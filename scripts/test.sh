@@ -65,7 +65,9 @@ if m["math"]["slow"] and m["blas"].startswith("OpenBLAS"):
 # once the packages and the torch wheel it shares with lane 1 are there.
 scripts/packages.sh && /usr/bin/python3 scripts/fetch_torch.py "$(cat scripts/torch_version)" ".torch/$(cat scripts/torch_version)" ||
   status=1
-scripts/pyenv.sh > "$logs/pyenv" 2>&1 &
+# (A lane runs in a pipeline's subshell, which cannot wait for this job: it
+# waits for the exit status the job writes.)
+{ scripts/pyenv.sh > "$logs/pyenv" 2>&1; echo $? > "$logs/pyenv.rc"; } &
 pyenv_pid=$!
 
 lane 1 "current LibTorch (the main build)" ctest_lane build ""
@@ -75,10 +77,9 @@ lane 1 "current LibTorch (the main build)" ctest_lane build ""
 # the package's three and a half minutes of compiling; docs/python.md.
 python_lane() {
   local n=$1 t0=$SECONDS rc=0
-  wait "$pyenv_pid" || rc=1
-  pyenv_pid=""
+  while [ ! -e "$logs/pyenv.rc" ]; do sleep 1; done
   cat "$logs/pyenv"
-  [ "$rc" -eq 0 ] || return 1
+  [ "$(cat "$logs/pyenv.rc")" -eq 0 ] || return 1
   CMAKE_BUILD_PARALLEL_LEVEL=2 BIGBATCH_PYTHON_CLI=OFF .pyenv/bin/python -m pip install --quiet \
     --disable-pip-version-check --no-build-isolation . || return 1
   built "$n" "$t0"
