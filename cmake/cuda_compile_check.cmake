@@ -33,3 +33,6 @@ target_include_directories(bigbatch_cuda_compile_check PRIVATE ${shim} ${CUDAToo
 target_compile_definitions(bigbatch_cuda_compile_check PRIVATE BIGBATCH_WITH_CUDA USE_C10D_NCCL USE_C10D_GLOO)
 target_link_libraries(bigbatch_cuda_compile_check PRIVATE ${libs})
 target_compile_options(bigbatch_cuda_compile_check PRIVATE $<$<CXX_COMPILER_ID:GNU,Clang>:-Wall -Wextra>)
+# The LibTorch headers parsed once, as for the libraries (the library
+# targets' precompiled header: the same flags; -Winvalid-pch says if not).
+bigbatch_precompile(bigbatch_cuda_compile_check)
