@@ -98,14 +98,16 @@ print(f"pytest: {n - bad - skip} tests passed, {bad} tests failed, {skip} skippe
 lane 2 "the Python package (pip install from this checkout, pytest)" python_lane
 
 # Lane 3 builds and runs what depends on the LibTorch version: the
-# libraries, the CLI and the test binaries that call LibTorch, and their
-# tests. It leaves out what does not: the SIMT executor's suite (the CUDA
-# device code), the torch-free tests (io_tests, kernels_tests and the fuzz
-# corpora of torch-free formats, which lane 4 also runs under the
-# sanitizers; the scripts' checks of the tree), the benchmarks, the CUDA
-# compile check (a BIGBATCH_CUDA build needs LibTorch 2.x), the
-# add_subdirectory consumer (it builds bigbatch once more; Consumer.package
-# runs), and the Slurm cluster. tests/CMakeLists.txt says which is which
+# libraries, the CLI, the test binaries that call LibTorch and the CUDA
+# compile check (the C++ only a BIGBATCH_CUDA build uses, against 1.13's
+# c10d and c10/cuda headers), and their tests. It leaves out what does not:
+# the SIMT executor's suite (the CUDA device code), the torch-free tests
+# (io_tests, kernels_tests and the fuzz corpora of torch-free formats, which
+# lane 4 also runs under the sanitizers; the scripts' checks of the tree),
+# the benchmarks, the add_subdirectory consumer (it builds bigbatch once
+# more; Consumer.package runs, without the example workload, whose programs
+# are the runner's), the runner scenarios whose subject is its own logic,
+# and the Slurm cluster. tests/CMakeLists.txt says which is which
 # (BIGBATCH_COMPAT_TESTS).
 lane 3 "Debian's LibTorch 1.13 (compatibility)" ctest_lane build-debian "" \
   --debian -DBIGBATCH_SIMT_TESTS=OFF -DBIGBATCH_BUILD_BENCHMARKS=OFF -DBIGBATCH_COMPAT_TESTS=ON
