@@ -290,6 +290,22 @@ TEST_F(Claims, ACommittedTrialIsSettledForThisRunAndRedoneByALaterOne) {
   EXPECT_EQ(slurp(dir_ / "claims" / "t.3"), "run " + later.worker() + "\n");
 }
 
+// A "done" slot whose trial has no summary yet: its writer is writing it.
+// Only one silent for the lease (or a process of this machine that is gone)
+// died before it had: then the trial is taken over.
+TEST_F(Claims, AResultBeingWrittenIsWaitedForUpToTheLease) {
+  constexpr double kLease = 8;
+  bx::ClaimBoard a(dir_.string(), kLease), b(dir_.string(), kLease);
+  ASSERT_EQ(a.try_claim("t", false), State::kClaimed);
+  ASSERT_TRUE(a.commit("t"));  // its writer lives on, and sends no more heartbeats for it
+  const fs::path done = dir_ / "claims" / "t.2";
+  age_slot(b, done, kLease / 2);  // within the lease: still being written
+  EXPECT_EQ(b.try_claim("t", false), State::kBusy);
+  age_slot(b, done, 1.5 * kLease);  // past it: its writer died before the summary
+  EXPECT_EQ(b.try_claim("t", false), State::kClaimed);
+  EXPECT_EQ(slurp(dir_ / "claims" / "t.3"), "run " + b.worker() + "\n");
+}
+
 TEST_F(Claims, ADamagedSlotIsNamed) {
   bx::ClaimBoard a(dir_.string(), 60);
   std::ofstream((dir_ / "claims" / "t.1").string()) << "mine!";
