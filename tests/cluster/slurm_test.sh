@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sweeps on a real Slurm: Debian's slurm-wlm 22.05 and munge, started for
 # this test by scripts/slurm_cluster.sh (a localhost node of 2 CPUs) and
-# stopped by it at the end, whatever happens. One ctest entry, run alone: its
-# kills and signals are timed, and its workers use both cores.
+# stopped by it at the end, whatever happens. One ctest entry, which runs
+# beside others: its kills and signals land on stopped workers.
 #   1. a job array of 3 workers completes a sweep whose table is the one a
 #      single process writes;
 #   2. a worker killed (SIGKILL) mid-trial: its trial is finished once, by
