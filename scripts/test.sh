@@ -120,7 +120,7 @@ sanitize_lane() {
 }
 lane 4 "ASan and UBSan" sanitize_lane
 
-# ctest: "100% tests passed, 0 tests failed out of 390" per lane; pytest's
+# ctest: "100% tests passed, 0 tests failed out of 132" per lane; pytest's
 # line above: "pytest: 40 tests passed, 0 tests failed, 0 skipped, out of 40".
 echo "== summary: each lane's tests, and its wall time (setup and build, then tests)"
 passed=0 failed=0 skipped=0 lanes=0
@@ -139,6 +139,6 @@ for n in 1 2 3 4; do
   passed=$((passed + t - f - s)) failed=$((failed + f)) skipped=$((skipped + s))
 done
 if [ "$lanes" -ne 4 ] || [ "$passed" -le 0 ]; then status=1; fi
-echo "(the skipped entries are the _CUDA tests, one entry per test binary, which need a GPU (lane 1 runs them on the SIMT executor), lane 2's tests/python/test_cuda.py (no GPU), and lane 3's TorchOptim.MuonMatchesPyTorchsMuon, whose PyTorch Muon comes with current LibTorch)"
+echo "(the skipped entries are the _CUDA tests, one entry per test binary, which need a GPU (lane 1 runs them on the SIMT executor), and lane 2's tests/python/test_cuda.py (no GPU); a ctest entry is a GoogleTest suite, and a test skipped inside one, such as lane 3's TorchOptim.MuonMatchesPyTorchsMuon (PyTorch's Muon comes with current LibTorch), counts with its suite)"
 echo "total: $passed passed, $failed failed, $skipped skipped, in $(clock $((SECONDS - began)))"
 exit $status
