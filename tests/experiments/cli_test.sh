@@ -30,6 +30,17 @@ expect_error() {
   echo "ok: exit $rc: $(cat err.txt)"
 }
 
+# grows FILE: waits (polling, up to 60 s) until FILE is larger than it is
+# now (absent counts as empty): a running trial has written past this point.
+grows() {
+  local size
+  size=$(stat -c %s "$1" 2>/dev/null || echo 0)
+  for _ in $(seq 3000); do
+    [ "$(stat -c %s "$1" 2>/dev/null || echo 0)" -gt "$size" ] && return 0
+    sleep 0.02
+  done
+}
+
 # derive OUT 'python statements on c' [BASE]: a config derived from BASE
 # (default: the e2e one).
 derive() {
@@ -591,13 +602,8 @@ c["target"] = {"metric": "val_loss", "threshold": 1e-9, "eval_every": 100}; c["o
   # for the resumed run to drop; polled, not slept for.
   t=killed/e2e.train/b64_p0_s0
   for _ in $(seq 1200); do [ -e $t/checkpoint.pt ] && break; sleep 0.02; done
-  for _ in 1 2; do
-    size=$(stat -c %s $t/events.out.tfevents.bigbatch 2>/dev/null || echo 0)
-    for _ in $(seq 1200); do
-      [ "$(stat -c %s $t/events.out.tfevents.bigbatch 2>/dev/null || echo 0)" -gt "$size" ] && break
-      sleep 0.01
-    done
-  done
+  grows $t/events.out.tfevents.bigbatch
+  grows $t/events.out.tfevents.bigbatch
   kill -9 $pid 2>/dev/null || fail "the trial ended before it was killed"
   [ ! -e $t/summary.json ] || fail "the trial ended before it was killed"
   wait $pid || true
@@ -1017,8 +1023,7 @@ PY
   # newest rank is killed.
   events=long/e2e.train/b64_p0_s0/events.out.tfevents.bigbatch
   for _ in $(seq 1200); do [ -s $events ] && break; sleep 0.05; done
-  size=$(stat -c %s $events 2>/dev/null || echo 0)
-  for _ in $(seq 1200); do [ "$(stat -c %s $events 2>/dev/null || echo 0)" -gt "$size" ] && break; sleep 0.05; done
+  grows $events
   [ "$(pgrep -c -P $launcher)" -eq 2 ] || fail "want 2 ranks training: $(tail -3 long.err)"
   pkill -KILL -n -P $launcher || fail "no rank to kill"
   killed=$SECONDS
