@@ -102,8 +102,8 @@ lane 2 "the Python package (pip install from this checkout, pytest)" python_lane
 # compile check (the C++ only a BIGBATCH_CUDA build uses, against 1.13's
 # c10d and c10/cuda headers), and their tests. It leaves out what does not:
 # the SIMT executor's suite (the CUDA device code), the torch-free tests
-# (io_tests, kernels_tests and the fuzz corpora of torch-free formats, which
-# lane 4 also runs under the sanitizers; the scripts' checks of the tree),
+# (io_tests and the fuzz corpora of torch-free formats, which lane 4 also
+# runs under the sanitizers; the scripts' checks of the tree),
 # the benchmarks, the add_subdirectory consumer (it builds bigbatch once
 # more; Consumer.package runs, without the example workload, whose programs
 # are the runner's), the runner scenarios whose subject is its own logic,
