@@ -9,6 +9,7 @@
 
 #include "config/fields.h"
 #include "config/json_reader.h"
+#include "optimizers/kind.h"
 #include "optimizers/lamb.h"
 #include "optimizers/larc.h"
 #include "optimizers/lars.h"

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/optim/serialize.h>
 #include <torch/serialize/archive.h>
 
@@ -14,15 +15,16 @@
 #include <cmath>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 namespace bigbatch::optim::internal {
 
-/// Throws "Invalid LAMB option eps: -1 (must be >= 0)" style errors.
+/// Throws "Invalid LAMB option eps: -1 (must be >= 0)" (an OptionError,
+/// whose parts the runner reports at the config key).
 template <typename T>
 void check_option(bool ok, const char* optimizer, const char* option, const T& value,
                   const char* requirement) {
-  TORCH_CHECK(ok, "Invalid ", optimizer, " option ", option, ": ", value, " (must be ",
-              requirement, ")");
+  if (!ok) throw OptionError(optimizer, option, c10::str(value), requirement);
 }
 
 inline void check_nonnegative(const char* optimizer, const char* option, double value) {
@@ -52,15 +54,40 @@ inline bool same_value(const at::Tensor& a, const at::Tensor& b) {
 template <typename T>
 bool same_value(const T& a, const T& b) { return a == b; }
 
-/// One option or state field: its archive key and a reference to it.
+/// One option or state field: its archive key and a reference to it; a state
+/// tensor of one number per parameter tensor says so (per_tensor).
 template <typename T>
 struct Field {
   const char* name;
   T& value;
+  bool per_tensor = false;
 };
 template <typename T>
 Field<T> field(const char* name, T& value) {
   return {name, value};
+}
+/// The tag of a state tensor that holds one number per parameter tensor.
+struct PerTensor {};
+inline constexpr PerTensor per_tensor{};
+template <typename T>
+Field<T> field(const char* name, T& value, PerTensor) {
+  return {name, value, true};
+}
+
+/// A state type's fields as StateField says them (integers are counts).
+template <typename Fields>
+std::vector<StateField> state_fields_of(const Fields& fields) {
+  std::vector<StateField> out;
+  std::apply([&](const auto&... f) {
+    ((void)[&] {
+      using T = std::remove_cv_t<std::remove_reference_t<decltype(f.value)>>;
+      const auto shape = std::is_base_of_v<at::Tensor, T>
+                             ? (f.per_tensor ? StateField::Shape::kPerTensor : StateField::Shape::kLikeParam)
+                             : StateField::Shape::kCount;
+      out.push_back({f.name, shape});
+    }(), ...);
+  }, fields);
+  return out;
 }
 
 /// The fields as (name, value) pairs, in order; an undefined tensor is left out.
@@ -155,8 +182,13 @@ std::int64_t tensor_bytes(const Fields& fields) {
     return ::bigbatch::optim::internal::same_fields(Name::fields(lhs), Name::fields(rhs));              \
   }
 
-// Defines a state type's tensor_bytes(), named() and set_named() from the same fields(self).
+// Defines a state type's tensor_bytes(), named(), set_named() and declared()
+// from the same fields(self).
 #define BIGBATCH_DEFINE_STATE_ACCESS(Name)                                                             \
+  std::vector<::bigbatch::optim::StateField> Name::declared() {                                        \
+    Name blank;                                                                                        \
+    return ::bigbatch::optim::internal::state_fields_of(fields(blank));                                \
+  }                                                                                                    \
   std::int64_t Name::tensor_bytes() const { return ::bigbatch::optim::internal::tensor_bytes(fields(*this)); } \
   ::bigbatch::optim::NamedState Name::named() const {                                                  \
     return ::bigbatch::optim::internal::named_values(fields(*this));                                   \

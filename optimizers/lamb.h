@@ -90,6 +90,8 @@ struct LAMBParamState : public torch::optim::OptimizerCloneableParamState<LAMBPa
   /// optimizers that cut the tensor differently (distributed/sharded.h).
   NamedState named() const;
   void set_named(const NamedState& values);
+  /// Its fields as declared (names, and which are counts or per-tensor numbers).
+  static std::vector<StateField> declared();
   friend bool operator==(const LAMBParamState& lhs, const LAMBParamState& rhs);
   ~LAMBParamState() override = default;
 

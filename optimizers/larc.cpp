@@ -51,7 +51,7 @@ void LARCOptions::validate() const {
   using namespace internal;
   // clip divides by lr: a zero rate is meaningless there.
   check_option(clip() ? lr() > 0 : lr() >= 0, "LARC", "lr", lr(), clip() ? "> 0 with clip" : ">= 0");
-  check_nonnegative("LARC", "momentum", momentum());
+  check_option(momentum() >= 0 && momentum() < 1, "LARC", "momentum", momentum(), "in [0, 1)");
   check_nonnegative("LARC", "weight_decay", weight_decay());
   check_option(trust_coefficient() > 0, "LARC", "trust_coefficient", trust_coefficient(), "> 0");
   check_nonnegative("LARC", "eps", eps());

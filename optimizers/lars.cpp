@@ -51,7 +51,7 @@ BIGBATCH_DEFINE_STATE_ACCESS(LARSParamState)
 void LARSOptions::validate() const {
   using namespace internal;
   check_nonnegative("LARS", "lr", lr());
-  check_nonnegative("LARS", "momentum", momentum());
+  check_option(momentum() >= 0 && momentum() < 1, "LARS", "momentum", momentum(), "in [0, 1)");
   check_nonnegative("LARS", "weight_decay", weight_decay());
   check_option(trust_coefficient() > 0, "LARS", "trust_coefficient", trust_coefficient(), "> 0");
   check_nonnegative("LARS", "eps", eps());

@@ -70,6 +70,8 @@ struct LARSParamState : public torch::optim::OptimizerCloneableParamState<LARSPa
   /// optimizers that cut the tensor differently (distributed/sharded.h).
   NamedState named() const;
   void set_named(const NamedState& values);
+  /// Its fields as declared (names, and which are counts or per-tensor numbers).
+  static std::vector<StateField> declared();
   friend bool operator==(const LARSParamState& lhs, const LARSParamState& rhs);
   ~LARSParamState() override = default;
 

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <utility>
+
 namespace bigbatch::optim {
 
 kernels::DType kernel_dtype(const at::Tensor& t) {
@@ -21,6 +23,20 @@ at::Tensor run_closure(const std::function<at::Tensor()>& closure) {
   if (!closure) return {};
   at::AutoGradMode enable_grad(true);
   return closure();
+}
+
+OptionError::OptionError(std::string optimizer_, std::string option_, std::string value_, std::string requirement_)
+    : c10::ValueError({__func__, __FILE__, static_cast<std::uint32_t>(__LINE__)},
+                      "Invalid " + optimizer_ + " option " + option_ + ": " + value_ + " (must be " + requirement_ + ")"),
+      optimizer(std::move(optimizer_)),
+      option(std::move(option_)),
+      value(std::move(value_)),
+      requirement(std::move(requirement_)) {}
+
+std::vector<ParamScalar> LayerwiseOptimizerBase::scalars() const {
+  std::vector<ParamScalar> out;
+  for (const auto& r : trust_ratios()) out.push_back({"trust_ratio", r.param, r.ratio});
+  return out;
 }
 
 at::Tensor fp32_zeros_like(const at::Tensor& param) {

@@ -13,6 +13,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
 
 #include <torch/optim/optimizer.h>
 
@@ -68,6 +69,38 @@ struct TrustRatio {
 /// are per tensor.
 using NamedState = std::vector<std::pair<std::string, c10::IValue>>;
 
+/// One field of an optimizer's per-parameter state, as its state type
+/// declares it (the field list in its .cpp): a count (the step), a tensor
+/// shaped like the parameter, or a tensor of one number per parameter tensor
+/// (NovoGrad's layer moment). What the Python package checks a state against.
+struct StateField {
+  enum class Shape { kCount, kLikeParam, kPerTensor };
+  std::string name;
+  Shape shape = Shape::kLikeParam;
+};
+
+/// An option value an optimizer's options refuse (their validate(), or a
+/// value of the wrong type): which optimizer, which option ("betas[1]"), the
+/// value as text and what the option must be. The message reads "Invalid
+/// LAMB option eps: -1 (must be >= 0)"; the runner reports the parts at the
+/// config key, Python as a ValueError.
+class OptionError : public c10::ValueError {
+ public:
+  OptionError(std::string optimizer, std::string option, std::string value, std::string requirement);
+  std::string optimizer;
+  std::string option;
+  std::string value;
+  std::string requirement;
+};
+
+/// A number an optimizer reports per parameter for its last step: "trust_ratio"
+/// (TrustRatio's), "muon_update_rms" (Muon's UpdateRms).
+struct ParamScalar {
+  std::string tag;
+  at::Tensor param;
+  double value = 0;
+};
+
 /// Where a parameter an optimizer holds lies in a whole tensor cut across
 /// data-parallel ranks at chunk boundaries (kernels/engine.h's ShardSpec).
 struct ParamShard {
@@ -110,6 +143,11 @@ class LayerwiseOptimizerBase : public torch::optim::Optimizer {
   /// path throws. Null ends the sharding.
   virtual void shard(std::shared_ptr<const OptimizerSharding> sharding) = 0;
 
+  /// Every number it reports per parameter for the last step: its trust
+  /// ratios as "trust_ratio", and what an optimizer adds (Muon: each matrix's
+  /// update RMS). What the runner logs to TensorBoard.
+  virtual std::vector<ParamScalar> scalars() const;
+
   /// Its kind as checkpoints name it ("LAMB", "LARS", "Muon", ...): save()
   /// writes it, and a load() of another kind's state is refused.
   virtual const char* kind() const = 0;
@@ -150,6 +188,9 @@ class LayerwiseOptimizerBase : public torch::optim::Optimizer {
 template <typename Options, typename ParamState>
 class LayerwiseOptimizer : public LayerwiseOptimizerBase {
  public:
+  using OptionsType = Options;
+  using ParamStateType = ParamState;
+
   /// One step: the gradients of every group, then the fused engine when
   /// every group is fused(true) and every parameter with a gradient is a
   /// contiguous tensor on one device the engine runs on (the CPU; a CUDA

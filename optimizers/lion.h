@@ -73,6 +73,8 @@ struct LionParamState : public torch::optim::OptimizerCloneableParamState<LionPa
   /// optimizers that cut the tensor differently (distributed/sharded.h).
   NamedState named() const;
   void set_named(const NamedState& values);
+  /// Its fields as declared (names, and which are counts or per-tensor numbers).
+  static std::vector<StateField> declared();
   friend bool operator==(const LionParamState& lhs, const LionParamState& rhs);
   ~LionParamState() override = default;
 

@@ -494,6 +494,12 @@ torch::Tensor Muon::step(LossClosure closure) {
   return loss;
 }
 
+std::vector<ParamScalar> Muon::scalars() const {
+  std::vector<ParamScalar> out = LayerwiseOptimizerBase::scalars();
+  for (const auto& r : update_rms()) out.push_back({"muon_update_rms", r.param, r.rms});
+  return out;
+}
+
 std::vector<UpdateRms> Muon::update_rms() const {
   if (!fused_ran_ || !fused_) return reference_rms_;
   const DeviceGuard guard(fused_->device);

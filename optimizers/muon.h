@@ -102,6 +102,8 @@ struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonPa
   /// optimizers that cut the tensor differently (distributed/sharded.h).
   NamedState named() const;
   void set_named(const NamedState& values);
+  /// Its fields as declared (names, and which are counts or per-tensor numbers).
+  static std::vector<StateField> declared();
   friend bool operator==(const MuonParamState& lhs, const MuonParamState& rhs);
   ~MuonParamState() override = default;
 
@@ -161,6 +163,10 @@ class Muon : public LayerwiseOptimizer<MuonOptions, MuonParamState> {
   /// the first, after a skipped one, and after one in which no orthogonalized
   /// parameter had a gradient). After fused CUDA steps this waits.
   std::vector<UpdateRms> update_rms() const;
+
+  /// The trust ratios of its AdamW groups (none) and each matrix's update RMS
+  /// as "muon_update_rms".
+  std::vector<ParamScalar> scalars() const override;
 
  protected:
   /// The reference step of `groups` (the non-finite check done by step()).

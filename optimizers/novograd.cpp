@@ -43,7 +43,7 @@ auto NovoGradParamState::fields(Self& self) {
   auto& [step, exp_avg, exp_avg_sq, master] = self;
   return std::make_tuple(field("step", step),
                          field("exp_avg", exp_avg),
-                         field("exp_avg_sq", exp_avg_sq),
+                         field("exp_avg_sq", exp_avg_sq, internal::per_tensor),
                          field("master", master));
 }
 BIGBATCH_DEFINE_FIELD_IO(NovoGradParamState)

@@ -74,6 +74,8 @@ struct NovoGradParamState : public torch::optim::OptimizerCloneableParamState<No
   /// optimizers that cut the tensor differently (distributed/sharded.h).
   NamedState named() const;
   void set_named(const NamedState& values);
+  /// Its fields as declared (names, and which are counts or per-tensor numbers).
+  static std::vector<StateField> declared();
   friend bool operator==(const NovoGradParamState& lhs, const NovoGradParamState& rhs);
   ~NovoGradParamState() override = default;
 
