@@ -1,12 +1,12 @@
-// What the optimizers' entries share (optimizer.h): an entry from a keys
-// struct and its field list (config/fields.h), the checks of the keys several
-// optimizers have, the two parameter groups every optimizer gets, and the
-// per-layer scalars of the layer-wise ones. A new optimizer's file uses these
-// and names nothing of the others.
+// What the optimizers' entries share (optimizer.h): the entry derived from
+// one of the library's optimizers (kind_entry), an entry from a keys struct
+// and its field list (config/fields.h, for torch's), the checks of the keys
+// torch's have, and the two parameter groups every optimizer gets.
 #pragma once
 
 #include "optimizer.h"
 #include "../../config/fields.h"
+#include "../../optimizers/kind.h"
 #include "../../optimizers/param_groups.h"
 
 #include <ATen/ATen.h>
@@ -42,6 +42,16 @@ OptimizerEntry keyed_entry(std::string name, Fields fields, Make make, Keys defa
   };
   return e;
 }
+
+/// The entry of one of the library's optimizers, derived from its own
+/// description (optimizers/kind.h): its keys are every option but lr (the
+/// schedule's), with the optimizer's defaults but where `runner_defaults`
+/// says otherwise, read as their types and checked by the optimizer's own
+/// validate() (its OptionError reported at "optimizer.<option>"); it is made
+/// over the kind's usual groups of the model (plain_rule's parameters
+/// without decay and trust ratio), logs the optimizer's scalars() and shards.
+OptimizerEntry kind_entry(const optim::OptimizerKind& kind,
+                          const nlohmann::json& runner_defaults = nlohmann::json::object());
 
 /// Keys that several optimizers have, each with its check.
 template <typename Io, typename T>
@@ -93,15 +103,5 @@ std::vector<torch::optim::OptimizerParamGroup> torch_groups(torch::nn::Module& m
   return groups;
 }
 
-/// A bigbatch layer-wise optimizer over the two usual groups (the plain one
-/// without decay and trust ratio: optimizers/param_groups.h).
-template <typename Optimizer, typename Options>
-std::unique_ptr<torch::optim::Optimizer> layerwise(const Options& o, torch::nn::Module& model) {
-  return std::make_unique<Optimizer>(optim::layerwise_param_groups(model, o, plain_rule(model)), o);
-}
-
-/// The trust ratio of each parameter a layer-wise optimizer adapted in its
-/// last step ("trust_ratio"; LARC's clipped scale).
-std::vector<LayerScalar> trust_ratio_scalars(const torch::optim::Optimizer& optimizer);
 
 }  // namespace bigbatch::experiments

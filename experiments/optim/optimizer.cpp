@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 #include <torch/nn/modules/embedding.h>
 
+#include <cctype>
 #include <deque>
 #include <mutex>
 #include <stdexcept>
@@ -22,9 +23,14 @@ namespace {
 // use (`make`), or one registered whole.
 struct Slot {
   std::string name;
-  OptimizerEntry (*make)() = nullptr;
+  std::function<OptimizerEntry()> make;
   std::unique_ptr<OptimizerEntry> entry;
 };
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
 
 struct Registry {
   std::mutex mutex;
@@ -36,7 +42,15 @@ struct Registry {
 Registry& registry() {
   static Registry* r = [] {
     auto* out = new Registry;  // never destroyed: entries may be read at exit
-    for (const auto& b : kBuiltinOptimizers) out->slots.push_back({b.name, b.entry, nullptr});
+    for (const auto& b : kTorchOptimizers) out->slots.push_back({b.name, b.entry, nullptr});
+    for (const optim::OptimizerKind& kind : optim::optimizer_kinds()) {
+      const std::string name = lower(kind.name);
+      std::function<OptimizerEntry()> make = [&kind] { return kind_entry(kind); };
+      for (const auto& d : kDecoratedKinds) {
+        if (name == d.name) make = [&kind, entry = d.entry] { return entry(kind); };
+      }
+      out->slots.push_back({name, std::move(make), nullptr});
+    }
     return out;
   }();
   return *r;
@@ -151,8 +165,11 @@ nlohmann::json normalized_optimizer(const nlohmann::json& resolved) {
     const std::string name = resolved["name"].get<std::string>();
     const OptimizerEntry& entry = optimizer_entry(name);
     const nlohmann::json defaults = default_keys(entry);
+    nlohmann::json given = resolved;
+    given.erase("name");
+    if (entry.upgrade) given = entry.upgrade(std::move(given));
     nlohmann::json keys = nlohmann::json::object();
-    for (const auto& item : resolved.items()) {
+    for (const auto& item : given.items()) {
       if (defaults.contains(item.key())) keys[item.key()] = item.value();
     }
     nlohmann::json out = entry.resolve(keys);
@@ -177,12 +194,43 @@ std::function<bool(const at::Tensor&)> plain_rule(const torch::nn::Module& model
   };
 }
 
-std::vector<LayerScalar> trust_ratio_scalars(const torch::optim::Optimizer& optimizer) {
-  std::vector<LayerScalar> out;
-  if (const auto* layerwise = dynamic_cast<const optim::LayerwiseOptimizerBase*>(&optimizer)) {
-    for (const auto& r : layerwise->trust_ratios()) out.push_back({"trust_ratio", r.param, r.ratio});
-  }
-  return out;
+OptimizerEntry kind_entry(const optim::OptimizerKind& kind, const nlohmann::json& runner_defaults) {
+  // The optimizer's own check, reported at the config key it concerns.
+  const auto checked = [&kind](const nlohmann::json& base, const nlohmann::json& given) {
+    try {
+      return kind.check(base, given);
+    } catch (const optim::OptionError& e) {
+      config::config_error("optimizer." + e.option, "must be " + e.requirement + ", got " + e.value);
+    }
+  };
+  // Keys are checked at a stand-in rate of 1 (the search's rates are > 0;
+  // LARS's and LARC's have no default, and LARC refuses 0).
+  nlohmann::json start = kind.defaults;
+  start["lr"] = 1.0;
+  const nlohmann::json base = checked(start, runner_defaults);
+  OptimizerEntry e;
+  e.name = lower(kind.name);
+  e.resolve = [checked, base](const nlohmann::json& keys) {
+    nlohmann::json out = checked(base, keys);
+    out.erase("lr");  // the schedule's
+    return out;
+  };
+  e.make = [&kind, checked, base](const nlohmann::json& keys, double lr, torch::nn::Module& model) {
+    nlohmann::json given = keys;
+    given["lr"] = lr;
+    const nlohmann::json options = checked(base, given);
+    std::unique_ptr<torch::optim::Optimizer> made = kind.make(kind.param_groups(model, options, plain_rule(model)), options);
+    return made;
+  };
+  e.scalars = [](const torch::optim::Optimizer& optimizer) {
+    std::vector<LayerScalar> out;
+    if (const auto* ours = dynamic_cast<const optim::LayerwiseOptimizerBase*>(&optimizer)) {
+      for (auto& s : ours->scalars()) out.push_back({std::move(s.tag), std::move(s.param), s.value});
+    }
+    return out;
+  };
+  e.shards = true;  // every one is a LayerwiseOptimizerBase, which distributed::ShardedOptimizer takes
+  return e;
 }
 
 }  // namespace bigbatch::experiments

@@ -2,10 +2,11 @@
 // each an entry that owns everything the runner needs of it: its keys with
 // their defaults and checks, how it is built over a model's parameter groups,
 // what it does when the schedule changes the rate, and the per-layer scalars
-// it logs. The built-in ones live one file each beside this one (sgd.cpp,
-// adam.cpp, lars.cpp, lamb.cpp, novograd.cpp, lion.cpp, muon.cpp); a user
-// program adds its own with register_optimizer(), as it adds datasets and
-// models (workload.h). The runner's generic code names no optimizer: it
+// it logs. torch's built-ins live one file each beside this one (sgd.cpp,
+// adam.cpp); the library's optimizers (optimizers/kind.h) get entries derived
+// from their own description (kind_entry, entry.h), which lars.cpp and
+// muon.cpp add to; a user program adds its own with register_optimizer(), as
+// it adds datasets and models (workload.h). The runner's generic code names no optimizer: it
 // keeps a trial's optimizer as a name and its resolved keys (OptimizerSpec)
 // and asks the entry. docs/architecture.md has the checklist for a new one.
 #pragma once
@@ -61,6 +62,10 @@ struct OptimizerEntry {
   /// Optional: the per-layer scalars of the last step (trust ratios, Muon's
   /// update RMS), for TensorBoard; empty: none.
   std::function<std::vector<LayerScalar>(const torch::optim::Optimizer& optimizer)> scalars;
+  /// Optional: a resolved "optimizer" object (without "name") of a folder
+  /// written while the entry spelled its keys otherwise, as the entry spells
+  /// them today (normalized_optimizer calls it first); empty: as it is.
+  std::function<nlohmann::json(nlohmann::json resolved)> upgrade;
   /// Whether `distributed.shard` may shard it across data-parallel ranks: it
   /// makes a bigbatch layer-wise optimizer (optim::LayerwiseOptimizerBase)
   /// that distributed::ShardedOptimizer takes (docs/distributed.md).
@@ -72,8 +77,8 @@ struct OptimizerEntry {
 /// without resolve or make. Register before parsing a config or calling cli_main.
 void register_optimizer(OptimizerEntry entry);
 /// The registered names: the built-ins in the order error messages list
-/// them (sgd, adam, adamw, lars, larc, lamb, novograd, lion, muon), then the
-/// registered ones.
+/// them (torch's sgd, adam, adamw; then the library's in optimizer_kinds()'
+/// order: lars, larc, lamb, novograd, lion, muon), then the registered ones.
 std::vector<std::string> registered_optimizers();
 /// The entry of `name`; ConfigError "optimizer.name: unknown value ..."
 /// listing the registered ones when there is none.

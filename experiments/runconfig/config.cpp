@@ -24,6 +24,19 @@
 namespace bigbatch::experiments {
 namespace {
 
+/// The registered optimizers that shard, as a message lists them ("a, b and c").
+std::string sharding_optimizers() {
+  std::vector<std::string> names;
+  for (const auto& name : registered_optimizers()) {
+    if (optimizer_entry(name).shards) names.push_back(name);
+  }
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  }
+  return out;
+}
+
 using config::JsonReader;
 using config::Reader;
 using config::Writer;
@@ -286,9 +299,11 @@ void common_fields(Io& io, Spec& t, bool with_rate) {
   if (io.given("precision", t.precision != Precision::kFp32)) io.choice("precision", t.precision, kPrecisions);
   check_precision(io, t);
   const distributed::ShardStage shard = t.distributed.shard;
-  io.check("distributed", shard == distributed::ShardStage::kNone || optimizer_entry(t.optimizer.name).shards,
-           std::string("shard \"") + distributed::shard_stage_name(shard) + "\": " + t.optimizer.name +
-               " has no sharded form (lars, larc, lamb, novograd, lion and muon have)");
+  if (shard != distributed::ShardStage::kNone && !optimizer_entry(t.optimizer.name).shards) {
+    io.check("distributed", false,
+             std::string("shard \"") + distributed::shard_stage_name(shard) + "\": " + t.optimizer.name +
+                 " has no sharded form (" + sharding_optimizers() + " have)");
+  }
   io.check("precision", shard != distributed::ShardStage::kGradients || t.precision != Precision::kFp16,
            "fp16's loss scaler reads every rank's whole gradient, which distributed.shard \"gradients\" frees; use "
            "bf16 or shard \"states\"");

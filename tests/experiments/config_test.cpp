@@ -87,7 +87,9 @@ TEST(SweepConfig, QuasiRandomSearchIsLogUniformInRange) {
 TEST(SweepConfig, ErrorsNameTheKey) {
   json j = minimal();
   j["optimizer"] = {{"name", "lamb"}, {"momentun", 0.9}};
-  EXPECT_EQ(error_of(j), "optimizer.momentun: unknown key (lamb's keys: betas, eps, max_grad_norm, weight_decay)");
+  EXPECT_EQ(error_of(j), "optimizer.momentun: unknown key (lamb's keys: adam_w_mode, adapt, always_adapt, betas, "
+                         "bias_correction, eps, fused, grad_averaging, master_weights, max_grad_norm, max_trust, "
+                         "min_trust, skip_nonfinite, trust_clip, weight_decay)");
   j["optimizer"] = {{"name", "adamw"}, {"momentum", 0.9}};  // a key of other optimizers
   EXPECT_EQ(error_of(j), "optimizer.momentum: adamw has no such key (its keys: betas, eps, weight_decay); a variant "
                          "drops its base's with \"momentum\": null");
@@ -199,8 +201,10 @@ TEST(SweepConfig, MuonDefaultsAndItsScaleRule) {
   EXPECT_EQ(error_of(j), "optimizer.adjust_lr: must be \"original\", \"match_rms_adamw\" or "
                          "\"spectral_unclamped\", got \"spectral\"");
   j["optimizer"] = {{"name", "lamb"}, {"adjust_lr", "original"}};
-  EXPECT_EQ(error_of(j), "optimizer.adjust_lr: lamb has no such key (its keys: betas, eps, max_grad_norm, "
-                         "weight_decay); a variant drops its base's with \"adjust_lr\": null");
+  EXPECT_EQ(error_of(j), "optimizer.adjust_lr: lamb has no such key (its keys: adam_w_mode, adapt, always_adapt, "
+                         "betas, bias_correction, eps, fused, grad_averaging, master_weights, max_grad_norm, "
+                         "max_trust, min_trust, skip_nonfinite, trust_clip, weight_decay); a variant drops its "
+                         "base's with \"adjust_lr\": null");
   j["optimizer"] = {{"name", "lion"}, {"betas", {0.9, 1.0}}};
   EXPECT_NE(error_of(j).find("optimizer.betas"), std::string::npos) << error_of(j);
   j["optimizer"] = {{"name", "muon"}, {"momentum", 1.0}};

@@ -6,12 +6,18 @@
 #include "../../experiments/optim/optimizer.h"
 #include "../../experiments/runconfig/config.h"
 #include "../../experiments/train/trial.h"
+#include "../../optimizers/kind.h"
+#include "../../optimizers/lamb.h"
 #include "../../optimizers/lars.h"
+#include "../../optimizers/muon.h"
+#include "../../optimizers/param_groups.h"
 
 #include <gtest/gtest.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/rmsprop.h>
 
+#include <cmath>
 #include <stdexcept>
 
 namespace {
@@ -121,8 +127,9 @@ TEST(OptimizerEntries, LarsOwnsItsMomentumCorrection) {
   change(0.25);
   EXPECT_TRUE(torch::allclose(lars.param_state(model->weight)->momentum_buffer(), 0.25 * before));
   EXPECT_EQ(error_of(sweep_config({{"name", "larc"}, {"momentum_correction", true}})),
-            "optimizer.momentum_correction: larc has no such key (its keys: eps, momentum, nesterov, "
-            "trust_coefficient, weight_decay); a variant drops its base's with \"momentum_correction\": null");
+            "optimizer.momentum_correction: larc has no such key (its keys: adapt, clip, eps, fused, "
+            "master_weights, momentum, nesterov, skip_nonfinite, trust_coefficient, weight_decay); a variant drops "
+            "its base's with \"momentum_correction\": null");
 }
 
 // Each built-in writes out exactly its own keys: what its optimizer reads.
@@ -137,12 +144,21 @@ TEST(OptimizerEntries, EachBuiltinHasItsOwnKeys) {
   EXPECT_EQ(keys("sgd"), (V{"momentum", "nesterov", "weight_decay"}));
   EXPECT_EQ(keys("adam"), (V{"betas", "eps", "weight_decay"}));
   EXPECT_EQ(keys("adamw"), (V{"betas", "eps", "weight_decay"}));
-  EXPECT_EQ(keys("lars"), (V{"eps", "momentum", "momentum_correction", "nesterov", "trust_coefficient", "weight_decay"}));
-  EXPECT_EQ(keys("larc"), (V{"eps", "momentum", "nesterov", "trust_coefficient", "weight_decay"}));
-  EXPECT_EQ(keys("lamb"), (V{"betas", "eps", "max_grad_norm", "weight_decay"}));
-  EXPECT_EQ(keys("novograd"), (V{"betas", "eps", "weight_decay"}));
-  EXPECT_EQ(keys("lion"), (V{"betas", "weight_decay"}));
-  EXPECT_EQ(keys("muon"), (V{"adjust_lr", "betas", "eps", "momentum", "nesterov", "weight_decay"}));
+  // The library's: every option of its C++ options but lr (the schedule's),
+  // under the C++ name; LARS adds the runner's momentum correction.
+  EXPECT_EQ(keys("lars"), (V{"adapt", "eps", "fused", "master_weights", "momentum", "momentum_correction", "nesterov",
+                             "skip_nonfinite", "trust_coefficient", "weight_decay"}));
+  EXPECT_EQ(keys("larc"), (V{"adapt", "clip", "eps", "fused", "master_weights", "momentum", "nesterov",
+                             "skip_nonfinite", "trust_coefficient", "weight_decay"}));
+  EXPECT_EQ(keys("lamb"), (V{"adam_w_mode", "adapt", "always_adapt", "betas", "bias_correction", "eps", "fused",
+                             "grad_averaging", "master_weights", "max_grad_norm", "max_trust", "min_trust",
+                             "skip_nonfinite", "trust_clip", "weight_decay"}));
+  EXPECT_EQ(keys("novograd"), (V{"adapt", "betas", "eps", "fused", "grad_averaging", "master_weights",
+                                 "skip_nonfinite", "weight_decay"}));
+  EXPECT_EQ(keys("lion"), (V{"adapt", "betas", "fused", "master_weights", "skip_nonfinite", "weight_decay"}));
+  EXPECT_EQ(keys("muon"), (V{"adamw_betas", "adamw_eps", "adjust_lr", "eps", "fused", "master_weights", "momentum",
+                             "nesterov", "ns_bfloat16", "ns_coefficients", "ns_steps", "orthogonalize",
+                             "skip_nonfinite", "weight_decay"}));
   // The defaults are the optimizers' own, the runner's two choices aside
   // (SGD's momentum 0.9; Muon's match_rms_adamw scale).
   EXPECT_EQ(resolve_optimizer("adamw").params.at("weight_decay"), 0.01);
@@ -150,6 +166,103 @@ TEST(OptimizerEntries, EachBuiltinHasItsOwnKeys) {
   EXPECT_EQ(resolve_optimizer("larc").params.at("trust_coefficient"), 0.02);
   EXPECT_EQ(resolve_optimizer("sgd").params.at("momentum"), 0.9);
   EXPECT_EQ(resolve_optimizer("muon").params.at("adjust_lr"), "match_rms_adamw");
+}
+
+// Every option of every one of the library's optimizers is a config key:
+// set to a value other than its default, it is the option of the optimizer
+// the runner makes (group 0: the decayed weights, Muon's hidden matrices), as
+// the optimizer itself reports it. A key the runner dropped or did not pass
+// on fails here.
+TEST(OptimizerEntries, EveryOptionOfTheLibrarysOptimizersReachesTheOptimizer) {
+  // Another valid value of each option: halved (0 becomes 0.125, inf 1000),
+  // flipped, one more; a string option's other value, named here.
+  const json strings = {{"adjust_lr", "spectral_unclamped"}};
+  const auto other = [&](const std::string& key, const json& v) -> json {
+    if (v.is_boolean()) return !v.get<bool>();
+    if (v.is_number_integer()) return v.get<std::int64_t>() + 1;
+    if (v.is_number()) return v.get<double>() == 0 ? 0.125 : v.get<double>() * 0.5;
+    if (v == "inf") return 1000.0;
+    if (v.is_string()) return strings.at(key);
+    json out = json::array();
+    for (const auto& e : v) out.push_back(e.get<double>() * 0.5);
+    return out;
+  };
+  int checked = 0;
+  for (const auto& kind : bigbatch::optim::optimizer_kinds()) {
+    std::string name = kind.name;
+    for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const OptimizerSpec defaults = resolve_optimizer(name);
+    for (const auto& [key, value] : kind.defaults.items()) {
+      if (key == "lr") continue;  // the schedule's
+      SCOPED_TRACE(name + "." + key);
+      ASSERT_TRUE(defaults.params.contains(key)) << "not a config key";
+      const json wanted = other(key, defaults.params.at(key));
+      ASSERT_NE(wanted, defaults.params.at(key));
+      const OptimizerSpec spec = resolve_optimizer(name, {{key, wanted}});
+      EXPECT_EQ(spec.params.at(key), wanted);
+      torch::nn::Sequential model(torch::nn::Linear(4, 6), torch::nn::Linear(6, 6), torch::nn::Linear(6, 3));
+      const auto optimizer = make_optimizer(spec, 0.1, *model);
+      const auto& made = dynamic_cast<const bigbatch::optim::LayerwiseOptimizerBase&>(*optimizer);
+      const json options = kind.group_options(made, 0);
+      EXPECT_EQ(options.at(key), wanted);
+      EXPECT_EQ(options.at("lr"), 0.1);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 9 + 10 + 15 + 8 + 6 + 14);  // LARS, LARC, LAMB, NovoGrad, Lion, Muon: every option but lr
+}
+
+// A value an optimizer refuses is refused at its config key, in the
+// optimizer's own words (its validate()), before anything is made.
+TEST(OptimizerEntries, TheOptimizersOwnChecksNameTheKey) {
+  EXPECT_EQ(error_of(sweep_config({{"name", "lamb"}, {"max_trust", 0.5}, {"min_trust", 1.0}})),
+            "optimizer.max_trust: must be >= min_trust, got 0.5");
+  EXPECT_EQ(error_of(sweep_config({{"name", "lars"}, {"nesterov", true}, {"momentum", 0.0}})),
+            "optimizer.momentum: must be > 0 with nesterov, got 0");
+  EXPECT_EQ(error_of(sweep_config({{"name", "lion"}, {"betas", {0.9, 1.0}}})),
+            "optimizer.betas[1]: must be in [0, 1), got 1");
+  EXPECT_EQ(error_of(sweep_config({{"name", "muon"}, {"ns_steps", 2.5}})),
+            "optimizer.ns_steps: must be an integer, got 2.5");
+  EXPECT_EQ(error_of(sweep_config({{"name", "lamb"}, {"trust_clip", "yes"}})),
+            "optimizer.trust_clip: must be true or false, got \"yes\"");
+}
+
+// The derived entries make, from a config's defaults, exactly the optimizer
+// the runner's own entries made before (written out here as they were): the
+// same groups of the same parameters with equal options. So a sweep's table
+// is unchanged by the derivation.
+template <typename Options>
+void expect_same_groups(const torch::optim::Optimizer& made, const std::vector<torch::optim::OptimizerParamGroup>& want) {
+  ASSERT_EQ(made.param_groups().size(), want.size());
+  for (std::size_t g = 0; g < want.size(); ++g) {
+    SCOPED_TRACE("group " + std::to_string(g));
+    const auto& a = made.param_groups()[g];
+    ASSERT_EQ(a.params().size(), want[g].params().size());
+    for (std::size_t i = 0; i < a.params().size(); ++i) EXPECT_TRUE(a.params()[i].is_same(want[g].params()[i]));
+    EXPECT_TRUE(static_cast<const Options&>(a.options()) == static_cast<const Options&>(want[g].options()));
+  }
+}
+
+TEST(OptimizerEntries, TheDerivedEntriesMakeWhatTheWrittenOnesMade) {
+  namespace bo = bigbatch::optim;
+  torch::nn::Sequential model(torch::nn::Linear(4, 6), torch::nn::Linear(6, 6), torch::nn::Linear(6, 3));
+  const auto plain = plain_rule(*model);
+  {
+    const auto made = make_optimizer(resolve_optimizer("lamb", {{"weight_decay", 0.02}}), 0.1, *model);
+    const auto o = bo::LAMBOptions(0.1).weight_decay(0.02);
+    expect_same_groups<bo::LAMBOptions>(*made, bo::layerwise_param_groups(*model, o, plain));
+  }
+  {
+    const auto made = make_optimizer(resolve_optimizer("lars", {{"momentum", 0.8}}), 0.1, *model);
+    expect_same_groups<bo::LARSOptions>(*made, bo::layerwise_param_groups(*model, bo::LARSOptions(0.1).momentum(0.8), plain));
+  }
+  {
+    const auto made = make_optimizer(resolve_optimizer("muon"), 0.1, *model);
+    const auto o = bo::MuonOptions(0.1).adjust_lr("match_rms_adamw");
+    expect_same_groups<bo::MuonOptions>(
+        *made, bo::muon_param_groups(*model, o, bo::muon_adamw_rule(*model),
+                                     [&](const std::string&, const at::Tensor& p) { return plain(p); }));
+  }
 }
 
 }  // namespace
