@@ -14,6 +14,12 @@ The state (moments, fp32 master copies, step counts, the skipped-step count)
 lives in the C++ optimizer: state_dict() copies it out in torch.optim's
 layout, load_state_dict() puts it back, and save()/load() read and write the
 file torch::save(optimizer, path) of a C++ program reads and writes.
+
+The classes are the library's registered optimizers (optimizers/kind.h), one
+per kind, made here from what the operator library says of each: its options
+with their defaults (the docstring lists them), those without a default, its
+state fields. A class written out below adds what only its kind has (Muon's
+update_rms); a new C++ optimizer appears here without a line of Python.
 """
 import collections.abc
 
@@ -22,7 +28,6 @@ from torch.optim.optimizer import required as _REQUIRED  # torch.optim's marker 
 
 from . import _ops
 
-__all__ = ["LAMB", "LARS", "LARC", "NovoGrad", "Lion", "Muon", "layerwise_param_groups", "muon_param_groups"]
 
 
 class _StateView(collections.abc.Mapping):
@@ -52,7 +57,6 @@ class _Optimizer(torch.optim.Optimizer):
     """What the six classes share; a subclass names its C++ kind."""
 
     _kind = None
-    _required = ()  # options without a default: each group must have them
     _bookkeeping = ("params", "param_names")  # group keys torch.optim itself reads
 
     def __init__(self, params, **options):
@@ -61,7 +65,7 @@ class _Optimizer(torch.optim.Optimizer):
         defaults = _ops.loads(_ops.ops.default_options(self._kind))
         self._refuse_unknown(options, defaults)
         defaults.update(options)
-        for key in self._required:  # torch.optim's own check, group by group
+        for key in _ops.ops.required_options(self._kind):  # torch.optim's own check, group by group
             if key not in options:
                 defaults[key] = _REQUIRED
         super().__init__(params, defaults)
@@ -288,46 +292,9 @@ class _Optimizer(torch.optim.Optimizer):
         return _ops.ops.state_bytes(self._handle)
 
 
-class LAMB(_Optimizer):
-    """LAMB (You et al. 2019): options lr=1e-3, betas=(0.9, 0.999), eps=1e-6,
-    weight_decay=0.01, bias_correction, grad_averaging, adam_w_mode,
-    max_grad_norm=0 (global clipping; apex's 1.0), always_adapt, trust_clip,
-    min_trust, max_trust, adapt, skip_nonfinite, fused, master_weights."""
-    _kind = "LAMB"
-
-
-class LARS(_Optimizer):
-    """LARS (You et al. 2017): lr (required), momentum=0.9, weight_decay=0,
-    trust_coefficient=1e-3, eps=0, nesterov, adapt, skip_nonfinite, fused, master_weights."""
-    _kind = "LARS"
-    _required = ("lr",)
-
-
-class LARC(_Optimizer):
-    """LARC (NVIDIA apex): lr (required), momentum=0.9, weight_decay=0,
-    trust_coefficient=0.02, eps=1e-8, clip=True, nesterov, adapt, skip_nonfinite, fused, master_weights."""
-    _kind = "LARC"
-    _required = ("lr",)
-
-
-class NovoGrad(_Optimizer):
-    """NovoGrad (Ginsburg et al. 2019): lr=1e-3, betas=(0.95, 0.98), eps=1e-8,
-    weight_decay=0, grad_averaging, adapt, skip_nonfinite, fused, master_weights."""
-    _kind = "NovoGrad"
-
-
-class Lion(_Optimizer):
-    """Lion (Chen et al. 2023): lr=1e-4, betas=(0.9, 0.99), weight_decay=0,
-    adapt, skip_nonfinite, fused, master_weights."""
-    _kind = "Lion"
-
-
 class Muon(_Optimizer):
     """Muon (Jordan et al. 2024) with AdamW for the groups with
-    orthogonalize=False: lr=1e-3, weight_decay=0.1, orthogonalize, momentum=0.95,
-    nesterov, ns_coefficients, ns_steps=5, eps=1e-7, adjust_lr="original",
-    ns_bfloat16, adamw_betas, adamw_eps, skip_nonfinite, fused, master_weights.
-    muon_param_groups() makes the usual split."""
+    orthogonalize=False; muon_param_groups() makes the usual split."""
     _kind = "Muon"
 
     def update_rms(self):
@@ -336,6 +303,33 @@ class Muon(_Optimizer):
         params = self._params()
         indices, rms = _ops.ops.update_rms(self._handle)
         return [(params[i], r) for i, r in zip(indices, rms)]
+
+
+def _options_doc(kind):
+    """The options of `kind` and their defaults, as its docstring lists them."""
+    defaults = _ops.loads(_ops.ops.default_options(kind))
+    required = set(_ops.ops.required_options(kind))
+    return ", ".join(key if key in required else f"{key}={defaults[key]!r}" for key in sorted(defaults))
+
+
+def _classes():
+    """One class per registered kind: the written-out ones above, else a plain one."""
+    written = {cls._kind: cls for cls in (Muon,)}
+    out = {}
+    for kind in _ops.ops.kinds():
+        cls = written.get(kind)
+        if cls is None:
+            cls = type(kind, (_Optimizer,), {"_kind": kind, "__module__": __name__, "__qualname__": kind,
+                                             "__doc__": f"bigbatch's {kind} (optimizers/, docs/optimizers.md)."})
+        required = ", ".join(_ops.ops.required_options(kind))
+        cls.__doc__ = (f"{cls.__doc__}\n\n    Options (the C++ {kind}Options, same names and defaults"
+                       f"{'; ' + required + ' required' if required else ''}):\n    {_options_doc(kind)}")
+        out[kind] = cls
+    return out
+
+
+globals().update(_classes())
+__all__ = list(_ops.ops.kinds()) + ["layerwise_param_groups", "muon_param_groups"]
 
 
 # ------------------------------------------------------------ the groups ----

@@ -7,14 +7,12 @@
 // Python object holds: its state (moments, fp32 master copies, the step counts
 // the CUDA engine keeps on the device, the skipped-step counter) stays where
 // the C++ step keeps it, and Python reads or replaces it through state() and
-// set_state(). Options cross as JSON objects keyed by the options' archive
-// names (the keys the C++ optimizers save), read against the kind's defaults.
-#include "../../optimizers/lamb.h"
-#include "../../optimizers/larc.h"
-#include "../../optimizers/lars.h"
-#include "../../optimizers/lion.h"
+// set_state(). The kinds, their options (JSON objects keyed by the options'
+// archive names) and their state fields are the library's own description of
+// each optimizer (optimizers/kind.h): nothing here names one but Muon, for
+// its update_rms().
+#include "../../optimizers/kind.h"
 #include "../../optimizers/muon.h"
-#include "../../optimizers/novograd.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -45,127 +43,7 @@ namespace {
 
 using nlohmann::json;
 using optim::LayerwiseOptimizerBase;
-using torch::optim::OptimizerParamGroup;
-
-// ------------------------------------------------- options as JSON ----
-
-/// An option's value as JSON: a non-finite double as the string "inf",
-/// "-inf" or "nan" (JSON has no such numbers; Python's side reads them back).
-json to_json(const c10::IValue& v) {
-  if (v.isDouble()) {
-    const double d = v.toDouble();
-    if (std::isnan(d)) return "nan";
-    if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
-    return d;
-  }
-  if (v.isBool()) return v.toBool();
-  if (v.isInt()) return v.toInt();
-  if (v.isString()) return v.toStringRef();
-  if (v.isTuple()) {
-    json out = json::array();
-    for (const auto& e : v.toTupleRef().elements()) out.push_back(to_json(e));
-    return out;
-  }
-  TORCH_INTERNAL_ASSERT(false, "bigbatch: an option of type ", v.tagKind(), " has no JSON form");
-}
-
-/// `j` read as the type of `like` (the default of option `key` of `kind`);
-/// a ValueError names the option and the value it refuses.
-c10::IValue from_json(const json& j, const c10::IValue& like, const std::string& kind, const std::string& key) {
-  const auto refuse = [&](const char* expected) {
-    TORCH_CHECK_VALUE(false, "Invalid ", kind, " option ", key, ": ", j.dump(), " (expected ", expected, ")");
-  };
-  if (like.isDouble()) {
-    if (j.is_number()) return j.get<double>();
-    if (j.is_string()) {
-      const auto s = j.get<std::string>();
-      if (s == "inf") return std::numeric_limits<double>::infinity();
-      if (s == "-inf") return -std::numeric_limits<double>::infinity();
-      if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
-    }
-    refuse("a number");
-  }
-  if (like.isBool()) {
-    if (j.is_boolean()) return j.get<bool>();
-    refuse("true or false");
-  }
-  if (like.isInt()) {
-    if (j.is_number_integer()) return j.get<std::int64_t>();
-    refuse("an integer");
-  }
-  if (like.isString()) {
-    if (j.is_string()) return j.get<std::string>();
-    refuse("a string");
-  }
-  if (like.isTuple()) {
-    const auto& elements = like.toTupleRef().elements();
-    if (!j.is_array() || j.size() != elements.size()) {
-      refuse(elements.size() == 2 ? "a pair of numbers" : "a tuple of numbers of the default's length");
-    }
-    std::vector<c10::IValue> out;
-    for (std::size_t i = 0; i < elements.size(); ++i) {
-      out.push_back(from_json(j[i], elements[i], kind, key + "[" + std::to_string(i) + "]"));
-    }
-    return c10::ivalue::Tuple::create(std::move(out));
-  }
-  TORCH_INTERNAL_ASSERT(false, "bigbatch: option ", key, " of type ", like.tagKind(), " has no JSON form");
-}
-
-/// What `out` holds, to read back: the options types serialize one way into
-/// an OutputArchive and the other way from an InputArchive only.
-torch::serialize::InputArchive reread(torch::serialize::OutputArchive& out) {
-  std::stringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive in;
-  in.load_from(bytes);
-  return in;
-}
-
-/// Every option of `options` by its archive key, in the archive's order.
-template <typename Options>
-std::vector<std::pair<std::string, c10::IValue>> option_values(const Options& options) {
-  torch::serialize::OutputArchive out;
-  options.serialize(out);
-  torch::serialize::InputArchive in = reread(out);
-  std::vector<std::pair<std::string, c10::IValue>> values;
-  for (const auto& key : in.keys()) {
-    c10::IValue v;
-    in.read(key, v);
-    values.emplace_back(key, std::move(v));
-  }
-  return values;
-}
-
-template <typename Options>
-json options_json(const Options& options) {
-  json out = json::object();
-  for (const auto& [key, value] : option_values(options)) out[key] = to_json(value);
-  return out;
-}
-
-/// `base` with the options `j` names replaced, validated. A key `base` has not
-/// is refused, naming it.
-template <typename Options>
-Options options_from_json(const Options& base, const json& j, const std::string& kind) {
-  TORCH_CHECK_VALUE(j.is_object(), kind, " options: expected an object, got ", j.dump());
-  auto values = option_values(base);
-  for (const auto& [key, value] : j.items()) {
-    const auto it = std::find_if(values.begin(), values.end(), [&](const auto& v) { return v.first == key; });
-    TORCH_CHECK_VALUE(it != values.end(), kind, " has no option '", key, "'");
-    it->second = from_json(value, it->second, kind, key);
-  }
-  torch::serialize::OutputArchive out;
-  for (const auto& [key, value] : values) out.write(key, value);
-  torch::serialize::InputArchive in = reread(out);
-  Options options = base;
-  options.serialize(in);
-  try {
-    options.validate();
-  } catch (const c10::Error& e) {  // "Invalid LAMB option eps: -1 (must be >= 0)"
-    TORCH_CHECK_VALUE(false, e.what_without_backtrace());
-  }
-  return options;
-}
+using Kind = optim::OptimizerKind;
 
 json parse(const std::string& text, const char* what) {
   try {
@@ -175,115 +53,18 @@ json parse(const std::string& text, const char* what) {
   }
 }
 
-// ------------------------------------------------------- the kinds ----
-
-/// What the operators do with an optimizer of one kind (the calls that need
-/// its options type or its class: construction and the options of a group).
-struct Kind {
-  /// Its state's fields by name (the field lists of optimizers/*.cpp, in
-  /// their order; tests/python checks them against what a step makes), the
-  /// integer ones, and the tensors that are one number per parameter rather
-  /// than shaped like it.
-  std::vector<std::string> fields;
-  std::vector<std::string> int_fields{"step"};
-  std::vector<std::string> scalar_fields;
-  virtual ~Kind() = default;
-  virtual json defaults() const = 0;
-  virtual std::unique_ptr<LayerwiseOptimizerBase> make(const std::vector<std::vector<at::Tensor>>& groups,
-                                                       const json& defaults, const json& group_options) const = 0;
-  virtual json group_options(const LayerwiseOptimizerBase& opt, std::int64_t group) const = 0;
-  virtual void set_group_options(LayerwiseOptimizerBase& opt, std::int64_t group, const json& options) const = 0;
-  virtual void add_group(LayerwiseOptimizerBase& opt, std::vector<at::Tensor> params, const json& options) const = 0;
-  /// The options as they would be set (all of them), refused as set_group_options would.
-  virtual json check_options(const json& options) const = 0;
-};
-
-/// The options a kind starts from: its defaults, with lr 0 for LARS and LARC,
-/// which have no default rate (Python's classes ask for one).
-template <typename Options>
-Options default_options_of() {
-  if constexpr (std::is_default_constructible_v<Options>) {
-    return Options();
-  } else {
-    return Options(0.0);
-  }
-}
-
-template <typename Opt, typename Options>
-struct KindOf final : Kind {
-  KindOf(std::string name, std::vector<std::string> state_fields, std::vector<std::string> scalars = {})
-      : name(std::move(name)) {
-    fields = std::move(state_fields);
-    scalar_fields = std::move(scalars);
-  }
-  std::string name;
-
-  json check_options(const json& options) const override {
-    return options_json(options_from_json(default_options_of<Options>(), options, name));
-  }
-
-  json defaults() const override { return options_json(default_options_of<Options>()); }
-
-  std::unique_ptr<LayerwiseOptimizerBase> make(const std::vector<std::vector<at::Tensor>>& groups,
-                                               const json& defaults, const json& group_options) const override {
-    TORCH_CHECK_VALUE(group_options.is_array() && group_options.size() == groups.size(), name, ": ",
-                      groups.size(), " parameter groups but options for ", group_options.size());
-    const Options base = options_from_json(default_options_of<Options>(), defaults, name);
-    std::vector<OptimizerParamGroup> param_groups;
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      param_groups.emplace_back(groups[g], std::make_unique<Options>(options_from_json(base, group_options[g], name)));
-    }
-    return std::make_unique<Opt>(std::move(param_groups), base);
-  }
-
-  static const Options& options_of(const LayerwiseOptimizerBase& opt, std::int64_t group) {
-    TORCH_CHECK_INDEX(group >= 0 && static_cast<std::size_t>(group) < opt.param_groups().size(), "bigbatch: group ",
-                      group, " of ", opt.param_groups().size());
-    return static_cast<const Options&>(opt.param_groups()[group].options());
-  }
-
-  json group_options(const LayerwiseOptimizerBase& opt, std::int64_t group) const override {
-    return options_json(options_of(opt, group));
-  }
-
-  void set_group_options(LayerwiseOptimizerBase& opt, std::int64_t group, const json& options) const override {
-    Options o = options_from_json(options_of(opt, group), options, name);
-    opt.param_groups()[group].set_options(std::make_unique<Options>(std::move(o)));
-  }
-
-  void add_group(LayerwiseOptimizerBase& opt, std::vector<at::Tensor> params, const json& options) const override {
-    const auto& defaults = static_cast<const Options&>(opt.defaults());
-    auto o = std::make_unique<Options>(options_from_json(defaults, options, name));
-    static_cast<Opt&>(opt).add_param_group(OptimizerParamGroup(std::move(params), std::move(o)));
-  }
-};
-
-const Kind& kind_named(const std::string& name) {
-  static const std::map<std::string, std::shared_ptr<const Kind>> kinds = {
-      {"LAMB", std::make_shared<KindOf<optim::LAMB, optim::LAMBOptions>>(
-                   "LAMB", std::vector<std::string>{"step", "exp_avg", "exp_avg_sq", "master"})},
-      {"LARS", std::make_shared<KindOf<optim::LARS, optim::LARSOptions>>(
-                   "LARS", std::vector<std::string>{"momentum_buffer", "master"})},
-      {"LARC", std::make_shared<KindOf<optim::LARC, optim::LARCOptions>>(
-                   "LARC", std::vector<std::string>{"momentum_buffer", "master"})},
-      {"NovoGrad", std::make_shared<KindOf<optim::NovoGrad, optim::NovoGradOptions>>(
-                       "NovoGrad", std::vector<std::string>{"step", "exp_avg", "exp_avg_sq", "master"},
-                       std::vector<std::string>{"exp_avg_sq"})},
-      {"Lion", std::make_shared<KindOf<optim::Lion, optim::LionOptions>>(
-                   "Lion", std::vector<std::string>{"step", "exp_avg", "master"})},
-      {"Muon", std::make_shared<KindOf<optim::Muon, optim::MuonOptions>>(
-                   "Muon", std::vector<std::string>{"step", "momentum_buffer", "exp_avg", "exp_avg_sq", "master"})},
-  };
-  const auto it = kinds.find(name);
-  TORCH_CHECK_VALUE(it != kinds.end(), "bigbatch: no optimizer named '", name,
-                    "' (LAMB, LARS, LARC, NovoGrad, Lion, Muon)");
-  return *it->second;
+/// The options `given` names over `base` (full options of `kind`), checked:
+/// an OptionError is a c10::ValueError, which reaches Python as ValueError.
+json checked_options(const Kind& kind, const json& base, const json& given) {
+  TORCH_CHECK_VALUE(given.is_object(), kind.name, " options: expected an object, got ", given.dump());
+  return kind.check(base, given);
 }
 
 // ------------------------------------------------------ the handles ----
 
 struct Held {
   const Kind* kind;
+  json defaults;  // the full options it was made with (a group added later starts from them)
   std::unique_ptr<LayerwiseOptimizerBase> opt;
   std::mutex step_mutex;  // one call at a time on one optimizer
 };
@@ -321,21 +102,28 @@ const at::Tensor& param_at(const LayerwiseOptimizerBase& opt, std::int64_t index
 std::int64_t create(const std::string& kind_name, const std::vector<at::Tensor>& params,
                     const std::vector<std::int64_t>& group_sizes, const std::string& defaults,
                     const std::string& group_options) {
-  const Kind& kind = kind_named(kind_name);
-  std::vector<std::vector<at::Tensor>> groups;
+  const Kind& kind = optim::optimizer_kind(kind_name);
+  const json base = checked_options(kind, kind.defaults, parse(defaults, "the defaults"));
+  const json options = parse(group_options, "the group options");
+  TORCH_CHECK_VALUE(options.is_array() && options.size() == group_sizes.size(), kind.name, ": ",
+                    group_sizes.size(), " parameter groups but options for ", options.size());
+  std::vector<std::pair<std::vector<at::Tensor>, json>> groups;
   std::size_t next = 0;
-  for (const std::int64_t n : group_sizes) {
+  for (std::size_t g = 0; g < group_sizes.size(); ++g) {
+    const std::int64_t n = group_sizes[g];
     TORCH_CHECK_VALUE(n >= 0 && next + static_cast<std::size_t>(n) <= params.size(), "bigbatch: group sizes ",
                       c10::IntArrayRef(group_sizes), " for ", params.size(), " parameters");
-    groups.emplace_back(params.begin() + static_cast<std::ptrdiff_t>(next),
-                        params.begin() + static_cast<std::ptrdiff_t>(next + n));
+    groups.emplace_back(std::vector<at::Tensor>(params.begin() + static_cast<std::ptrdiff_t>(next),
+                                                params.begin() + static_cast<std::ptrdiff_t>(next + n)),
+                        checked_options(kind, base, options[g]));
     next += static_cast<std::size_t>(n);
   }
   TORCH_CHECK_VALUE(next == params.size(), "bigbatch: group sizes ", c10::IntArrayRef(group_sizes), " for ",
                     params.size(), " parameters");
   auto h = std::make_shared<Held>();
   h->kind = &kind;
-  h->opt = kind.make(groups, parse(defaults, "the defaults"), parse(group_options, "the group options"));
+  h->defaults = base;
+  h->opt = kind.make(groups, base);
   std::lock_guard<std::mutex> lock(table_mutex);
   table.emplace(next_handle, std::move(h));
   return next_handle++;
@@ -346,24 +134,38 @@ void release(std::int64_t handle) {
   table.erase(handle);
 }
 
-std::string default_options(const std::string& kind) { return kind_named(kind).defaults().dump(); }
+std::string default_options(const std::string& kind) { return optim::optimizer_kind(kind).defaults.dump(); }
+
+/// The library's optimizers by name (each a class of bigbatch.optim).
+std::vector<std::string> kinds() {
+  std::vector<std::string> out;
+  for (const auto& k : optim::optimizer_kinds()) out.push_back(k.name);
+  return out;
+}
+
+/// The options of `kind` without a default ("lr" for LARS and LARC).
+std::vector<std::string> required_options(const std::string& kind) { return optim::optimizer_kind(kind).required; }
 
 std::string group_options(std::int64_t handle, std::int64_t group) {
   const auto h = held(handle);
   std::lock_guard<std::mutex> lock(h->step_mutex);
-  return h->kind->group_options(*h->opt, group).dump();
+  TORCH_CHECK_INDEX(group >= 0, "bigbatch: group ", group);
+  return h->kind->group_options(*h->opt, static_cast<std::size_t>(group)).dump();
 }
 
 void set_group_options(std::int64_t handle, std::int64_t group, const std::string& options) {
   const auto h = held(handle);
   std::lock_guard<std::mutex> lock(h->step_mutex);
-  h->kind->set_group_options(*h->opt, group, parse(options, "the group options"));
+  TORCH_CHECK_INDEX(group >= 0, "bigbatch: group ", group);
+  const json current = h->kind->group_options(*h->opt, static_cast<std::size_t>(group));
+  h->kind->set_group_options(*h->opt, static_cast<std::size_t>(group),
+                             checked_options(*h->kind, current, parse(options, "the group options")));
 }
 
 void add_group(std::int64_t handle, const std::vector<at::Tensor>& params, const std::string& options) {
   const auto h = held(handle);
   std::lock_guard<std::mutex> lock(h->step_mutex);
-  h->kind->add_group(*h->opt, params, parse(options, "the group options"));
+  h->kind->add_group(*h->opt, params, checked_options(*h->kind, h->defaults, parse(options, "the group options")));
 }
 
 /// One step of every group, each at its rate in `lrs` (the schedulers' rates
@@ -432,26 +234,27 @@ optim::NamedState checked_state(const Kind& kind, const char* kind_name, std::in
                                 const std::vector<std::string>& names, const std::vector<at::Tensor>& values) {
   TORCH_CHECK_VALUE(names.size() == values.size(), "bigbatch::set_state: ", names.size(), " names for ",
                     values.size(), " values");
-  const auto has = [](const std::vector<std::string>& list, const std::string& name) {
-    return std::find(list.begin(), list.end(), name) != list.end();
-  };
+  using Shape = optim::StateField::Shape;
+  std::vector<std::string> field_names;
+  for (const auto& f : kind.state) field_names.push_back(f.name);
   optim::NamedState named;
   for (std::size_t i = 0; i < names.size(); ++i) {
     const std::string& name = names[i];
     const at::Tensor& v = values[i];
-    TORCH_CHECK_VALUE(has(kind.fields, name), kind_name, " state of parameter ", index, ": no field '", name,
-                      "' (its fields: ", c10::Join(", ", kind.fields), ")");
+    const auto field = std::find_if(kind.state.begin(), kind.state.end(), [&](const auto& f) { return f.name == name; });
+    TORCH_CHECK_VALUE(field != kind.state.end(), kind_name, " state of parameter ", index, ": no field '", name,
+                      "' (its fields: ", c10::Join(", ", field_names), ")");
     TORCH_CHECK_VALUE(std::count(names.begin(), names.end(), name) == 1, kind_name, " state of parameter ", index,
                       ": field '", name, "' given twice");
     TORCH_CHECK_VALUE(v.defined(), kind_name, " state of parameter ", index, ": field '", name, "' is undefined");
-    if (has(kind.int_fields, name)) {
+    if (field->shape == Shape::kCount) {
       TORCH_CHECK_VALUE(v.dim() == 0 && v.scalar_type() == at::kLong, kind_name, " state of parameter ", index,
                         ": field '", name, "' must be an integer, got a ", v.scalar_type(), " tensor of shape ",
                         v.sizes());
       named.emplace_back(name, c10::IValue(v.item<std::int64_t>()));
       continue;
     }
-    const bool scalar = has(kind.scalar_fields, name);
+    const bool scalar = field->shape == Shape::kPerTensor;
     TORCH_CHECK_VALUE(v.scalar_type() == at::kFloat && v.device() == param.device() &&
                           (scalar ? v.dim() == 0 : v.sizes() == param.sizes()),
                       kind_name, " state of parameter ", index, ": field '", name, "' is ", v.scalar_type(), " ",
@@ -488,10 +291,15 @@ void set_state(std::int64_t handle, std::int64_t index, const std::vector<std::s
 /// The options `options` would be for a group of `kind` (every option, the
 /// kind's defaults where not given), checked as set_group_options checks them.
 std::string check_options(const std::string& kind, const std::string& options) {
-  return kind_named(kind).check_options(parse(options, "the group options")).dump();
+  const Kind& k = optim::optimizer_kind(kind);
+  return checked_options(k, k.defaults, parse(options, "the group options")).dump();
 }
 
-std::vector<std::string> state_fields(const std::string& kind) { return kind_named(kind).fields; }
+std::vector<std::string> state_fields(const std::string& kind) {
+  std::vector<std::string> out;
+  for (const auto& f : optim::optimizer_kind(kind).state) out.push_back(f.name);
+  return out;
+}
 
 std::int64_t skipped_steps(std::int64_t handle) {
   const auto h = held(handle);
@@ -571,6 +379,8 @@ TORCH_LIBRARY(bigbatch, m) {
   m.def("create(str kind, Tensor[] params, int[] group_sizes, str defaults, str group_options) -> int", &create);
   m.def("release(int handle) -> ()", &release);
   m.def("default_options(str kind) -> str", &default_options);
+  m.def("kinds() -> str[]", &kinds);
+  m.def("required_options(str kind) -> str[]", &required_options);
   m.def("group_options(int handle, int group) -> str", &group_options);
   m.def("set_group_options(int handle, int group, str options) -> ()", &set_group_options);
   m.def("add_group(int handle, Tensor[] params, str options) -> ()", &add_group);

@@ -12,6 +12,7 @@ import torch
 from conftest import reference
 
 import bigbatch
+from bigbatch import _ops
 from bigbatch.optim import LAMB, LARC, LARS, Lion, Muon, NovoGrad
 
 SHAPES = [(17, 33), (8, 3, 3, 3), (33,), (8,)]
@@ -266,7 +267,7 @@ def test_bad_options_are_refused_naming_the_option_and_value():
         LAMB(p, betas=(0.9, 1.0))
     with pytest.raises(ValueError, match=r"LAMB has no option 'momentum'"):
         LAMB(p, momentum=0.9)
-    with pytest.raises(ValueError, match=r"ns_steps: 2.5 \(expected an integer\)"):
+    with pytest.raises(ValueError, match=r"ns_steps: 2.5 \(must be an integer\)"):
         Muon(p, ns_steps=2.5)
     with pytest.raises(ValueError, match=r"required optimization parameter lr"):
         LARS(p)
@@ -440,3 +441,52 @@ def test_hooks_empty_groups_and_a_state_reset():
     assert len(opt.state) == 0
     empty = LAMB([{"params": []}], lr=0.1)
     assert empty.step(lambda: torch.tensor(1.0)).item() == 1.0
+
+
+# Every option of each C++ optimizer, by name (written out here, not read
+# from the library): each class takes each as a keyword argument, and a value
+# other than the default reaches the C++ optimizer's group.
+OPTIONS = {
+    "LARS": "lr momentum weight_decay trust_coefficient eps nesterov adapt skip_nonfinite fused master_weights",
+    "LARC": "lr momentum weight_decay trust_coefficient eps clip nesterov adapt skip_nonfinite fused master_weights",
+    "LAMB": "lr betas eps weight_decay bias_correction grad_averaging adam_w_mode max_grad_norm always_adapt "
+            "trust_clip min_trust max_trust adapt skip_nonfinite fused master_weights",
+    "NovoGrad": "lr betas eps weight_decay grad_averaging adapt skip_nonfinite fused master_weights",
+    "Lion": "lr betas weight_decay adapt skip_nonfinite fused master_weights",
+    "Muon": "lr weight_decay orthogonalize momentum nesterov ns_coefficients ns_steps eps adjust_lr ns_bfloat16 "
+            "adamw_betas adamw_eps skip_nonfinite fused master_weights",
+}
+
+
+def _another(key, value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return 1000.0 if value == float("inf") else (0.125 if value == 0 else value / 2)
+    if isinstance(value, tuple):
+        return tuple(v / 2 for v in value)
+    return {"adjust_lr": "spectral_unclamped"}[key]
+
+
+def test_every_option_of_every_optimizer_is_a_keyword_argument():
+    import bigbatch.optim as bo
+    assert sorted(torch.ops.bigbatch.kinds()) == sorted(OPTIONS)
+    for kind, names in OPTIONS.items():
+        cls = getattr(bo, kind)
+        assert kind in bo.__all__ and cls._kind == kind
+        required = {"lr": 0.1} if kind in ("LARS", "LARC") else {}
+        p = [torch.zeros(4, 4, requires_grad=True)]
+        defaults = cls(p, **required).defaults
+        assert set(defaults) == set(names.split()), kind
+        for key in names.split():
+            if key == "lr":
+                continue
+            value = _another(key, defaults[key])
+            # As a keyword argument (every group's), and as one group's own.
+            for opt in (cls(p, **required, **{key: value}), cls([{"params": p, key: value}], **required)):
+                assert opt.param_groups[0][key] == value
+                sent = _ops.loads(torch.ops.bigbatch.group_options(opt._handle, 0))
+                assert sent[key] == value, (kind, key)
+        assert all(key in cls.__doc__ for key in names.split()), kind
