@@ -103,10 +103,20 @@ std::int64_t create(const std::string& kind_name, const std::vector<at::Tensor>&
                     const std::vector<std::int64_t>& group_sizes, const std::string& defaults,
                     const std::string& group_options) {
   const Kind& kind = optim::optimizer_kind(kind_name);
-  const json base = checked_options(kind, kind.defaults, parse(defaults, "the defaults"));
+  json given = parse(defaults, "the defaults");
   const json options = parse(group_options, "the group options");
   TORCH_CHECK_VALUE(options.is_array() && options.size() == group_sizes.size(), kind.name, ": ",
                     group_sizes.size(), " parameter groups but options for ", options.size());
+  // A required option (LARC's lr) that only the groups give: the defaults
+  // take the first group's, which is what they are checked with (a later
+  // group must give its own, as torch.optim's `required` makes it).
+  for (const auto& key : kind.required) {
+    if (given.is_object() && !given.contains(key) && !options.empty() && options[0].is_object() &&
+        options[0].contains(key)) {
+      given[key] = options[0][key];
+    }
+  }
+  const json base = checked_options(kind, kind.defaults, given);
   std::vector<std::pair<std::vector<at::Tensor>, json>> groups;
   std::size_t next = 0;
   for (std::size_t g = 0; g < group_sizes.size(); ++g) {

@@ -272,6 +272,7 @@ def test_bad_options_are_refused_naming_the_option_and_value():
     with pytest.raises(ValueError, match=r"required optimization parameter lr"):
         LARS(p)
     LARS([{"params": p, "lr": 0.1}])  # each group may give it
+    LARC([{"params": p, "lr": 0.1}])  # (LARC, which refuses lr 0 with clip, too)
     with pytest.raises(ValueError, match=r"LAMB has no option 'weight_decya'"):
         LAMB([{"params": p, "weight_decya": 0.1}])
     # An option changed in param_groups is checked at the next step, which then changes nothing.
