@@ -37,6 +37,13 @@ inline void check_betas(const char* optimizer, const std::tuple<double, double>&
   check_option(b2 >= 0 && b2 < 1, optimizer, "betas[1]", b2, "in [0, 1)");
 }
 
+/// LARS's and LARC's rule for whether a group's update gets the trust ratio:
+/// adapt, and where always_adapt is false only with weight decay (timm's).
+template <typename Options>
+bool adapts(const Options& o) {
+  return o.adapt() && (o.always_adapt() || o.weight_decay() != 0);
+}
+
 // The reference paths write products out (x * (a * b)) rather than using
 // add_(x, alpha) or addcmul_: ATen's vectorized forms of those fuse a
 // multiply-add, which would make the two paths round differently.

@@ -21,8 +21,8 @@ LARCOptions::LARCOptions(double lr) : lr_(lr) {}
 template <typename Self>
 auto LARCOptions::fields(Self& self) {
   using internal::field;
-  auto& [lr, momentum, weight_decay, trust_coefficient, eps, clip, nesterov, adapt, skip_nonfinite, fused,
-         master_weights] = self;
+  auto& [lr, momentum, weight_decay, trust_coefficient, eps, clip, nesterov, adapt, always_adapt,
+         skip_nonfinite, fused, master_weights] = self;
   return std::make_tuple(field("lr", lr),
                          field("momentum", momentum),
                          field("weight_decay", weight_decay),
@@ -31,6 +31,7 @@ auto LARCOptions::fields(Self& self) {
                          field("clip", clip),
                          field("nesterov", nesterov),
                          field("adapt", adapt),
+                         field("always_adapt", always_adapt),
                          field("skip_nonfinite", skip_nonfinite),
                          field("fused", fused),
                          field("master_weights", master_weights));
@@ -76,9 +77,9 @@ void LARC::step_reference(const std::vector<Group>& groups) {
   reference_norms_then_update(groups, /*with_weight=*/true, [this](const LARCOptions& o, const ParamGrad& pg,
                                                                   const TensorNorms& n) {
     const double wd = o.weight_decay();
-    const double scale = kernels::larc_scale(n.w_norm, n.g_norm, o.adapt(), o.clip(), o.lr(), o.trust_coefficient(),
-                                             wd, o.eps());
-    if (o.adapt()) note_trust_ratio(pg.param, scale);
+    const double scale = kernels::larc_scale(n.w_norm, n.g_norm, internal::adapts(o), o.clip(), o.lr(),
+                                             o.trust_coefficient(), wd, o.eps());
+    if (internal::adapts(o)) note_trust_ratio(pg.param, scale);
     auto& v = state_of(pg.param).momentum_buffer();
     at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
     const at::Tensor d = (pg.grad.to(at::kFloat) + wd * w) * scale;
@@ -102,7 +103,7 @@ kernels::LarcGroup kernel_group(const LARCOptions& o) {
   g.trust_coefficient = o.trust_coefficient();
   g.eps = o.eps();
   g.nesterov = o.nesterov();
-  g.adapt = o.adapt();
+  g.adapt = internal::adapts(o);
   g.clip = o.clip();
   g.skip_nonfinite = o.skip_nonfinite();
   return g;

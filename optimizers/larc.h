@@ -1,7 +1,8 @@
 // LARC: layer-wise rate with clipping on an SGD-momentum base (apex's LARC;
 // docs/formulas.md), per tensor:
 //   local = tc*||w|| / (||g|| + wd*||w|| + eps)
-//   scale = clip ? min(local/lr, 1) : local     (1 where ||w|| or ||g|| is 0, or adapt false)
+//   scale = clip ? min(local/lr, 1) : local     (1 where ||w|| or ||g|| is 0, or where it does not
+//               adapt: adapt false, or always_adapt false and wd = 0, timm's rule)
 //   d = (g + wd*w) * scale
 //   v = momentum*v + d                          (v starts at 0, so v = d at the first step)
 //   w = w - lr*v       nesterov: w = w - lr*(d + momentum*v)
@@ -32,6 +33,10 @@ struct LARCOptions : public torch::optim::OptimizerCloneableOptions<LARCOptions>
   TORCH_ARG(bool, nesterov) = false;
   /// false: no layer-wise scale for this group (biases, normalization parameters).
   TORCH_ARG(bool, adapt) = true;
+  /// With adapt: true, the trust ratio in every group; false, only in groups
+  /// whose weight_decay is not 0 (timm's LARS and LARC, where false is the
+  /// default: a port from timm sets always_adapt(false) to keep its behaviour).
+  TORCH_ARG(bool, always_adapt) = true;
   /// A step with inf/NaN gradients changes nothing and is counted in skipped_steps().
   TORCH_ARG(bool, skip_nonfinite) = true;
   /// true: the fused kernels (CPU, or CUDA in builds with BIGBATCH_CUDA);

@@ -23,8 +23,8 @@ LARSOptions::LARSOptions(double lr) : lr_(lr) {}
 template <typename Self>
 auto LARSOptions::fields(Self& self) {
   using internal::field;
-  auto& [lr, momentum, weight_decay, trust_coefficient, eps, nesterov, adapt, skip_nonfinite, fused,
-         master_weights] = self;
+  auto& [lr, momentum, weight_decay, trust_coefficient, eps, nesterov, adapt, always_adapt, skip_nonfinite,
+         fused, master_weights] = self;
   return std::make_tuple(field("lr", lr),
                          field("momentum", momentum),
                          field("weight_decay", weight_decay),
@@ -32,6 +32,7 @@ auto LARSOptions::fields(Self& self) {
                          field("eps", eps),
                          field("nesterov", nesterov),
                          field("adapt", adapt),
+                         field("always_adapt", always_adapt),
                          field("skip_nonfinite", skip_nonfinite),
                          field("fused", fused),
                          field("master_weights", master_weights));
@@ -87,8 +88,9 @@ void LARS::step_reference(const std::vector<Group>& groups) {
   reference_norms_then_update(groups, /*with_weight=*/true, [this](const LARSOptions& o, const ParamGrad& pg,
                                                                   const TensorNorms& n) {
     const double wd = o.weight_decay();
-    const double ratio = kernels::lars_trust_ratio(n.w_norm, n.g_norm, o.adapt(), o.trust_coefficient(), wd, o.eps());
-    if (o.adapt()) note_trust_ratio(pg.param, ratio);
+    const double ratio =
+        kernels::lars_trust_ratio(n.w_norm, n.g_norm, internal::adapts(o), o.trust_coefficient(), wd, o.eps());
+    if (internal::adapts(o)) note_trust_ratio(pg.param, ratio);
     auto& v = state_of(pg.param).momentum_buffer();
     at::Tensor w = fp32_weights(o, pg.param);  // the parameter itself when it is fp32
     const at::Tensor d = pg.grad.to(at::kFloat) + wd * w;
@@ -112,7 +114,7 @@ kernels::LarsGroup kernel_group(const LARSOptions& o) {
   g.trust_coefficient = o.trust_coefficient();
   g.eps = o.eps();
   g.nesterov = o.nesterov();
-  g.adapt = o.adapt();
+  g.adapt = internal::adapts(o);
   g.skip_nonfinite = o.skip_nonfinite();
   return g;
 }

@@ -1,6 +1,7 @@
 // LARS: layer-wise adaptive rate scaling (You, Gitman, Ginsburg 2017,
 // arXiv:1708.03888). docs/formulas.md, per tensor:
-//   ratio = adapt ? tc*||w|| / (||g|| + wd*||w|| + eps) : 1   (1 where ||w|| or ||g|| is 0)
+//   ratio = adapts ? tc*||w|| / (||g|| + wd*||w|| + eps) : 1  (1 where ||w|| or ||g|| is 0)
+//           adapts = adapt and (always_adapt or wd != 0)       (always_adapt false: timm's rule)
 //   d = g + wd*w
 //   v = momentum*v + lr*ratio*d                               (v starts at 0)
 //   w = w - v          nesterov: w = w - (momentum*v + lr*ratio*d)
@@ -29,6 +30,10 @@ struct LARSOptions : public torch::optim::OptimizerCloneableOptions<LARSOptions>
   TORCH_ARG(bool, nesterov) = false;
   /// false: no trust ratio for this group (biases, normalization parameters).
   TORCH_ARG(bool, adapt) = true;
+  /// With adapt: true, the trust ratio in every group; false, only in groups
+  /// whose weight_decay is not 0 (timm's LARS and LARC, where false is the
+  /// default: a port from timm sets always_adapt(false) to keep its behaviour).
+  TORCH_ARG(bool, always_adapt) = true;
   /// A step with inf/NaN gradients changes nothing and is counted in skipped_steps().
   TORCH_ARG(bool, skip_nonfinite) = true;
   /// true: the fused kernels (CPU, or CUDA in builds with BIGBATCH_CUDA);

@@ -127,7 +127,7 @@ TEST(OptimizerEntries, LarsOwnsItsMomentumCorrection) {
   change(0.25);
   EXPECT_TRUE(torch::allclose(lars.param_state(model->weight)->momentum_buffer(), 0.25 * before));
   EXPECT_EQ(error_of(sweep_config({{"name", "larc"}, {"momentum_correction", true}})),
-            "optimizer.momentum_correction: larc has no such key (its keys: adapt, clip, eps, fused, "
+            "optimizer.momentum_correction: larc has no such key (its keys: adapt, always_adapt, clip, eps, fused, "
             "master_weights, momentum, nesterov, skip_nonfinite, trust_coefficient, weight_decay); a variant drops "
             "its base's with \"momentum_correction\": null");
 }
@@ -146,10 +146,11 @@ TEST(OptimizerEntries, EachBuiltinHasItsOwnKeys) {
   EXPECT_EQ(keys("adamw"), (V{"betas", "eps", "weight_decay"}));
   // The library's: every option of its C++ options but lr (the schedule's),
   // under the C++ name; LARS adds the runner's momentum correction.
-  EXPECT_EQ(keys("lars"), (V{"adapt", "eps", "fused", "master_weights", "momentum", "momentum_correction", "nesterov",
-                             "skip_nonfinite", "trust_coefficient", "weight_decay"}));
-  EXPECT_EQ(keys("larc"), (V{"adapt", "clip", "eps", "fused", "master_weights", "momentum", "nesterov",
-                             "skip_nonfinite", "trust_coefficient", "weight_decay"}));
+  EXPECT_EQ(keys("lars"), (V{"adapt", "always_adapt", "eps", "fused", "master_weights", "momentum",
+                             "momentum_correction", "nesterov", "skip_nonfinite", "trust_coefficient",
+                             "weight_decay"}));
+  EXPECT_EQ(keys("larc"), (V{"adapt", "always_adapt", "clip", "eps", "fused", "master_weights", "momentum",
+                             "nesterov", "skip_nonfinite", "trust_coefficient", "weight_decay"}));
   EXPECT_EQ(keys("lamb"), (V{"adam_w_mode", "adapt", "always_adapt", "betas", "bias_correction", "eps", "fused",
                              "grad_averaging", "master_weights", "max_grad_norm", "max_trust", "min_trust",
                              "skip_nonfinite", "trust_clip", "weight_decay"}));
@@ -209,7 +210,7 @@ TEST(OptimizerEntries, EveryOptionOfTheLibrarysOptimizersReachesTheOptimizer) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 9 + 10 + 15 + 8 + 6 + 14);  // LARS, LARC, LAMB, NovoGrad, Lion, Muon: every option but lr
+  EXPECT_EQ(checked, 10 + 11 + 15 + 8 + 6 + 14);  // LARS, LARC, LAMB, NovoGrad, Lion, Muon: every option but lr
 }
 
 // A value an optimizer refuses is refused at its config key, in the

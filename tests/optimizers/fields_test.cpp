@@ -95,6 +95,7 @@ std::vector<Change<Options>> momentum_option_changes() {
           {"eps", [](auto& o) { o.eps(1e-3); }, true},
           {"nesterov", [](auto& o) { o.nesterov(true); }, true},
           {"adapt", [](auto& o) { o.adapt(false); }, true},
+          {"always_adapt", [](auto& o) { o.always_adapt(false); }, true},  // (the base has no decay)
           {"skip_nonfinite", [](auto& o) { o.skip_nonfinite(false); }, true},
           {"fused", [](auto& o) { o.fused(false); }},
           {"master_weights", [](auto& o) { o.master_weights(true); }}};

@@ -70,6 +70,13 @@ std::vector<Variant> make_variants() {
                  per_tensor(r)});
     auto n = lars(0.05, 1e-3); n.adapt = false; n.momentum = 0.5;
     v.push_back({"LARS_no_adapt", maker<LARS>(LARSOptions(0.05).adapt(false).momentum(0.5)), per_tensor(n)});
+    // always_adapt(false), timm's rule: the ratio only with weight decay.
+    auto t = lars(0.05, 1e-3); t.adapt = false;
+    v.push_back({"LARS_timm_rule_no_decay", maker<LARS>(LARSOptions(0.05).always_adapt(false)), per_tensor(t)});
+    auto td = lars(1.0, 0.02); td.wd = 0.01;
+    v.push_back({"LARS_timm_rule_decay",
+                 maker<LARS>(LARSOptions(1.0).trust_coefficient(0.02).always_adapt(false).weight_decay(0.01)),
+                 per_tensor(td)});
   }
   {
     auto r = larc(0.1);
@@ -81,6 +88,8 @@ std::vector<Variant> make_variants() {
                  per_tensor(nd)});
     auto na = larc(0.05); na.adapt = false;
     v.push_back({"LARC_no_adapt", maker<LARC>(LARCOptions(0.05).adapt(false)), per_tensor(na)});
+    auto tn = larc(0.05); tn.adapt = false;  // timm's rule without weight decay: no scale
+    v.push_back({"LARC_timm_rule_no_decay", maker<LARC>(LARCOptions(0.05).always_adapt(false)), per_tensor(tn)});
   }
   {
     v.push_back({"LAMB_defaults", maker<LAMB>(LAMBOptions(0.02)), whole(lamb(0.02))});

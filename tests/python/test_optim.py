@@ -137,6 +137,25 @@ def test_lamb_matches_timm():
         assert not torch.allclose(a, p)
 
 
+def test_lars_and_larc_follow_timm_where_no_weight_decay_is_set_with_always_adapt_false():
+    # timm's Lars (both its LARS and its LARC, trust_clip) scales only the
+    # groups with weight decay, unless always_adapt; bigbatch's default adapts
+    # every group, and always_adapt=False is timm's rule.
+    Lars = reference("timm.optim.lars").Lars
+    params, grads = tensors(seed=3, steps=5, gap=False)
+    for ours, clip in ((LARS, False), (LARC, True)):
+        mine, theirs, always = leaves(params), leaves(params), leaves(params)
+        groups = lambda ps, **o: [{"params": ps[:2], "weight_decay": 1e-3, **o}, {"params": ps[2:], **o}]  # noqa: E731
+        extra = {"clip": True, "trust_coefficient": 1e-3, "eps": 1e-8} if clip else {"eps": 1e-8}
+        run(ours(groups(mine, always_adapt=False), lr=0.5, momentum=0.9, **extra), mine, grads)
+        run(ours(groups(always), lr=0.5, momentum=0.9, **extra), always, grads)
+        run(Lars(groups(theirs), lr=0.5, momentum=0.9, trust_coeff=1e-3, eps=1e-8, trust_clip=clip), theirs, grads)
+        for a, b in zip(mine, theirs):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), (ours, (a - b).abs().max())
+        # The default adapts the group without decay too, where timm's does not.
+        assert not torch.allclose(always[2], theirs[2], rtol=1e-5, atol=1e-7), ours
+
+
 def test_lars_matches_timm():
     Lars = reference("timm.optim.lars").Lars
     params, grads = tensors(seed=2, steps=6, gap=False)
@@ -448,8 +467,10 @@ def test_hooks_empty_groups_and_a_state_reset():
 # from the library): each class takes each as a keyword argument, and a value
 # other than the default reaches the C++ optimizer's group.
 OPTIONS = {
-    "LARS": "lr momentum weight_decay trust_coefficient eps nesterov adapt skip_nonfinite fused master_weights",
-    "LARC": "lr momentum weight_decay trust_coefficient eps clip nesterov adapt skip_nonfinite fused master_weights",
+    "LARS": "lr momentum weight_decay trust_coefficient eps nesterov adapt always_adapt skip_nonfinite fused "
+            "master_weights",
+    "LARC": "lr momentum weight_decay trust_coefficient eps clip nesterov adapt always_adapt skip_nonfinite fused "
+            "master_weights",
     "LAMB": "lr betas eps weight_decay bias_correction grad_averaging adam_w_mode max_grad_norm always_adapt "
             "trust_clip min_trust max_trust adapt skip_nonfinite fused master_weights",
     "NovoGrad": "lr betas eps weight_decay grad_averaging adapt skip_nonfinite fused master_weights",
