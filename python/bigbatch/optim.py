@@ -32,17 +32,23 @@ from . import _ops
 
 class _StateView(collections.abc.Mapping):
     """optimizer.state: each parameter's state as the C++ optimizer holds it
-    now (a copy of the step count, the tensors themselves), read on access."""
+    now (a copy of the step count, the tensors themselves), read on access;
+    {} for one of its parameters before its first step (as torch.optim's
+    defaultdict gives), which iteration and `in` leave out."""
 
     def __init__(self, optimizer):
         self._optimizer = optimizer
 
     def __getitem__(self, param):
         index = self._optimizer._index_of(param)
-        state = self._optimizer._state_at(index) if index is not None else None
-        if state is None:
+        if index is None:
             raise KeyError(param)
-        return state
+        state = self._optimizer._state_at(index)
+        return {} if state is None else state
+
+    def __contains__(self, param):
+        index = self._optimizer._index_of(param)
+        return index is not None and self._optimizer._state_at(index) is not None
 
     def __iter__(self):
         for index, param in enumerate(self._optimizer._params()):
@@ -57,7 +63,6 @@ class _Optimizer(torch.optim.Optimizer):
     """What the six classes share; a subclass names its C++ kind."""
 
     _kind = None
-    _bookkeeping = ("params", "param_names")  # group keys torch.optim itself reads
 
     def __init__(self, params, **options):
         self._handle = None
@@ -125,8 +130,8 @@ class _Optimizer(torch.optim.Optimizer):
         return _ops.dumps({k: group[k] for k in self.defaults if k != "lr"})
 
     def add_param_group(self, param_group):
-        if isinstance(param_group, dict):
-            self._refuse_unknown([k for k in param_group if k not in self._bookkeeping], self.defaults)
+        # A key that is not an option (timm's lr_scale, a scheduler's own) is
+        # kept in the group as torch.optim keeps it, and not sent to C++.
         super().add_param_group(param_group)
         if self._handle is None:  # during __init__: the groups go to the C++ optimizer together
             return
@@ -211,11 +216,15 @@ class _Optimizer(torch.optim.Optimizer):
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
+        # Its "bigbatch" entry names the kind and the skipped-step count; a
+        # state_dict without it (one that went through torch.distributed.
+        # checkpoint, which keeps "state" and "param_groups") is checked by
+        # its fields alone, and the count stays as it is.
         ours = state_dict.get("bigbatch")
-        if not isinstance(ours, dict) or "kind" not in ours:
-            raise ValueError(f"bigbatch.optim.{self._kind}: not a bigbatch optimizer's state_dict (no \"bigbatch\" "
-                             "entry); torch.optim's state does not carry over")
-        if ours["kind"] != self._kind:
+        if ours is not None and (not isinstance(ours, dict) or "kind" not in ours):
+            raise ValueError(f"bigbatch.optim.{self._kind}: the state_dict's \"bigbatch\" entry is not "
+                             f"{{\"kind\": ..., \"skipped_steps\": ...}}: {ours!r}")
+        if ours is not None and ours["kind"] != self._kind:
             raise ValueError(f"bigbatch.optim.{self._kind}: the state_dict is a {ours['kind']}'s")
         saved = state_dict["param_groups"]
         sizes = [len(g["params"]) for g in self.param_groups]
@@ -253,7 +262,8 @@ class _Optimizer(torch.optim.Optimizer):
         self._sync_options()
         for index, (names, values) in enumerate(states):
             _ops.ops.set_state(self._handle, index, names, values)
-        _ops.ops.set_skipped_steps(self._handle, int(ours.get("skipped_steps", 0)))
+        if ours is not None:
+            _ops.ops.set_skipped_steps(self._handle, int(ours.get("skipped_steps", 0)))
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
 

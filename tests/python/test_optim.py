@@ -3,6 +3,7 @@ program tests/python/peer.cpp), against independent references (timm's LAMB
 and LARS, torch.optim.Muon, float64 re-derivations of Lion and NovoGrad), and
 as a torch.optim optimizer (state_dict, schedulers, closures, the
 non-finite skip, refused options, torch.compile, the profiler)."""
+import copy
 import inspect
 import io
 import math
@@ -292,8 +293,6 @@ def test_bad_options_are_refused_naming_the_option_and_value():
         LARS(p)
     LARS([{"params": p, "lr": 0.1}])  # each group may give it
     LARC([{"params": p, "lr": 0.1}])  # (LARC, which refuses lr 0 with clip, too)
-    with pytest.raises(ValueError, match=r"LAMB has no option 'weight_decya'"):
-        LAMB([{"params": p, "weight_decya": 0.1}])
     # An option changed in param_groups is checked at the next step, which then changes nothing.
     opt = LAMB(p, lr=0.1)
     p[0].grad = torch.ones(3, 3)
@@ -414,8 +413,14 @@ def test_state_that_does_not_fit_is_refused_and_loading_changes_nothing_then():
             for k, v in s.items():
                 got = opt.state[mine[i]][k]
                 assert torch.equal(got, v) if isinstance(v, torch.Tensor) else got == v
-    with pytest.raises(ValueError, match="not a bigbatch optimizer's state_dict"):
-        opt.load_state_dict(torch.optim.AdamW(mine).state_dict())
+    # torch.optim's state does not carry over: its options (fused=None) and fields are not these.
+    others = leaves([p.detach() for p in mine])
+    adamw = torch.optim.AdamW([{"params": others[:2]}, {"params": others[2:]}])
+    for p in others:
+        p.grad = torch.ones_like(p)
+    adamw.step()
+    with pytest.raises(ValueError, match=r"Invalid LAMB option fused: null \(must be true or false\)"):
+        opt.load_state_dict(adamw.state_dict())
     # A column-major state tensor is taken as its values, not its memory.
     twin = leaves([p.detach() for p in mine])
     twin_opt = make("lamb", twin)
@@ -512,3 +517,77 @@ def test_every_option_of_every_optimizer_is_a_keyword_argument():
                 sent = _ops.loads(torch.ops.bigbatch.group_options(opt._handle, 0))
                 assert sent[key] == value, (kind, key)
         assert all(key in cls.__doc__ for key in names.split()), kind
+
+
+# torch.optim's contract where checkpointing and parameter-group helpers
+# rely on it: a parameter before its first step has the state {}; a
+# state_dict without the "bigbatch" entry (torch.distributed.checkpoint keeps
+# only "state" and "param_groups") loads and continues bit for bit; a group's
+# key that is no option (timm's lr_scale) is kept, as torch.optim keeps it,
+# and changes nothing of the step.
+def test_state_dicts_without_the_bigbatch_entry_and_groups_with_keys_of_their_own():
+    params, grads = tensors(seed=4, steps=6, gap=False)
+    mine = leaves(params)
+    opt = make("lamb", mine)
+    assert opt.state[mine[0]] == {} and mine[0] not in opt.state and len(opt.state) == 0
+    run(opt, mine, grads[:3])
+    assert mine[0] in opt.state and len(opt.state) == len(mine)
+    sd = opt.state_dict()
+    plain = {"state": sd["state"], "param_groups": sd["param_groups"]}
+    twin = leaves([p.detach() for p in mine])
+    twin_opt = make("lamb", twin)
+    twin_opt.load_state_dict(plain)
+    run(opt, mine, grads[3:])
+    run(twin_opt, twin, grads[3:])
+    assert_same_bits(mine, twin)
+
+    # timm's layer-decay groups: lr_scale is its scheduler's; the groups'
+    # options are what they say, so the step is that of the same groups by hand.
+    param_groups_layer_decay = reference("timm.optim._param_groups").param_groups_layer_decay
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    twin_model = copy.deepcopy(model)
+    groups = param_groups_layer_decay(model, weight_decay=0.05, layer_decay=0.5)
+    assert any("lr_scale" in g for g in groups)
+    by_hand = [{"params": [dict(twin_model.named_parameters())[n] for n, q in model.named_parameters()
+                           if any(q is r for r in g["params"])], "weight_decay": g["weight_decay"]} for g in groups]
+    ours, theirs = LAMB(groups, lr=1e-2), LAMB(by_hand, lr=1e-2)
+    assert [g.get("lr_scale") for g in ours.param_groups] == [g.get("lr_scale") for g in groups]
+    x = torch.randn(16, 6)
+    for _ in range(3):
+        for m, o in ((model, ours), (twin_model, theirs)):
+            o.zero_grad()
+            m(x).square().mean().backward()
+            o.step()
+    assert_same_bits(list(model.parameters()), list(twin_model.parameters()))
+    sd = ours.state_dict()
+    assert [g.get("lr_scale") for g in sd["param_groups"]] == [g.get("lr_scale") for g in groups]
+
+
+# torch.distributed.checkpoint's optimizer state dict (parameters by their
+# names, no "bigbatch" entry) round-trips into a fresh optimizer, which then
+# continues bit for bit.
+def test_torch_distributed_checkpoint_get_and_set_optimizer_state_dict():
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    twin = copy.deepcopy(model)
+    x = torch.randn(16, 6)
+
+    def step(m, o):
+        o.zero_grad()
+        m(x).square().mean().backward()
+        o.step()
+
+    opt = LAMB(bigbatch.optim.layerwise_param_groups(model, weight_decay=0.01), lr=1e-2)
+    for _ in range(3):
+        step(model, opt)
+    osd = get_optimizer_state_dict(model, opt)
+    assert set(osd) == {"state", "param_groups"} and "0.weight" in osd["state"]
+    twin.load_state_dict(model.state_dict())
+    twin_opt = LAMB(bigbatch.optim.layerwise_param_groups(twin, weight_decay=0.01), lr=1e-2)
+    set_optimizer_state_dict(twin, twin_opt, osd)
+    for _ in range(3):
+        step(model, opt)
+        step(twin, twin_opt)
+    assert_same_bits(list(model.parameters()), list(twin.parameters()))
