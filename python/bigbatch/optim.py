@@ -30,21 +30,68 @@ from . import _ops
 
 
 
-class _StateView(collections.abc.Mapping):
+class _ParamState(collections.abc.MutableMapping):
+    """One parameter's state (optimizer.state[p]), read from the C++
+    optimizer on each access; a field written (state[p]["exp_avg"] = t) is
+    checked as load_state_dict checks it and replaces the C++ optimizer's."""
+
+    def __init__(self, optimizer, index):
+        self._optimizer, self._index = optimizer, index
+
+    def _now(self):
+        return self._optimizer._state_at(self._index) or {}
+
+    def __getitem__(self, name):
+        return self._now()[name]
+
+    def __setitem__(self, name, value):
+        state = self._now()
+        if not state:
+            raise ValueError(f"bigbatch.optim.{self._optimizer._kind}: parameter {self._index} has no state before "
+                             f"its first step to set '{name}' of; set a whole state (optimizer.state[p] = {{...}}) "
+                             "or load a state_dict")
+        state[name] = value
+        self._optimizer._set_state_at(self._index, state)
+
+    def __delitem__(self, name):
+        raise ValueError(f"bigbatch.optim.{self._optimizer._kind}: a state field cannot be removed ('{name}'); "
+                         "set a whole state or clear it (optimizer.state = {})")
+
+    def __iter__(self):
+        return iter(self._now())
+
+    def __len__(self):
+        return len(self._now())
+
+    def __repr__(self):
+        return repr(self._now())
+
+
+class _StateView(collections.abc.MutableMapping):
     """optimizer.state: each parameter's state as the C++ optimizer holds it
     now (a copy of the step count, the tensors themselves), read on access;
-    {} for one of its parameters before its first step (as torch.optim's
-    defaultdict gives), which iteration and `in` leave out."""
+    empty for one of its parameters before its first step (as torch.optim's
+    defaultdict gives), which iteration and `in` leave out. Writes go to the
+    C++ optimizer, checked: state[p] = {...} replaces a whole state,
+    state[p][field] = value one field."""
 
     def __init__(self, optimizer):
         self._optimizer = optimizer
 
-    def __getitem__(self, param):
+    def _index(self, param):
         index = self._optimizer._index_of(param)
         if index is None:
             raise KeyError(param)
-        state = self._optimizer._state_at(index)
-        return {} if state is None else state
+        return index
+
+    def __getitem__(self, param):
+        return _ParamState(self._optimizer, self._index(param))
+
+    def __setitem__(self, param, state):
+        self._optimizer._set_state_at(self._index(param), dict(state))
+
+    def __delitem__(self, param):
+        _ops.ops.set_state(self._optimizer._handle, self._index(param), [], [])
 
     def __contains__(self, param):
         index = self._optimizer._index_of(param)
@@ -170,6 +217,29 @@ class _Optimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------- state ----
 
+    def _state_entries(self, index, param, state):
+        """A state mapping as the operators take it: names, and values (a
+        copy of each tensor on the parameter's device; an integer as a 0-dim
+        int64 tensor)."""
+        names, values = [], []
+        for name, v in state.items():
+            names.append(name)
+            if isinstance(v, torch.Tensor) and not (v.dim() == 0 and v.dtype == torch.int64 and name == "step"):
+                values.append(v.detach().to(device=param.device, copy=True, memory_format=torch.contiguous_format))
+            elif isinstance(v, int) or (hasattr(v, "dtype") and hasattr(v, "item") and isinstance(v.item(), int)):
+                values.append(torch.tensor(int(v), dtype=torch.int64))
+            else:
+                raise ValueError(f"bigbatch.optim.{self._kind}: state field '{name}' of parameter {index} "
+                                 f"is a {type(v).__name__}, not a tensor or an integer")
+        return names, values
+
+    def _set_state_at(self, index, state):
+        """Replaces parameter `index`'s whole state by `state`, checked first
+        (ValueError naming the field; nothing changes then)."""
+        names, values = self._state_entries(index, self._params()[index], state)
+        _ops.ops.check_state(self._handle, index, names, values)
+        _ops.ops.set_state(self._handle, index, names, values)
+
     def _state_at(self, index):
         names, values = _ops.ops.state(self._handle, index)
         if not names:
@@ -241,17 +311,7 @@ class _Optimizer(torch.optim.Optimizer):
             s = state_dict["state"].get(old_index[index])
             names, values = [], []
             if s is not None:
-                for name, v in s.items():
-                    names.append(name)
-                    if isinstance(v, torch.Tensor):
-                        values.append(v.detach().to(device=param.device, copy=True,
-                                                    memory_format=torch.contiguous_format))
-                    elif isinstance(v, int) or (hasattr(v, "dtype") and hasattr(v, "item")
-                                                and isinstance(v.item(), int)):
-                        values.append(torch.tensor(int(v), dtype=torch.int64))
-                    else:
-                        raise ValueError(f"bigbatch.optim.{self._kind}: state field '{name}' of parameter {index} "
-                                         f"is a {type(v).__name__}, not a tensor or an integer")
+                names, values = self._state_entries(index, param, s)
                 _ops.ops.check_state(self._handle, index, names, values)
             states.append((names, values))
         # Apply.

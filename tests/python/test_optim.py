@@ -591,3 +591,41 @@ def test_torch_distributed_checkpoint_get_and_set_optimizer_state_dict():
         step(model, opt)
         step(twin, twin_opt)
     assert_same_bits(list(model.parameters()), list(twin.parameters()))
+
+
+# optimizer.state is writable through the checked path: a field
+# (state[p][k] = v, as a user or a tool that moves state does) or a whole
+# state (state[p] = {...}, as Lightning's optimizer-to-device does), each
+# checked as load_state_dict checks it; a refused write changes nothing.
+def test_the_state_is_written_through_the_checked_path():
+    params, grads = tensors(seed=5, steps=5, gap=False)
+    mine, twin = leaves(params), leaves(params)
+    opt, twin_opt = make("lamb", mine), make("lamb", twin)
+    with pytest.raises(ValueError, match="no state before its first step"):
+        opt.state[mine[0]]["exp_avg"] = torch.zeros_like(mine[0])
+    run(opt, mine, grads[:2])
+    run(twin_opt, twin, grads[:2])
+    # One field: the C++ optimizer's moment is the one written.
+    opt.state[mine[0]]["exp_avg"] = torch.zeros_like(mine[0])
+    assert torch.equal(opt.state_dict()["state"][0]["exp_avg"], torch.zeros_like(mine[0]))
+    sd = twin_opt.state_dict()
+    sd["state"] = {i: dict(s) for i, s in sd["state"].items()}
+    sd["state"][0]["exp_avg"] = torch.zeros_like(twin[0])
+    twin_opt.load_state_dict(sd)
+    # Whole states, each replaced by a copy of itself (a move to the same device).
+    for p, s in list(opt.state.items()):
+        opt.state[p] = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
+    run(opt, mine, grads[2:])
+    run(twin_opt, twin, grads[2:])
+    assert_same_bits(mine, twin)
+    # Refused writes name the field and change nothing.
+    before = opt.state_dict()["state"][1]["exp_avg_sq"].clone()
+    with pytest.raises(ValueError, match=r"field 'exp_avg_sq' is Float \[3\]"):
+        opt.state[mine[1]]["exp_avg_sq"] = torch.zeros(3)
+    with pytest.raises(ValueError, match=r"no field 'moment'"):
+        opt.state[mine[1]] = {"moment": torch.zeros_like(mine[1])}
+    with pytest.raises(ValueError, match="cannot be removed"):
+        del opt.state[mine[1]]["exp_avg"]
+    assert torch.equal(opt.state_dict()["state"][1]["exp_avg_sq"], before)
+    del opt.state[mine[1]]
+    assert mine[1] not in opt.state and len(opt.state) == len(mine) - 1
