@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -48,13 +49,15 @@ class ScopedEnv {
 // noise). A peak measured too low (a narrower instruction set than the CPU
 // has, a loop the compiler shortened) breaks it in every measurement; so does
 // a peak measured at the wrong width, which the CPU's own flags give away.
-// The other core's load can slow one peak loop and not the products: a
-// measurement breaks the bound only by chance when another one keeps it, so
-// up to three are taken. No check here depends on how fast this CPU is.
+// Another process's load can slow a peak loop and not the products that
+// follow it: a measured peak is at most the true one, so the products are
+// held to the best peak of up to five measurements (a run in CI met a loaded
+// core in three in a row). No check here depends on how fast this CPU is.
 TEST(MathCheck, TheMatrixProductStaysUnderTheMeasuredMultiplyAddPeak) {
   const int threads = at::get_num_threads();
   MathCheck m;
-  for (int attempt = 0; attempt < 3; ++attempt) {
+  double best_peak = 0;
+  for (int attempt = 0; attempt < 5; ++attempt) {
     const auto start = std::chrono::steady_clock::now();
     m = measure_math();
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -63,7 +66,8 @@ TEST(MathCheck, TheMatrixProductStaysUnderTheMeasuredMultiplyAddPeak) {
     EXPECT_GT(m.sgemm_gflops, 0);
     EXPECT_GT(m.seconds, 0);
     EXPECT_LE(m.seconds, wall) << "the check's own time is part of the call's";
-    if (!(m.peak_gflops > 0) || m.sgemm_gflops <= 1.1 * m.peak_gflops) break;
+    best_peak = std::max(best_peak, m.peak_gflops);
+    if (!(m.peak_gflops > 0) || m.sgemm_gflops <= 1.1 * best_peak) break;
   }
 #if defined(__x86_64__)
   __builtin_cpu_init();
@@ -72,8 +76,8 @@ TEST(MathCheck, TheMatrixProductStaysUnderTheMeasuredMultiplyAddPeak) {
                                                                                                 : "sse2";
   EXPECT_EQ(m.peak_isa, widest);
   ASSERT_GT(m.peak_gflops, 0);
-  EXPECT_LE(m.sgemm_gflops, 1.1 * m.peak_gflops) << "sgemm " << m.sgemm_gflops << " GFLOP/s, peak " << m.peak_gflops
-                                                 << " in each of three measurements";
+  EXPECT_LE(m.sgemm_gflops, 1.1 * best_peak) << "sgemm " << m.sgemm_gflops << " GFLOP/s, best peak " << best_peak
+                                             << " of five measurements";
   EXPECT_NEAR(m.fraction(), m.sgemm_gflops / m.peak_gflops, 1e-12);
 #else
   EXPECT_EQ(m.peak_gflops, 0);
