@@ -224,7 +224,7 @@ class _Optimizer(torch.optim.Optimizer):
         names, values = [], []
         for name, v in state.items():
             names.append(name)
-            if isinstance(v, torch.Tensor) and not (v.dim() == 0 and v.dtype == torch.int64 and name == "step"):
+            if isinstance(v, torch.Tensor):
                 values.append(v.detach().to(device=param.device, copy=True, memory_format=torch.contiguous_format))
             elif isinstance(v, int) or (hasattr(v, "dtype") and hasattr(v, "item") and isinstance(v.item(), int)):
                 values.append(torch.tensor(int(v), dtype=torch.int64))

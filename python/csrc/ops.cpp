@@ -26,14 +26,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -51,13 +47,6 @@ json parse(const std::string& text, const char* what) {
   } catch (const json::exception& e) {
     TORCH_CHECK_VALUE(false, "bigbatch: ", what, " is not JSON (", e.what(), "): ", text);
   }
-}
-
-/// The options `given` names over `base` (full options of `kind`), checked:
-/// an OptionError is a c10::ValueError, which reaches Python as ValueError.
-json checked_options(const Kind& kind, const json& base, const json& given) {
-  TORCH_CHECK_VALUE(given.is_object(), kind.name, " options: expected an object, got ", given.dump());
-  return kind.check(base, given);
 }
 
 // ------------------------------------------------------ the handles ----
@@ -116,7 +105,7 @@ std::int64_t create(const std::string& kind_name, const std::vector<at::Tensor>&
       given[key] = options[0][key];
     }
   }
-  const json base = checked_options(kind, kind.defaults, given);
+  const json base = kind.check(kind.defaults, given);
   std::vector<std::pair<std::vector<at::Tensor>, json>> groups;
   std::size_t next = 0;
   for (std::size_t g = 0; g < group_sizes.size(); ++g) {
@@ -125,7 +114,7 @@ std::int64_t create(const std::string& kind_name, const std::vector<at::Tensor>&
                       c10::IntArrayRef(group_sizes), " for ", params.size(), " parameters");
     groups.emplace_back(std::vector<at::Tensor>(params.begin() + static_cast<std::ptrdiff_t>(next),
                                                 params.begin() + static_cast<std::ptrdiff_t>(next + n)),
-                        checked_options(kind, base, options[g]));
+                        kind.check(base, options[g]));
     next += static_cast<std::size_t>(n);
   }
   TORCH_CHECK_VALUE(next == params.size(), "bigbatch: group sizes ", c10::IntArrayRef(group_sizes), " for ",
@@ -169,13 +158,13 @@ void set_group_options(std::int64_t handle, std::int64_t group, const std::strin
   TORCH_CHECK_INDEX(group >= 0, "bigbatch: group ", group);
   const json current = h->kind->group_options(*h->opt, static_cast<std::size_t>(group));
   h->kind->set_group_options(*h->opt, static_cast<std::size_t>(group),
-                             checked_options(*h->kind, current, parse(options, "the group options")));
+                             h->kind->check(current, parse(options, "the group options")));
 }
 
 void add_group(std::int64_t handle, const std::vector<at::Tensor>& params, const std::string& options) {
   const auto h = held(handle);
   std::lock_guard<std::mutex> lock(h->step_mutex);
-  h->kind->add_group(*h->opt, params, checked_options(*h->kind, h->defaults, parse(options, "the group options")));
+  h->kind->add_group(*h->opt, params, h->kind->check(h->defaults, parse(options, "the group options")));
 }
 
 /// One step of every group, each at its rate in `lrs` (the schedulers' rates
@@ -302,7 +291,7 @@ void set_state(std::int64_t handle, std::int64_t index, const std::vector<std::s
 /// kind's defaults where not given), checked as set_group_options checks them.
 std::string check_options(const std::string& kind, const std::string& options) {
   const Kind& k = optim::optimizer_kind(kind);
-  return checked_options(k, k.defaults, parse(options, "the group options")).dump();
+  return k.check(k.defaults, parse(options, "the group options")).dump();
 }
 
 std::vector<std::string> state_fields(const std::string& kind) {
