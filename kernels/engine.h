@@ -29,6 +29,10 @@ struct TensorSlot {
   float* v = nullptr;           ///< LAMB second moment (numel floats); NovoGrad one float; else null
   std::int64_t numel = 0;
   std::int64_t step = 0;        ///< steps taken before this one (read on a rebuild)
+  /// Numbers a plan carries from step to step for this tensor beside its
+  /// step count, in double (Schedule-Free: its weight sum and largest rate so
+  /// far); read on a rebuild as `step` is, and left alone by other plans.
+  double carry[kCarried] = {0, 0};
   std::int32_t group = 0;       ///< index into the groups
   DType dtype = DType::kFloat32;
 };
@@ -112,6 +116,10 @@ class MultiTensorStep {
 
   /// Each bound tensor's step count (CUDA: waits for the last bind() or run()).
   virtual std::vector<std::int64_t> steps() const = 0;
+
+  /// Each bound tensor's carried numbers (TensorSlot::carry), kCarried per
+  /// tensor in slot order (CUDA: waits as steps()).
+  virtual std::vector<double> carried() const = 0;
 
   /// Each bound tensor's trust ratio in the last run(): the ratio its update
   /// was scaled by (LARS's and LAMB's, LARC's clipped scale), NaN where its

@@ -41,6 +41,9 @@ namespace bigbatch::kernels {
 constexpr std::int64_t kChunkElements = 1 << 14;
 
 /// The chunks a tensor of `numel` elements is cut in (the last one partial).
+/// Numbers a plan may carry per tensor from step to step (Table::carry).
+constexpr int kCarried = 2;
+
 constexpr std::int64_t chunks_of(std::int64_t numel) { return (numel + kChunkElements - 1) / kChunkElements; }
 
 /// The arrays of a tensor a pass reads or writes.
@@ -102,6 +105,7 @@ struct Table {
   double* ratio;                     ///< [T] each tensor's trust ratio in this step, NaN where none
                                      ///<     (every plan's finalizer writes it every run)
   std::int64_t* steps;               ///< [T] each tensor's step count
+  double* carry;                     ///< [T][kCarried] numbers a plan keeps per tensor across steps
   float* group_coef;                 ///< [G] a per-group coefficient (LAMB: clipping factor)
   Scalars* scalars;
   int num_tensors;

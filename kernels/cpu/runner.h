@@ -205,6 +205,7 @@ class CpuStep final : public MultiTensorStep<Plan> {
   }
 
   std::vector<std::int64_t> steps() const override { return steps_; }
+  std::vector<double> carried() const override { return carry_; }
   void set_shard(std::shared_ptr<const ShardSpec> spec) override { shard_ = std::move(spec); }
 
   std::vector<double> trust_ratios() const override { return ratio_; }
@@ -225,9 +226,11 @@ class CpuStep final : public MultiTensorStep<Plan> {
     runner_slots_.clear();
     grads_.assign(slots.size(), nullptr);
     steps_.clear();
+    carry_.clear();
     for (std::size_t i = 0; i < slots.size(); ++i) {
       runner_slots_.push_back(runner_slot(slots[i]));
       steps_.push_back(slots[i].step);
+      carry_.insert(carry_.end(), slots[i].carry, slots[i].carry + kCarried);
       for (std::int64_t c = chunk_start_[i]; c < chunk_start_[i + 1]; ++c) {
         chunk_offset_[c + 1] = chunk_offset_[c] + std::min(kChunkElements, slots[i].numel - (c - chunk_start_[i]) * kChunkElements);
       }
@@ -245,6 +248,7 @@ class CpuStep final : public MultiTensorStep<Plan> {
     table_.coef = coef_.data();
     table_.ratio = ratio_.data();
     table_.steps = steps_.data();
+    table_.carry = carry_.data();
     table_.scalars = &scalars_;
     table_.num_tensors = static_cast<int>(slots.size());
     table_.num_chunks = static_cast<std::int64_t>(chunks);
@@ -263,6 +267,7 @@ class CpuStep final : public MultiTensorStep<Plan> {
   std::vector<float> coef_;
   std::vector<double> ratio_;
   std::vector<std::int64_t> steps_;
+  std::vector<double> carry_;
   std::vector<float> group_coef_;
   Scalars scalars_{0, 0u, 0};
   Table<Group> table_{};

@@ -26,7 +26,7 @@ inline std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 25
 template <typename Group>
 struct ArenaLayout {
   std::size_t bytes = 0;  ///< the whole allocation (first: place() adds to it as the offsets are made)
-  std::size_t slots, grads, chunk_start, groups, partial, sums, coef, ratio, steps, group_coef, chunk_tensor;
+  std::size_t slots, grads, chunk_start, groups, partial, sums, coef, ratio, steps, carry, group_coef, chunk_tensor;
 
   ArenaLayout(std::size_t tensors, std::size_t num_groups, std::size_t chunks)
       : slots(place(tensors * sizeof(Slot))),
@@ -38,6 +38,7 @@ struct ArenaLayout {
         coef(place(tensors * sizeof(float))),
         ratio(place(tensors * sizeof(double))),
         steps(place(tensors * sizeof(std::int64_t))),
+        carry(place(kCarried * tensors * sizeof(double))),
         group_coef(place(num_groups * sizeof(float))),
         chunk_tensor(place(chunks * sizeof(std::int32_t))) {}
 
@@ -134,6 +135,13 @@ class CudaStep final : public MultiTensorStep<Plan> {
     std::vector<std::int64_t> out(slots_.size());
     if (out.empty()) return out;
     read_back(out.data(), table_.steps, out.size() * sizeof(std::int64_t));
+    return out;
+  }
+
+  std::vector<double> carried() const override {
+    std::vector<double> out(kCarried * slots_.size());
+    if (out.empty()) return out;
+    read_back(out.data(), table_.carry, out.size() * sizeof(double));
     return out;
   }
 
@@ -272,6 +280,7 @@ class CudaStep final : public MultiTensorStep<Plan> {
     table_.coef = L::template at<float>(arena_, layout_of.coef);
     table_.ratio = L::template at<double>(arena_, layout_of.ratio);
     table_.steps = L::template at<std::int64_t>(arena_, layout_of.steps);
+    table_.carry = L::template at<double>(arena_, layout_of.carry);
     table_.group_coef = L::template at<float>(arena_, layout_of.group_coef);
     table_.chunk_tensor = L::template at<std::int32_t>(arena_, layout_of.chunk_tensor);
     table_.scalars = scalars_;
@@ -282,16 +291,19 @@ class CudaStep final : public MultiTensorStep<Plan> {
     std::vector<Slot> host_slots(t);
     std::vector<const void*> grads(t);
     std::vector<std::int64_t> steps(t);
+    std::vector<double> carry;
     for (std::size_t i = 0; i < t; ++i) {
       host_slots[i] = runner_slot(slots[i]);
       grads[i] = slots[i].grad;
       steps[i] = slots[i].step;
+      carry.insert(carry.end(), slots[i].carry, slots[i].carry + kCarried);
     }
     bind_launches_ += upload(const_cast<Slot*>(table_.slots), host_slots, stream);
     bind_launches_ += upload(const_cast<const void**>(table_.grads), grads, stream);
     bind_launches_ += upload(const_cast<std::int64_t*>(table_.chunk_start), layout.chunk_start, stream);
     bind_launches_ += upload(const_cast<std::int32_t*>(table_.chunk_tensor), layout.chunk_tensor, stream);
     bind_launches_ += upload(table_.steps, steps, stream);
+    bind_launches_ += upload(table_.carry, carry, stream);
     bind_launches_ += upload(table_.group_coef, std::vector<float>(num_groups, 1.0f), stream);
     slots_ = slots;
     groups_.clear();  // uploaded by bind()
