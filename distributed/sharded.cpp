@@ -380,6 +380,15 @@ torch::Tensor ShardedOptimizer::step(LossClosure closure) {
   return loss;
 }
 
+void ShardedOptimizer::train(bool on) {
+  if (on == training_) return;
+  at::NoGradGuard no_grad;
+  refresh_slices();
+  inner_->train(on);
+  all_gather_params();
+  training_ = on;
+}
+
 std::int64_t ShardedOptimizer::skipped_steps() const { return inner_->skipped_steps(); }
 
 std::optional<std::size_t> ShardedOptimizer::tensor_of(const at::Tensor& slice) const {

@@ -132,6 +132,11 @@ class ShardedOptimizer final : public optim::LayerwiseOptimizerBase {
   /// computes this rank's gradients, which step() then averages itself.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
+  /// Moves this rank's slices between the training and evaluation points
+  /// (Schedule-Free), then all-gathers the parameters as a step does.
+  void train(bool on = true) override;
+  bool has_evaluation_point() const override { return inner_->has_evaluation_point(); }
+
   /// The wrapped optimizer's skipped steps (the same on every rank).
   std::int64_t skipped_steps() const override;
   /// Every parameter's trust ratio in the last step, the whole tensor's (the

@@ -81,7 +81,7 @@ Field<T> field(const char* name, T& value, PerTensor) {
   return {name, value, true};
 }
 
-/// A state type's fields as StateField says them (integers are counts).
+/// A state type's fields as StateField says them (integers are counts, doubles numbers).
 template <typename Fields>
 std::vector<StateField> state_fields_of(const Fields& fields) {
   std::vector<StateField> out;
@@ -90,7 +90,7 @@ std::vector<StateField> state_fields_of(const Fields& fields) {
       using T = std::remove_cv_t<std::remove_reference_t<decltype(f.value)>>;
       const auto shape = std::is_base_of_v<at::Tensor, T>
                              ? (f.per_tensor ? StateField::Shape::kPerTensor : StateField::Shape::kLikeParam)
-                             : StateField::Shape::kCount;
+                             : std::is_floating_point_v<T> ? StateField::Shape::kNumber : StateField::Shape::kCount;
       out.push_back({f.name, shape});
     }(), ...);
   }, fields);

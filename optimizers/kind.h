@@ -39,6 +39,9 @@ struct OptimizerKind {
   std::vector<std::string> required;
   /// The per-parameter state's fields, in declaration order.
   std::vector<StateField> state;
+  /// Whether its point to evaluate differs from the training point
+  /// (LayerwiseOptimizerBase::has_evaluation_point: Schedule-Free).
+  bool evaluation_point = false;
 
   /// Every option: `base` (options as `defaults` holds them) with the
   /// options `given` names replaced, read as the defaults' types and

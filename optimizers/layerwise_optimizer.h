@@ -72,9 +72,10 @@ using NamedState = std::vector<std::pair<std::string, c10::IValue>>;
 /// One field of an optimizer's per-parameter state, as its state type
 /// declares it (the field list in its .cpp): a count (the step), a tensor
 /// shaped like the parameter, or a tensor of one number per parameter tensor
-/// (NovoGrad's layer moment). What the Python package checks a state against.
+/// (NovoGrad's layer moment), or a number carried in double (Schedule-Free's
+/// weight sum). What the Python package checks a state against.
 struct StateField {
-  enum class Shape { kCount, kLikeParam, kPerTensor };
+  enum class Shape { kCount, kLikeParam, kPerTensor, kNumber };
   std::string name;
   Shape shape = Shape::kLikeParam;
 };
@@ -177,8 +178,24 @@ class LayerwiseOptimizerBase : public torch::optim::Optimizer {
   /// Sets skipped_steps(), for state moved from another optimizer.
   virtual void set_skipped_steps(std::int64_t count) = 0;
 
+  /// Puts the parameters at the point steps are taken from (on) or at the
+  /// point to evaluate (off), as Schedule-Free's y and x; for an optimizer
+  /// whose two points are one (has_evaluation_point() false) only the mode
+  /// changes. A step in evaluation mode throws. save() records the mode.
+  virtual void train(bool on = true) { training_ = on; }
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  /// Sets the mode without moving the parameters: for parameters restored
+  /// at that mode's point (a checkpoint saved in it).
+  void set_training_mode(bool on) { training_ = on; }
+  /// Whether the point to evaluate differs from the training point
+  /// (Schedule-Free): then BatchNorm statistics gathered in training describe
+  /// the wrong point and must be recomputed at the evaluation point.
+  virtual bool has_evaluation_point() const { return false; }
+
  protected:
   using torch::optim::Optimizer::Optimizer;
+  bool training_ = true;
 };
 
 /// Base class of the four optimizers. `Options` is an

@@ -26,6 +26,7 @@
 #include <cmath>
 #include <exception>
 #include <optional>
+#include <type_traits>
 
 namespace bigbatch::optim {
 
@@ -49,6 +50,13 @@ struct BufferState {
   static void bind(State& st, kernels::TensorSlot& slot) { slot.m = st.momentum_buffer().template data_ptr<float>(); }
   static void set_step(State&, std::int64_t) {}
 };
+/// Whether an optimizer's FusedTraits carry numbers for its plan
+/// (kernels::TensorSlot::carry): `set_carry(State&, const double*)`.
+template <typename Traits, typename = void>
+struct CarriesNumbers : std::false_type {};
+template <typename Traits>
+struct CarriesNumbers<Traits, std::void_t<decltype(&Traits::set_carry)>> : std::true_type {};
+
 template <typename State>
 struct MomentState {
   static void bind(State& st, kernels::TensorSlot& slot) {
@@ -201,6 +209,8 @@ bool LayerwiseOptimizer<Options, ParamState>::skip_nonfinite(const std::vector<G
 
 template <typename Options, typename ParamState>
 torch::Tensor LayerwiseOptimizer<Options, ParamState>::step(LossClosure closure) {
+  TORCH_CHECK(training_, name_, ": step() in evaluation mode; call train() first (the parameters are at the "
+              "point to evaluate)");
   at::NoGradGuard no_grad;
   const torch::Tensor loss = run_closure(closure);
   const auto groups = gather();
@@ -238,6 +248,7 @@ void LayerwiseOptimizer<Options, ParamState>::save(torch::serialize::OutputArchi
   torch::optim::serialize<ParamState, Options>(archive, *this);
   archive.write("bigbatch/skipped_steps", at::scalar_tensor(skipped_steps(), at::kLong));
   archive.write("bigbatch/kind", c10::IValue(std::string(name_)));
+  archive.write("bigbatch/training", c10::IValue(training_));
 }
 
 template <typename Options, typename ParamState>
@@ -251,6 +262,8 @@ void LayerwiseOptimizer<Options, ParamState>::load(torch::serialize::InputArchiv
   engine_ran_ = false;
   at::Tensor skipped;
   if (archive.try_read("bigbatch/skipped_steps", skipped)) skipped_steps_ = skipped.item<std::int64_t>();
+  c10::IValue training;  // the parameters saved with it are at that mode's point
+  if (archive.try_read("bigbatch/training", training)) training_ = training.toBool();
 }
 
 // ------------------------------------------------------------ fused step ----
@@ -434,10 +447,18 @@ template <typename Options, typename ParamState>
 void LayerwiseOptimizer<Options, ParamState>::sync_engine_state() const {
   if (!engine_ || engine_->states.empty()) return;
   const DeviceGuard guard(engine_->device);
+  using Traits = FusedTraits<Options>;
   std::vector<std::int64_t> steps;
   rethrow_as_torch_error(name_, [&] { steps = engine_step<Options>(*engine_).steps(); });
   for (std::size_t k = 0; k < steps.size() && k < engine_->states.size(); ++k) {
-    FusedTraits<Options>::set_step(static_cast<ParamState&>(*engine_->states[k]), steps[k]);
+    Traits::set_step(static_cast<ParamState&>(*engine_->states[k]), steps[k]);
+  }
+  if constexpr (CarriesNumbers<Traits>::value) {
+    std::vector<double> carried;
+    rethrow_as_torch_error(name_, [&] { carried = engine_step<Options>(*engine_).carried(); });
+    for (std::size_t k = 0; kernels::kCarried * (k + 1) <= carried.size() && k < engine_->states.size(); ++k) {
+      Traits::set_carry(static_cast<ParamState&>(*engine_->states[k]), carried.data() + kernels::kCarried * k);
+    }
   }
 }
 
