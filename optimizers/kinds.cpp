@@ -9,6 +9,7 @@
 #include "muon.h"
 #include "novograd.h"
 #include "param_groups.h"
+#include "schedule_free.h"
 
 #include <c10/util/Exception.h>
 #include <torch/serialize/archive.h>
@@ -182,7 +183,9 @@ OptimizerKind kind_of(SplitOf<Opt> split) {
   const Options defaults = default_options_of<Options>();
   Options probe = defaults;  // a rate every kind takes (LARC refuses 0)
   probe.lr(1.0);
-  k.name = Opt(std::vector<OptimizerParamGroup>{}, probe).kind();
+  const Opt blank(std::vector<OptimizerParamGroup>{}, probe);
+  k.name = blank.kind();
+  k.evaluation_point = blank.has_evaluation_point();
   k.defaults = options_json(defaults);
   if constexpr (!std::is_default_constructible_v<Options>) k.required = {"lr"};
   k.state = State::declared();
@@ -243,6 +246,7 @@ const std::vector<OptimizerKind>& optimizer_kinds() {
   static const auto* kinds = new std::vector<OptimizerKind>{
       layerwise_kind<LARS>(), layerwise_kind<LARC>(), layerwise_kind<LAMB>(),
       layerwise_kind<NovoGrad>(), layerwise_kind<Lion>(), muon_kind(),
+      layerwise_kind<AdamWScheduleFree>(), layerwise_kind<SGDScheduleFree>(),
   };
   return *kinds;
 }

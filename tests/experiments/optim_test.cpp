@@ -160,6 +160,10 @@ TEST(OptimizerEntries, EachBuiltinHasItsOwnKeys) {
   EXPECT_EQ(keys("muon"), (V{"adamw_betas", "adamw_eps", "adjust_lr", "eps", "fused", "master_weights", "momentum",
                              "nesterov", "ns_bfloat16", "ns_coefficients", "ns_steps", "orthogonalize",
                              "skip_nonfinite", "weight_decay"}));
+  EXPECT_EQ(keys("adamwschedulefree"), (V{"adapt", "betas", "eps", "fused", "master_weights", "r", "skip_nonfinite",
+                                          "warmup_steps", "weight_decay", "weight_lr_power"}));
+  EXPECT_EQ(keys("sgdschedulefree"), (V{"adapt", "fused", "master_weights", "momentum", "r", "skip_nonfinite",
+                                        "warmup_steps", "weight_decay", "weight_lr_power"}));
   // The defaults are the optimizers' own, the runner's two choices aside
   // (SGD's momentum 0.9; Muon's match_rms_adamw scale).
   EXPECT_EQ(resolve_optimizer("adamw").params.at("weight_decay"), 0.01);
@@ -210,7 +214,8 @@ TEST(OptimizerEntries, EveryOptionOfTheLibrarysOptimizersReachesTheOptimizer) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 10 + 11 + 15 + 8 + 6 + 14);  // LARS, LARC, LAMB, NovoGrad, Lion, Muon: every option but lr
+  // LARS, LARC, LAMB, NovoGrad, Lion, Muon, AdamWScheduleFree, SGDScheduleFree: every option but lr.
+  EXPECT_EQ(checked, 10 + 11 + 15 + 8 + 6 + 14 + 10 + 9);
 }
 
 // A value an optimizer refuses is refused at its config key, in the

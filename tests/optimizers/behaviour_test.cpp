@@ -166,6 +166,56 @@ TEST(SaveLoad, LionContinuesAsIfNeverStopped) {
   expect_save_load_continues<Lion>(LionOptions(1e-3).weight_decay(0.1));
 }
 
+TEST(SaveLoad, ScheduleFreeContinuesAsIfNeverStopped) {
+  expect_save_load_continues<AdamWScheduleFree>(AdamWScheduleFreeOptions(0.01).weight_decay(0.1).warmup_steps(3));
+  expect_save_load_continues<SGDScheduleFree>(SGDScheduleFreeOptions(0.1).warmup_steps(3));
+}
+
+// Saved at the evaluation point (the parameters at x), loaded: the mode
+// comes back, so train() moves the loaded parameters to y (by the inverse
+// interpolation: the copy of y eval() kept is not saved) and the run goes on
+// as the uninterrupted one, to rounding.
+TEST(SaveLoad, ScheduleFreeSavedInEvalModeResumesThroughTrain) {
+  const auto options = AdamWScheduleFreeOptions(0.01).weight_decay(0.1);
+  auto straight = small_net();
+  AdamWScheduleFree opt_straight(layerwise_param_groups(*straight, options), options);
+  auto first = small_net();
+  AdamWScheduleFree opt_first(layerwise_param_groups(*first, options), options);
+  for (int s = 0; s < 4; ++s) {
+    train_step(straight, opt_straight, s);
+    train_step(first, opt_first, s);
+  }
+  opt_first.eval();
+  std::stringstream model_bytes;
+  std::stringstream opt_bytes;
+  torch::save(first, model_bytes);
+  torch::save(opt_first, opt_bytes);
+  auto second = small_net();
+  torch::load(second, model_bytes);
+  AdamWScheduleFree opt_second(layerwise_param_groups(*second, options), options);
+  torch::load(opt_second, opt_bytes);
+  EXPECT_FALSE(opt_second.is_training());
+  opt_second.train();
+  {
+    const auto a = snapshot(*straight);
+    const auto b = snapshot(*second);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      EXPECT_LE((a[i] - b[i]).abs().max().item<double>(), 1e-6 * (1 + a[i].abs().max().item<double>()));
+    }
+  }
+  opt_straight.eval();
+  opt_straight.train();  // y kept: exactly where it was
+  for (int s = 4; s < 8; ++s) {
+    train_step(straight, opt_straight, s);
+    train_step(second, opt_second, s);
+  }
+  const auto a = snapshot(*straight);
+  const auto b = snapshot(*second);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_LE(((a[i] - b[i]).norm() / a[i].norm()).item<double>(), 1e-5) << "parameter " << i;
+  }
+}
+
 TEST(SaveLoad, KeepsTheSkippedStepCounter) {
   auto w = torch::ones({3}, torch::requires_grad());
   LAMB opt({w}, LAMBOptions());
@@ -255,6 +305,13 @@ TEST_P(NonFinite, LionSkipsTheWholeStep) {
     expect_nonfinite_step_skipped<Lion>(LionOptions(0.1).weight_decay(0.1).fused(fused()), bad, device(),
                                         /*poisons_weights=*/false);
   }
+}
+TEST_P(NonFinite, ScheduleFreeSkipsTheWholeStepAndItsWeight) {
+  // The state compared after the skip holds the weight sum and largest rate too.
+  expect_nonfinite_step_skipped<AdamWScheduleFree>(
+      AdamWScheduleFreeOptions(0.1).weight_decay(0.1).warmup_steps(2).fused(fused()), NAN, device());
+  expect_nonfinite_step_skipped<SGDScheduleFree>(SGDScheduleFreeOptions(0.1).warmup_steps(2).fused(fused()),
+                                                 INFINITY, device());
 }
 TEST_P(NonFinite, AFirstStepSkippedCreatesNoState) {
   auto w = torch::randn({3}).to(device()).requires_grad_(true);
@@ -365,6 +422,14 @@ TEST(BadInput, InvalidOptionsNameTheOptionAndValue) {
   expect_error([&] { Lion(p, LionOptions().betas({-0.5, 0.99})); }, "Invalid Lion option betas[0]: -0.5");
   expect_error([&] { Lion(p, LionOptions(-1e-4)); }, "Invalid Lion option lr: -0.0001");
   expect_error([&] { Lion(p, LionOptions().weight_decay(-1)); }, "Invalid Lion option weight_decay: -1");
+  expect_error([&] { AdamWScheduleFree(p, AdamWScheduleFreeOptions().betas({0.0, 0.999})); },
+               "Invalid AdamWScheduleFree option betas[0]: 0 (must be in (0, 1))");
+  expect_error([&] { AdamWScheduleFree(p, AdamWScheduleFreeOptions().warmup_steps(-1)); },
+               "Invalid AdamWScheduleFree option warmup_steps: -1");
+  expect_error([&] { SGDScheduleFree(p, SGDScheduleFreeOptions().momentum(1)); },
+               "Invalid SGDScheduleFree option momentum: 1 (must be in (0, 1))");
+  expect_error([&] { SGDScheduleFree(p, SGDScheduleFreeOptions().weight_lr_power(-2)); },
+               "Invalid SGDScheduleFree option weight_lr_power: -2");
 }
 
 TEST(BadInput, SparseGradientsAreRejected) {
@@ -444,6 +509,10 @@ TEST(FusedVsReference, LAMBAgreesAfter100Steps) {
 }
 TEST(FusedVsReference, NovoGradAgreesAfter100Steps) {
   expect_paths_agree<NovoGrad>(NovoGradOptions(5e-3).weight_decay(1e-3));
+}
+TEST(FusedVsReference, ScheduleFreeAgreesAfter100Steps) {
+  expect_paths_agree<AdamWScheduleFree>(AdamWScheduleFreeOptions(5e-3).weight_decay(0.1).warmup_steps(10));
+  expect_paths_agree<SGDScheduleFree>(SGDScheduleFreeOptions(0.05).weight_decay(1e-3).warmup_steps(10));
 }
 TEST(FusedVsReference, LionAgreesAfter100Steps) {
   expect_paths_agree<Lion>(LionOptions(1e-3).weight_decay(0.1));

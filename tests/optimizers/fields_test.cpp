@@ -155,6 +155,32 @@ TEST(Fields, LionOptionsSurviveCopySaveLoadAndReachThePlan) {
                       {"master_weights", [](auto& o) { o.master_weights(true); }}});
 }
 
+TEST(Fields, ScheduleFreeOptionsSurviveCopySaveLoadAndReachThePlan) {
+  expect_every_field_survives<AdamWScheduleFreeOptions>(
+      AdamWScheduleFreeOptions(), {{"lr", [](auto& o) { o.lr(0.2); }, true},
+                                   {"betas", [](auto& o) { o.betas({0.8, 0.9}); }, true},
+                                   {"eps", [](auto& o) { o.eps(1e-6); }, true},
+                                   {"weight_decay", [](auto& o) { o.weight_decay(0.1); }, true},
+                                   {"warmup_steps", [](auto& o) { o.warmup_steps(5); }, true},
+                                   {"r", [](auto& o) { o.r(1); }, true},
+                                   {"weight_lr_power", [](auto& o) { o.weight_lr_power(1); }, true},
+                                   {"adapt", [](auto& o) { o.adapt(false); }},  // no trust ratio
+                                   {"skip_nonfinite", [](auto& o) { o.skip_nonfinite(false); }, true},
+                                   {"fused", [](auto& o) { o.fused(false); }},
+                                   {"master_weights", [](auto& o) { o.master_weights(true); }}});
+  expect_every_field_survives<SGDScheduleFreeOptions>(
+      SGDScheduleFreeOptions(), {{"lr", [](auto& o) { o.lr(0.2); }, true},
+                                 {"momentum", [](auto& o) { o.momentum(0.5); }, true},
+                                 {"weight_decay", [](auto& o) { o.weight_decay(0.1); }, true},
+                                 {"warmup_steps", [](auto& o) { o.warmup_steps(5); }, true},
+                                 {"r", [](auto& o) { o.r(1); }, true},
+                                 {"weight_lr_power", [](auto& o) { o.weight_lr_power(1); }, true},
+                                 {"adapt", [](auto& o) { o.adapt(false); }},
+                                 {"skip_nonfinite", [](auto& o) { o.skip_nonfinite(false); }, true},
+                                 {"fused", [](auto& o) { o.fused(false); }},
+                                 {"master_weights", [](auto& o) { o.master_weights(true); }}});
+}
+
 // Muon's plan group is its AdamW groups' (LAMB's plan without the trust
 // ratio): the rate, decay, betas and eps reach it. The orthogonalized
 // groups' options go to Muon's own two plans and the iteration, which the
@@ -186,6 +212,11 @@ State zero_state() {
     s.momentum_buffer(at::zeros({3}));
   } else if constexpr (std::is_same_v<State, LionParamState>) {
     s.exp_avg(at::zeros({3}));
+  } else if constexpr (std::is_same_v<State, AdamWScheduleFreeParamState>) {
+    s.z(at::zeros({3}));
+    s.exp_avg_sq(at::zeros({3}));
+  } else if constexpr (std::is_same_v<State, SGDScheduleFreeParamState>) {
+    s.z(at::zeros({3}));
   } else if constexpr (std::is_same_v<State, MuonParamState>) {
     s.momentum_buffer(at::zeros({3}));
     s.exp_avg(at::zeros({3}));
@@ -232,6 +263,33 @@ TEST(Fields, LionAndMuonStatesSurviveCopyAndSaveLoad) {
   auto muon = moment_state_changes<MuonParamState>();
   muon.push_back({"momentum_buffer", [](auto& s) { s.momentum_buffer(at::full({3}, 4.0)); }});
   expect_every_field_survives(zero_state<MuonParamState>(), muon);
+}
+
+TEST(Fields, ScheduleFreeStatesSurviveCopyAndSaveLoad) {
+  // weight_sum and lr_max are doubles (StateField::kNumber): an fp32 round
+  // trip would lose the 1e-10 below.
+  expect_every_field_survives<AdamWScheduleFreeParamState>(
+      zero_state<AdamWScheduleFreeParamState>(),
+      {{"step", [](auto& s) { s.step(7); }},
+       {"z", [](auto& s) { s.z(at::ones({3})); }},
+       {"exp_avg_sq", [](auto& s) { s.exp_avg_sq(at::full({3}, 3.0)); }},
+       {"weight_sum", [](auto& s) { s.weight_sum(1.0 + 1e-10); }},
+       {"lr_max", [](auto& s) { s.lr_max(0.25 + 1e-10); }},
+       {"master", [](auto& s) { s.master(at::full({3}, 2.0)); }}});
+  expect_every_field_survives<SGDScheduleFreeParamState>(
+      zero_state<SGDScheduleFreeParamState>(),
+      {{"step", [](auto& s) { s.step(7); }},
+       {"z", [](auto& s) { s.z(at::ones({3})); }},
+       {"weight_sum", [](auto& s) { s.weight_sum(1.0 + 1e-10); }},
+       {"lr_max", [](auto& s) { s.lr_max(0.25 + 1e-10); }},
+       {"master", [](auto& s) { s.master(at::full({3}, 2.0)); }}});
+  using Shape = StateField::Shape;
+  const auto declared = AdamWScheduleFreeParamState::declared();
+  ASSERT_EQ(declared.size(), 6u);
+  EXPECT_EQ(declared[3].name, "weight_sum");
+  EXPECT_EQ(declared[3].shape, Shape::kNumber);
+  EXPECT_EQ(declared[1].shape, Shape::kLikeParam);
+  EXPECT_EQ(declared[0].shape, Shape::kCount);
 }
 
 TEST(Fields, AnUndefinedStateTensorIsLeftOutAndLoadsUndefined) {

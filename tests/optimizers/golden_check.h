@@ -29,6 +29,7 @@ struct GoldenRun {
   std::vector<Vec> ref;
   std::vector<Vec> start;
   std::unique_ptr<torch::optim::Optimizer> opt;
+  std::vector<ref64::State> states;  ///< the reference's (golden_test.cpp fills it)
 };
 
 // Asserts that every element is within fp32 rounding of the float64

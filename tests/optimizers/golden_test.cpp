@@ -125,6 +125,21 @@ std::vector<Variant> make_variants() {
     v.push_back({"Lion_decay_betas",
                  maker<Lion>(LionOptions(0.01).weight_decay(0.5).betas(std::make_tuple(0.95, 0.98))), per_tensor(d)});
   }
+  {
+    ref64::ScheduleFree a; a.lr = 0.01; a.wd = 0.1; a.warmup = 3;
+    v.push_back({"AdamWScheduleFree_warmup_decay",
+                 maker<AdamWScheduleFree>(AdamWScheduleFreeOptions(0.01).weight_decay(0.1).warmup_steps(3)),
+                 per_tensor(a)});
+    ref64::ScheduleFree p; p.lr = 0.01; p.b1 = 0.8; p.b2 = 0.99; p.r = 1; p.power = 1; p.eps = 1e-6;
+    v.push_back({"AdamWScheduleFree_r_power",
+                 maker<AdamWScheduleFree>(AdamWScheduleFreeOptions(0.01).betas(std::make_tuple(0.8, 0.99)).r(1)
+                                              .weight_lr_power(1).eps(1e-6)),
+                 per_tensor(p)});
+    ref64::ScheduleFree s; s.lr = 0.5; s.adaptive = false; s.wd = 0.01; s.warmup = 2;
+    v.push_back({"SGDScheduleFree_warmup_decay",
+                 maker<SGDScheduleFree>(SGDScheduleFreeOptions(0.5).weight_decay(0.01).warmup_steps(2)),
+                 per_tensor(s)});
+  }
   return v;
 }
 
@@ -183,6 +198,7 @@ GoldenRun run(const Variant& variant, bool fused, at::ScalarType dtype, int step
     r.opt->step();
     variant.ref(r.ref, grads, state);
   }
+  r.states = state;
   return r;
 }
 
@@ -227,6 +243,8 @@ at::Tensor master_of(const torch::optim::OptimizerParamState& st) {
   if (const auto* s = dynamic_cast<const LARCParamState*>(&st)) return s->master();
   if (const auto* s = dynamic_cast<const LAMBParamState*>(&st)) return s->master();
   if (const auto* s = dynamic_cast<const LionParamState*>(&st)) return s->master();
+  if (const auto* s = dynamic_cast<const AdamWScheduleFreeParamState*>(&st)) return s->master();
+  if (const auto* s = dynamic_cast<const SGDScheduleFreeParamState*>(&st)) return s->master();
   return dynamic_cast<const NovoGradParamState&>(st).master();
 }
 
@@ -243,6 +261,46 @@ void expect_master_weights_track_fp32(const Variant& variant, bool fused, Placem
   for (std::size_t k = 0; k < masters.size(); ++k) {
     EXPECT_TRUE(at::equal(masters[k].to(at::kBFloat16), r.params[k])) << variant.name << ", tensor " << k;
   }
+}
+
+// Schedule-Free: eval() puts the parameters at the reference's x (the
+// average it keeps explicitly), train() back at y; a step in eval mode throws.
+TEST(GoldenScheduleFree, EvalIsTheAverageAndTrainIsBack) {
+  int checked = 0;
+  for (const Variant& v : variants()) {
+    if (v.name.find("ScheduleFree") == std::string::npos) continue;
+    for (const bool fused : {true, false}) {
+      for (const bool master : {false, true}) {
+        Placement where;
+        where.master_weights = master;
+        GoldenRun r = run(v, fused, master ? at::kBFloat16 : at::kFloat, 4, where);
+        auto& opt = dynamic_cast<LayerwiseOptimizerBase&>(*r.opt);
+        ASSERT_TRUE(opt.has_evaluation_point());
+        const std::vector<at::Tensor> y = [&] {
+          std::vector<at::Tensor> out;
+          for (const auto& p : r.params) out.push_back(p.detach().clone());
+          return out;
+        }();
+        opt.eval();
+        EXPECT_FALSE(opt.is_training());
+        EXPECT_THROW(opt.step(), c10::Error) << v.name;
+        std::vector<Vec> x;
+        for (const auto& s : r.states) x.push_back(s.x);
+        const std::string what = v.name + path_name(fused) + (master ? " bf16 master" : "") + " at x";
+        if (master) {
+          expect_rounded_once(r.params, x, 7, what);
+        } else {
+          expect_fp32_close(GoldenRun{r.params, x, r.start, nullptr, {}}, what);
+        }
+        opt.train();
+        for (std::size_t k = 0; k < y.size(); ++k) {  // y comes back exactly (the master copy, or eval()'s copy)
+          EXPECT_TRUE(at::equal(r.params[k], y[k])) << what << ", tensor " << k;
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 12);
 }
 
 TEST_P(Golden, MasterWeightsTrackTheFp32Trajectory) {
@@ -304,9 +362,9 @@ TEST_P(GoldenCuda, SameBitsTwice_CUDA) {
 TEST_P(GoldenCuda, ThousandsOfTensorsInOneStep_CUDA) {
 #if defined(BIGBATCH_SIMT)
   // On the executor (~10 s a variant) the 3,000-tensor step runs once per pass
-  // plan: LARS, LARC, LAMB with its norm pass, LAMB with global clipping, NovoGrad.
+  // plan: LARS, LARC, LAMB with its norm pass, LAMB with global clipping, NovoGrad, Schedule-Free.
   static const std::set<std::string> plans = {"LARS_plain", "LARC_clip", "LAMB_defaults", "LAMB_global_clip",
-                                              "NovoGrad_defaults"};
+                                              "NovoGrad_defaults", "AdamWScheduleFree_warmup_decay"};
   if (plans.count(variant().name) == 0) GTEST_SKIP() << "covered on the executor by the variant of its pass plan";
 #endif
   Placement where = cuda();

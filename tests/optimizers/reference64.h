@@ -27,6 +27,9 @@ struct State {
   Vec v;              // LAMB second moment
   double vs = 0;      // NovoGrad scalar second moment
   std::int64_t t = 0; // steps taken
+  Vec x;              // Schedule-Free's average
+  double ws = 0;      // Schedule-Free's weight sum
+  double lr_max = 0;  // Schedule-Free's largest rate so far
 };
 
 struct Lars {
@@ -141,6 +144,40 @@ struct Lion {
       s.m[i] = b2 * s.m[i] + (1 - b2) * g[i];
     }
     ++s.t;
+  }
+};
+
+/// Schedule-Free AdamW (adaptive) or SGD in the paper's three sequences
+/// (Defazio et al. 2024, Algorithm 1 with warmup and weighting): z steps,
+/// x averages z, gradients are taken at y = (1-b1)*z + b1*x. State: m = z,
+/// v = AdamW's second moment, x, t = steps, ws the weight sum, lr_max.
+struct ScheduleFree {
+  double lr = 0.0025, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0, r = 0, power = 2;
+  std::int64_t warmup = 0;
+  bool adaptive = true;
+
+  /// One step: w holds y on entry and on return.
+  void step(Vec& w, const Vec& g, State& s) const {
+    State& e = s;
+    if (s.t == 0) { s.m = w; s.v.assign(w.size(), 0.0); e.x = w; }
+    ++s.t;
+    const double t = static_cast<double>(s.t);
+    const double rate = (s.t <= warmup) ? lr * t / static_cast<double>(warmup) : lr;
+    e.lr_max = std::max(e.lr_max, rate);
+    const double weight = std::pow(t, r) * std::pow(e.lr_max, power);
+    e.ws += weight;
+    const double c = e.ws > 0 ? weight / e.ws : 0.0;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      const double y = w[i];
+      double u = g[i];
+      if (adaptive) {
+        s.v[i] = b2 * s.v[i] + (1 - b2) * g[i] * g[i];
+        u = g[i] / (std::sqrt(s.v[i] / (1 - std::pow(b2, t))) + eps);
+      }
+      s.m[i] -= rate * (u + wd * y);                 // z
+      e.x[i] = (1 - c) * e.x[i] + c * s.m[i];        // x
+      w[i] = (1 - b1) * s.m[i] + b1 * e.x[i];        // y
+    }
   }
 };
 
