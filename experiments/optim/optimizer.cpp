@@ -229,6 +229,7 @@ OptimizerEntry kind_entry(const optim::OptimizerKind& kind, const nlohmann::json
     }
     return out;
   };
+  e.evaluation_point = kind.evaluation_point;
   e.shards = true;  // every one is a LayerwiseOptimizerBase, which distributed::ShardedOptimizer takes
   return e;
 }

@@ -70,6 +70,10 @@ struct OptimizerEntry {
   /// makes a bigbatch layer-wise optimizer (optim::LayerwiseOptimizerBase)
   /// that distributed::ShardedOptimizer takes (docs/distributed.md).
   bool shards = false;
+  /// Whether its optimizer moves the parameters to a point to evaluate
+  /// (optim::LayerwiseOptimizerBase::has_evaluation_point: Schedule-Free):
+  /// the trainer evaluates there, BatchNorm statistics recomputed.
+  bool evaluation_point = false;
 };
 
 /// Adds an optimizer a config can name (thread-safe). A name already taken,

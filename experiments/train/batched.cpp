@@ -6,6 +6,7 @@
 #include "batched.h"
 
 #include "lane_model.h"
+#include "../optim/optimizer.h"
 #include "../../compat/torch_compat.h"
 #include "../workload/models.h"
 #include "../../noise/noise_scale.h"
@@ -43,6 +44,9 @@ nlohmann::json group_key(const TrialConfig& t) {
 std::string batch_refusal(const TrialConfig& t) {
   if (t.noise.type != NoiseType::kNone) return "gradient noise";
   if (t.checkpoint_every > 0) return "checkpoints";
+  // Each lane would move to its own point to evaluate and recompute its
+  // BatchNorm statistics there: the stacked model evaluates all at once.
+  if (optimizer_entry(t.optimizer.name).evaluation_point) return "an evaluation point of its own (Schedule-Free)";
   // One loss scale per lane would need each lane's loss scaled apart before
   // the one backward; bf16 needs no scale and batches.
   if (t.precision == Precision::kFp16) return "fp16's loss scale";

@@ -26,6 +26,9 @@ namespace bigbatch::experiments {
 
 /// Rows of the validation set one forward pass of an evaluation takes.
 inline constexpr std::int64_t kEvalChunk = 8192;
+/// Training rows BatchNorm statistics are recomputed from at an optimizer's
+/// point to evaluate (Schedule-Free), before each evaluation there.
+inline constexpr std::int64_t kNormStatisticsRows = 2048;
 
 /// One step's examples: their indices in the training set (the global batch:
 /// every rank draws the same), and this rank's share of them (all of them
@@ -91,6 +94,19 @@ class LaneModel {
 
   /// Each lane's validation metrics in eval mode.
   virtual std::vector<ValidationMetrics> evaluate() = 0;
+
+  /// Recomputes the running statistics of every BatchNorm layer at the
+  /// parameters as they are now (an optimizer's point to evaluate) from the
+  /// first `rows` training examples, in batches, training mode, without
+  /// gradients: their plain average (momentum None). Returns what it
+  /// replaced, for restore_norm_statistics. Batched models do not take
+  /// such optimizers (batch_refusal).
+  virtual std::vector<at::Tensor> recompute_norm_statistics(std::int64_t rows) {
+    (void)rows;
+    return {};
+  }
+  /// Puts back the statistics recompute_norm_statistics replaced.
+  virtual void restore_norm_statistics(const std::vector<at::Tensor>& saved) { (void)saved; }
 
  protected:
   explicit LaneModel(std::size_t lanes) : lanes_(lanes) {}

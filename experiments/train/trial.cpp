@@ -18,6 +18,7 @@
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/batchnorm.h>
 
 #include <sys/resource.h>
 
@@ -45,6 +46,33 @@ namespace bigbatch::experiments {
 namespace {
 
 namespace F = torch::nn::functional;
+
+/// A BatchNorm layer's running statistics and its momentum option.
+struct NormStatistics {
+  at::Tensor* mean;
+  at::Tensor* var;
+  at::Tensor* count;
+  std::optional<double>* momentum;
+};
+
+/// The BatchNorm layers (1d, 2d, 3d) of `module`, in module order.
+std::vector<NormStatistics> batch_norms(torch::nn::Module& module) {
+  std::vector<NormStatistics> out;
+  const auto take = [&](auto* bn) {
+    if (bn != nullptr && bn->options.track_running_stats()) {
+      out.push_back({&bn->running_mean, &bn->running_var, &bn->num_batches_tracked, &bn->options.momentum()});
+    }
+    return bn != nullptr;
+  };
+  for (const auto& m : module.modules(/*include_self=*/true)) {
+    take(dynamic_cast<torch::nn::BatchNorm1dImpl*>(m.get())) || take(dynamic_cast<torch::nn::BatchNorm2dImpl*>(m.get())) ||
+        take(dynamic_cast<torch::nn::BatchNorm3dImpl*>(m.get()));
+  }
+  return out;
+}
+
+/// Rows per forward pass when BatchNorm statistics are recomputed.
+constexpr std::int64_t kNormRows = 256;
 
 class SingleModel final : public LaneModel {
  public:
@@ -158,6 +186,41 @@ class SingleModel final : public LaneModel {
     return g;
   }
 
+  std::vector<at::Tensor> recompute_norm_statistics(std::int64_t rows) override {
+    std::vector<at::Tensor> saved;
+    const auto norms = batch_norms(model_.module());
+    if (norms.empty()) return saved;
+    at::NoGradGuard no_grad;
+    momenta_.clear();
+    for (const NormStatistics& n : norms) {
+      saved.insert(saved.end(), {n.mean->clone(), n.var->clone(), n.count->clone()});
+      momenta_.push_back(*n.momentum);
+      n.mean->zero_();
+      n.var->fill_(1);
+      n.count->zero_();
+      *n.momentum = std::nullopt;  // the plain average over the batches below
+    }
+    const std::int64_t end = std::min(rows, data_.train_size());
+    for (std::int64_t begin = 0; begin < end; begin += kNormRows) {
+      const Batch b = data_.train->range(begin, std::min(end, begin + kNormRows));
+      const at::Tensor x = b.input.to(device_);
+      forward_in(precision_, device_, [&] { return model_.forward(x); });
+    }
+    return saved;
+  }
+
+  void restore_norm_statistics(const std::vector<at::Tensor>& saved) override {
+    const auto norms = batch_norms(model_.module());
+    if (saved.empty() || norms.empty()) return;
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < norms.size(); ++i) {
+      norms[i].mean->copy_(saved[3 * i]);
+      norms[i].var->copy_(saved[3 * i + 1]);
+      norms[i].count->copy_(saved[3 * i + 2]);
+      if (i < momenta_.size()) *norms[i].momentum = momenta_[i];
+    }
+  }
+
   ValidationMetrics evaluate_here() {
     at::NoGradGuard no_grad;
     model_.module().eval();
@@ -177,6 +240,7 @@ class SingleModel final : public LaneModel {
   std::function<distributed::GradientNorms()> reduce_;     ///< replaces exchange_ when set
   std::vector<at::Tensor> params_;
   Precision precision_;
+  std::vector<std::optional<double>> momenta_;  // the BatchNorm momenta recompute_norm_statistics replaced
 };
 
 }  // namespace
@@ -553,7 +617,24 @@ void Trainer::leave(std::size_t i, TrialStatus status, double seconds, const Hoo
 }
 
 void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& seconds) {
+  // An optimizer with a point to evaluate (Schedule-Free's x) is evaluated
+  // there, with BatchNorm statistics recomputed at it (they were gathered at
+  // the training point), then put back: the next step starts where it was.
+  std::vector<optim::LayerwiseOptimizerBase*> moved;
+  for (auto& lane : lanes_) {
+    auto* o = dynamic_cast<optim::LayerwiseOptimizerBase*>(lane->optimizer.get());
+    if (o != nullptr && o->has_evaluation_point()) {
+      o->eval();
+      moved.push_back(o);
+    }
+  }
+  std::vector<at::Tensor> norms;
+  if (!moved.empty()) norms = model_->recompute_norm_statistics(kNormStatisticsRows);
   const auto metrics = evaluate();
+  if (!moved.empty()) {
+    model_->restore_norm_statistics(norms);
+    for (auto* o : moved) o->train();
+  }
   for (auto& lane : lanes_) {  // every rank evaluates together: the place for a collective
     if (lane->sharded != nullptr) {
       lane->shard_report = shard_report(*group_, *lane->sharded);

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
@@ -111,6 +112,53 @@ TEST(Trainer, EndsReachedNotReachedOrDiverged) {
   const TrialResult diverged = run(mixture_trial(1e30, 0.2));
   EXPECT_EQ(diverged.status, TrialStatus::kDiverged);
   EXPECT_LT(diverged.steps, 200);
+}
+
+// Schedule-Free: the trainer evaluates at the optimizer's average x, with
+// BatchNorm statistics recomputed there from the first 2,048 training
+// examples (their plain average over batches of 256), and training goes on
+// from y. Re-derived here by hand on a second trainer of the same trial.
+TEST(Trainer, ScheduleFreeIsEvaluatedAtItsAverageWithBatchNormRecomputed) {
+  TrialConfig c = mixture_trial(0.02, 0.0);
+  c.model.params["norm"] = "batch";
+  c.optimizer = resolve_optimizer("adamwschedulefree", {{"warmup_steps", 3}});
+  c.target.eval_every = 12;
+  c.budget = {12, bigbatch::schedules::Unit::kSteps};
+  const WorkloadData d = load_dataset(c.data);
+  Trainer runner(c, d);
+  const TrialResult r = runner.run().front();
+  ASSERT_EQ(r.rows.size(), 1u);
+
+  Trainer by_hand(c, d);
+  for (int i = 0; i < 12; ++i) by_hand.train_step();
+  auto& model = by_hand.model();
+  // Its parameters after the runner's evaluation: back at y, as these.
+  for (std::size_t i = 0; i < model->parameters().size(); ++i) {
+    EXPECT_TRUE(torch::equal(model->parameters()[i], runner.model()->parameters()[i])) << "parameter " << i;
+  }
+  const auto y_metrics = by_hand.evaluate().front();  // at y, the statistics of training
+  auto& opt = dynamic_cast<bigbatch::optim::LayerwiseOptimizerBase&>(by_hand.optimizer());
+  ASSERT_TRUE(opt.has_evaluation_point());
+  opt.eval();
+  {
+    torch::NoGradGuard no_grad;
+    int norms = 0;
+    for (const auto& m : model->modules()) {
+      if (auto* bn = dynamic_cast<torch::nn::BatchNorm1dImpl*>(m.get())) {
+        bn->running_mean.zero_();
+        bn->running_var.fill_(1);
+        bn->num_batches_tracked.zero_();
+        bn->options.momentum(std::nullopt);
+        ++norms;
+      }
+    }
+    ASSERT_EQ(norms, 1);
+    for (std::int64_t b = 0; b < 2048; b += 256) model->forward(d.train->range(b, b + 256).input);
+  }
+  const auto x_metrics = by_hand.evaluate().front();
+  EXPECT_NEAR(r.rows[0].val_loss, x_metrics.loss, 1e-6 * x_metrics.loss);
+  EXPECT_EQ(r.rows[0].val_error, x_metrics.error);
+  EXPECT_GT(std::abs(x_metrics.loss - y_metrics.loss), 1e-4 * x_metrics.loss) << "x and y evaluate alike: no check";
 }
 
 TEST(Trainer, SameSeedSameRun) {
