@@ -30,6 +30,16 @@ from . import _ops
 
 
 
+def _plain(value):
+    """A state value as state_dict() shows it: a count as an int, a number
+    carried in double (Schedule-Free's weight sum) as a float, else the tensor."""
+    if value.dim() == 0 and value.dtype == torch.int64:
+        return int(value)
+    if value.dim() == 0 and value.dtype == torch.float64:
+        return float(value)
+    return value
+
+
 class _ParamState(collections.abc.MutableMapping):
     """One parameter's state (optimizer.state[p]), read from the C++
     optimizer on each access; a field written (state[p]["exp_avg"] = t) is
@@ -107,7 +117,7 @@ class _StateView(collections.abc.MutableMapping):
 
 
 class _Optimizer(torch.optim.Optimizer):
-    """What the six classes share; a subclass names its C++ kind."""
+    """What the classes share; a subclass names its C++ kind."""
 
     _kind = None
 
@@ -228,9 +238,11 @@ class _Optimizer(torch.optim.Optimizer):
                 values.append(v.detach().to(device=param.device, copy=True, memory_format=torch.contiguous_format))
             elif isinstance(v, int) or (hasattr(v, "dtype") and hasattr(v, "item") and isinstance(v.item(), int)):
                 values.append(torch.tensor(int(v), dtype=torch.int64))
+            elif isinstance(v, float):
+                values.append(torch.tensor(v, dtype=torch.float64))
             else:
                 raise ValueError(f"bigbatch.optim.{self._kind}: state field '{name}' of parameter {index} "
-                                 f"is a {type(v).__name__}, not a tensor or an integer")
+                                 f"is a {type(v).__name__}, not a tensor, an integer or a float")
         return names, values
 
     def _set_state_at(self, index, state):
@@ -244,12 +256,12 @@ class _Optimizer(torch.optim.Optimizer):
         names, values = _ops.ops.state(self._handle, index)
         if not names:
             return None
-        return {n: (int(v) if v.dim() == 0 and v.dtype == torch.int64 else v) for n, v in zip(names, values)}
+        return {n: _plain(v) for n, v in zip(names, values)}
 
     def state_dict(self):
         """torch.optim's layout: {"state": {index: {field: value}},
         "param_groups": [{options..., "params": [indices]}]}, plus
-        "bigbatch": {"kind", "skipped_steps"}. The tensors are the optimizer's
+        "bigbatch": {"kind", "skipped_steps", "training"}. The tensors are the optimizer's
         own (torch.save copies them, as it does for torch.optim). The state
         dict hooks of torch.optim run as they do there."""
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
@@ -268,7 +280,8 @@ class _Optimizer(torch.optim.Optimizer):
             start += len(g["params"])
             groups.append(entry)
         state_dict = {"state": state, "param_groups": groups,
-                      "bigbatch": {"kind": self._kind, "skipped_steps": self.skipped_steps()}}
+                      "bigbatch": {"kind": self._kind, "skipped_steps": self.skipped_steps(),
+                                   "training": _ops.ops.is_training(self._handle)}}
         for post_hook in self._optimizer_state_dict_post_hooks.values():
             result = post_hook(self, state_dict)
             if result is not None:
@@ -324,6 +337,8 @@ class _Optimizer(torch.optim.Optimizer):
             _ops.ops.set_state(self._handle, index, names, values)
         if ours is not None:
             _ops.ops.set_skipped_steps(self._handle, int(ours.get("skipped_steps", 0)))
+            # The parameters saved beside it are at that mode's point (Schedule-Free's x or y).
+            _ops.ops.train(self._handle, bool(ours.get("training", True)), False)
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
 
@@ -360,6 +375,28 @@ class _Optimizer(torch.optim.Optimizer):
     def state_bytes(self):
         """Bytes of the state this optimizer holds (moments, buffers, master copies)."""
         return _ops.ops.state_bytes(self._handle)
+
+    # ------------------------------------------------- the two points ----
+
+    def train(self, mode=True):
+        """Puts the parameters at the point steps are taken from (mode True)
+        or, mode False, at the point to evaluate: Schedule-Free's y and x (the
+        authors' optimizer.train() / optimizer.eval()). For the other kinds
+        the two points are one and only the mode changes. step() in
+        evaluation mode raises."""
+        self._sync_options()
+        with torch.no_grad():
+            _ops.ops.train(self._handle, bool(mode), True)
+        return self
+
+    def eval(self):
+        """train(False): the parameters at the point to evaluate."""
+        return self.train(False)
+
+    @property
+    def training(self):
+        """Whether the parameters are at the training point (train() was last)."""
+        return _ops.ops.is_training(self._handle)
 
 
 class Muon(_Optimizer):

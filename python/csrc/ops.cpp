@@ -205,7 +205,8 @@ void step(std::int64_t handle, const std::vector<at::Tensor>& params, c10::Array
 }
 
 /// The state of parameter `index` as names and tensors (an integer field,
-/// "step", as a 0-dim int64 tensor); empty before its first step.
+/// "step", as a 0-dim int64 tensor, a number carried in double as a 0-dim
+/// float64 tensor); empty before its first step.
 std::tuple<std::vector<std::string>, std::vector<at::Tensor>> state(std::int64_t handle, std::int64_t index) {
   const auto h = held(handle);
   std::lock_guard<std::mutex> lock(h->step_mutex);
@@ -217,6 +218,8 @@ std::tuple<std::vector<std::string>, std::vector<at::Tensor>> state(std::int64_t
     names.push_back(name);
     if (value.isInt()) {
       values.push_back(at::scalar_tensor(value.toInt(), at::kLong));
+    } else if (value.isDouble()) {
+      values.push_back(at::scalar_tensor(value.toDouble(), at::kDouble));
     } else {
       values.push_back(value.toTensor());
     }
@@ -251,6 +254,12 @@ optim::NamedState checked_state(const Kind& kind, const char* kind_name, std::in
                         ": field '", name, "' must be an integer, got a ", v.scalar_type(), " tensor of shape ",
                         v.sizes());
       named.emplace_back(name, c10::IValue(v.item<std::int64_t>()));
+      continue;
+    }
+    if (field->shape == Shape::kNumber) {
+      TORCH_CHECK_VALUE(v.dim() == 0 && v.is_floating_point(), kind_name, " state of parameter ", index, ": field '",
+                        name, "' must be a number, got a ", v.scalar_type(), " tensor of shape ", v.sizes());
+      named.emplace_back(name, c10::IValue(v.item<double>()));
       continue;
     }
     const bool scalar = field->shape == Shape::kPerTensor;
@@ -345,6 +354,25 @@ std::tuple<std::vector<std::int64_t>, std::vector<double>> update_rms(std::int64
   return by_index(*h->opt, muon->update_rms(), [](const optim::UpdateRms& r) { return r.rms; });
 }
 
+/// Moves the parameters to the training point (on) or the point to evaluate
+/// (Schedule-Free's y and x); `move` false only sets the mode, for
+/// parameters restored at that mode's point.
+void train(std::int64_t handle, bool on, bool move) {
+  const auto h = held(handle);
+  std::lock_guard<std::mutex> lock(h->step_mutex);
+  if (move) {
+    h->opt->train(on);
+  } else {
+    h->opt->set_training_mode(on);
+  }
+}
+
+bool is_training(std::int64_t handle) {
+  const auto h = held(handle);
+  std::lock_guard<std::mutex> lock(h->step_mutex);
+  return h->opt->is_training();
+}
+
 std::int64_t state_bytes(std::int64_t handle) {
   const auto h = held(handle);
   std::lock_guard<std::mutex> lock(h->step_mutex);
@@ -399,6 +427,8 @@ TORCH_LIBRARY(bigbatch, m) {
   m.def("trust_ratios(int handle) -> (int[], float[])", &trust_ratios);
   m.def("update_rms(int handle) -> (int[], float[])", &update_rms);
   m.def("state_bytes(int handle) -> int", &state_bytes);
+  m.def("train(int handle, bool on, bool move) -> ()", &train);
+  m.def("is_training(int handle) -> bool", &is_training);
   m.def("save(int handle, str path) -> ()", &save);
   m.def("load(int handle, str path) -> ()", &load);
 }

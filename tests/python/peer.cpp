@@ -22,6 +22,7 @@
 #include "../../optimizers/larc.h"
 #include "../../optimizers/lars.h"
 #include "../../optimizers/lion.h"
+#include "../../optimizers/schedule_free.h"
 #include "../../optimizers/muon.h"
 #include "../../optimizers/novograd.h"
 
@@ -84,6 +85,9 @@ const std::map<std::string, Make>& cases() {
       {"larc", layerwise<LARC>(LARCOptions(0.1).weight_decay(5e-4))},
       {"novograd", layerwise<NovoGrad>(NovoGradOptions(1e-2).weight_decay(1e-3).grad_averaging(true))},
       {"lion", layerwise<Lion>(LionOptions(1e-3).weight_decay(0.1))},
+      {"adamw_schedule_free",
+       layerwise<AdamWScheduleFree>(AdamWScheduleFreeOptions(1e-2).weight_decay(0.05).warmup_steps(2))},
+      {"sgd_schedule_free", layerwise<SGDScheduleFree>(SGDScheduleFreeOptions(0.1).weight_decay(1e-3))},
       {"muon",
        [](const std::vector<at::Tensor>& params) -> std::unique_ptr<LayerwiseOptimizerBase> {
          const auto o = MuonOptions(0.02).weight_decay(0.01);

@@ -14,7 +14,7 @@ from conftest import reference
 
 import bigbatch
 from bigbatch import _ops
-from bigbatch.optim import LAMB, LARC, LARS, Lion, Muon, NovoGrad
+from bigbatch.optim import LAMB, LARC, LARS, AdamWScheduleFree, Lion, Muon, NovoGrad, SGDScheduleFree
 
 SHAPES = [(17, 33), (8, 3, 3, 3), (33,), (8,)]
 STEPS = 4
@@ -29,6 +29,9 @@ CASES = {
     "larc": (LARC, dict(lr=0.1, weight_decay=5e-4), PLAIN, torch.float32),
     "novograd": (NovoGrad, dict(lr=1e-2, weight_decay=1e-3, grad_averaging=True), PLAIN, torch.float32),
     "lion": (Lion, dict(lr=1e-3, weight_decay=0.1), PLAIN, torch.float32),
+    "adamw_schedule_free": (AdamWScheduleFree, dict(lr=1e-2, weight_decay=0.05, warmup_steps=2), PLAIN,
+                            torch.float32),
+    "sgd_schedule_free": (SGDScheduleFree, dict(lr=0.1, weight_decay=1e-3), PLAIN, torch.float32),
     "muon": (Muon, dict(lr=0.02, weight_decay=0.01), {"orthogonalize": False, "weight_decay": 0.0}, torch.float32),
 }
 
@@ -81,7 +84,7 @@ def test_steps_bit_for_bit_as_the_cpp_optimizer(case, peer):
     assert not torch.equal(mine[0].detach(), params[0])  # it moved
 
 
-@pytest.mark.parametrize("case", ["lamb", "lamb_master", "novograd", "muon"])
+@pytest.mark.parametrize("case", ["lamb", "lamb_master", "novograd", "muon", "adamw_schedule_free"])
 def test_optimizer_files_move_between_cpp_and_python(case, peer, tmp_path):
     params, grads = tensors(CASES[case][3])
     whole = peer(case, params, grads)["params"]
@@ -101,7 +104,7 @@ def test_optimizer_files_move_between_cpp_and_python(case, peer, tmp_path):
     assert_same_bits(cpp, whole)
 
 
-@pytest.mark.parametrize("case", ["lamb", "lars", "novograd", "muon", "lamb_master"])
+@pytest.mark.parametrize("case", ["lamb", "lars", "novograd", "muon", "lamb_master", "adamw_schedule_free"])
 def test_state_dict_round_trips_through_torch_save(case):
     params, grads = tensors(CASES[case][3])
     a = leaves(params)
@@ -155,6 +158,55 @@ def test_lars_and_larc_follow_timm_where_no_weight_decay_is_set_with_always_adap
             assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), (ours, (a - b).abs().max())
         # The default adapts the group without decay too, where timm's does not.
         assert not torch.allclose(always[2], theirs[2], rtol=1e-5, atol=1e-7), ours
+
+
+def _schedule_free_run(opt, params, data, steps):
+    """`steps` steps on a least-squares problem whose gradient depends on the
+    parameters (so the two optimizers' differences would grow, not wash out)."""
+    x, y = data
+    for _ in range(steps):
+        for p in params:
+            p.grad = None
+        w, b = params
+        torch.nn.functional.mse_loss(torch.tanh(x @ w.T) @ b.T, y).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_schedule_free_matches_the_authors_reference_at_y_and_x(kind):
+    # PyPI's schedulefree: the authors' reference optimizers, which keep x, y
+    # and z explicitly; bigbatch keeps y and z (x recovered by eval()).
+    sf = reference("schedulefree")
+    g = torch.Generator().manual_seed(5)
+    data = (torch.randn(64, 12, generator=g), torch.randn(64, 3, generator=g))
+    start = [torch.randn(16, 12, generator=g) * 0.3, torch.randn(3, 16, generator=g) * 0.3]
+    mine, theirs = leaves(start), leaves(start)
+    if kind == "adamw":
+        options = dict(lr=0.01, betas=(0.9, 0.995), weight_decay=0.05, warmup_steps=20)
+        ours, ref = bigbatch.optim.AdamWScheduleFree(mine, **options), sf.AdamWScheduleFreeReference(theirs, **options)
+    else:
+        options = dict(lr=0.2, momentum=0.9, weight_decay=0.01, warmup_steps=20)
+        ours, ref = bigbatch.optim.SGDScheduleFree(mine, **options), sf.SGDScheduleFreeReference(theirs, **options)
+    ref.train()
+    ours.train()
+    _schedule_free_run(ours, mine, data, 100)
+    _schedule_free_run(ref, theirs, data, 100)
+    for a, b, p in zip(mine, theirs, start):  # y
+        assert ((a - b).norm() / b.norm()).item() < 1e-6, (a - b).abs().max()
+        assert (b - p).norm() > 1e-2 * p.norm()
+    ours.eval()
+    ref.eval()
+    for a, b in zip(mine, theirs):  # x
+        assert ((a - b).norm() / b.norm()).item() < 1e-6, (a - b).abs().max()
+    assert not ours.training
+    with pytest.raises(RuntimeError, match="evaluation mode"):
+        ours.step()
+    ours.train()
+    ref.train()
+    for a, b in zip(mine, theirs):  # y again, through the inverse interpolation
+        assert ((a - b).norm() / b.norm()).item() < 1e-6, (a - b).abs().max()
+    state = ours.state[mine[0]]
+    assert state["step"] == 100 and isinstance(state["weight_sum"], float) and state["lr_max"] == options["lr"]
 
 
 def test_lars_matches_timm():
@@ -482,6 +534,10 @@ OPTIONS = {
     "Lion": "lr betas weight_decay adapt skip_nonfinite fused master_weights",
     "Muon": "lr weight_decay orthogonalize momentum nesterov ns_coefficients ns_steps eps adjust_lr ns_bfloat16 "
             "adamw_betas adamw_eps skip_nonfinite fused master_weights",
+    "AdamWScheduleFree": "lr betas eps weight_decay warmup_steps r weight_lr_power adapt skip_nonfinite fused "
+                         "master_weights",
+    "SGDScheduleFree": "lr momentum weight_decay warmup_steps r weight_lr_power adapt skip_nonfinite fused "
+                       "master_weights",
 }
 
 
