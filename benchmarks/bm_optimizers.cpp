@@ -2,8 +2,9 @@
 // 50 tensors of transformer-like sizes and (b) 1,000 small tensors, beside a
 // plain copy moving the same number of bytes. bytes_per_second counts the
 // bytes each fused step must move (kernels/*.h): LARS/LARC 28, LAMB 44,
-// NovoGrad 24, Lion 24 (20 without the non-finite check's read of g) per fp32
-// parameter; the copy reads half and writes half.
+// NovoGrad 24, Lion 24 (20 without the non-finite check's read of g),
+// AdamWScheduleFree 32 (28), SGDScheduleFree 24 (20) per fp32 parameter; the
+// copy reads half and writes half.
 #include "optimizer_bench.h"
 
 #include "../bigbatch.h"
@@ -81,6 +82,8 @@ int main(int argc, char** argv) {
       {"LAMB", maker<LAMB>(LAMBOptions(1e-3)), 44},
       {"NovoGrad", maker<NovoGrad>(NovoGradOptions(1e-3)), 24},
       {"Lion", maker<Lion>(LionOptions(1e-4).weight_decay(0.1)), 24},
+      {"AdamWScheduleFree", maker<AdamWScheduleFree>(AdamWScheduleFreeOptions(2.5e-3).weight_decay(0.1)), 32},
+      {"SGDScheduleFree", maker<SGDScheduleFree>(SGDScheduleFreeOptions(0.1)), 24},
   };
   for (const auto& list : {large(), small()}) {
     for (const auto& o : optimizers) {

@@ -14,9 +14,16 @@
     C++ step timed by the peer program (tests/python/peer.cpp, bench mode) on
     the same tensors.
 
+With --suite schedule_free instead (or all: both): one step of
+bigbatch.optim.AdamWScheduleFree on the same lists against the authors'
+PyPI schedulefree (AdamWScheduleFree with foreach, their fast form, and
+AdamWScheduleFreeReference, the three-sequence one), torch's
+AdamW(fused=True), and a copy of the 32 bytes per parameter the fused step moves.
+
 Times are medians of torch.utils.benchmark's blocked_autorange on this
 machine's CPU (named in the output), or on CUDA with --device cuda.
 Usage: bench_optim.py [--device cpu|cuda] [--lists resnet50,bert_large] [--peer PATH] [--min-time S]
+                      [--suite lamb|schedule_free|all]
 """
 import argparse
 import json
@@ -75,7 +82,57 @@ def main():
     parser.add_argument("--lists", default="resnet50,bert_large")
     parser.add_argument("--peer", default=str(pathlib.Path(__file__).resolve().parents[2] / "build" / "tests" / "python_peer"))
     parser.add_argument("--min-time", type=float, default=2.0)
+    parser.add_argument("--suite", default="lamb", choices=["lamb", "schedule_free", "all"])
     args = parser.parse_args()
+    if args.suite in ("schedule_free", "all"):
+        schedule_free(args)
+    if args.suite in ("lamb", "all"):
+        lamb(args)
+
+
+def timed_against(args, peers, copies, base_name):
+    """Each peer's step on each list, and copies of `copies` bytes per parameter."""
+    known = lists()
+    for name in args.lists.split(","):
+        shapes = known[name]
+        numel = sum(torch.Size(s).numel() for s in shapes)
+        times = {k: step_time(make, shapes, args.device, args.min_time) for k, make in peers.items()}
+        for label, per in copies:
+            src = torch.randn(numel * per // 8, device=args.device)
+            dst = torch.zeros_like(src)
+            sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+            times[label] = tb.Timer(stmt="dst.copy_(src); sync()", globals={"dst": dst, "src": src, "sync": sync}
+                                    ).blocked_autorange(min_run_time=args.min_time).median
+            del src, dst
+        base = times[base_name]
+        print(f"\nlist {name}: {len(shapes)} tensors, {numel / 1e6:.1f}M parameters")
+        for k, t in times.items():
+            print(f"  {k:36s} {t * 1e3:9.2f} ms   {t / base:5.2f}x bigbatch's")
+
+
+def schedule_free(args):
+    import importlib.metadata
+    import schedulefree
+    version = importlib.metadata.version("schedulefree")
+    print(f"device {args.device}: {torch.cuda.get_device_name() if args.device == 'cuda' else cpu_name()}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}, schedulefree {version}")
+
+    def trained(opt):
+        opt.train()
+        return opt
+
+    peers = {
+        "bigbatch.optim.AdamWScheduleFree": lambda p: bigbatch.optim.AdamWScheduleFree(p, weight_decay=0.1),
+        "schedulefree AdamWScheduleFree": lambda p: trained(schedulefree.AdamWScheduleFree(p, weight_decay=0.1)),
+        "schedulefree ...Reference": lambda p: trained(schedulefree.AdamWScheduleFreeReference(p, weight_decay=0.1)),
+        "torch AdamW(fused=True)": lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True),
+    }
+    # The fused step moves 32 bytes per fp32 parameter (kernels/schedule_free.h), AdamW's 28.
+    timed_against(args, peers, (("copy of its 32 B/param", 32), ("copy of AdamW's 28 B/param", 28)),
+                  "bigbatch.optim.AdamWScheduleFree")
+
+
+def lamb(args):
     try:
         from timm.optim.lamb import Lamb
     except ImportError:  # a GPU machine without timm: the other columns
