@@ -1,5 +1,5 @@
 // bigbatch: the whole public API of bigbatch::bigbatch in one header.
-// Large-batch optimizers (LARS, LARC, LAMB, NovoGrad, Lion, Muon) for LibTorch, with
+// Large-batch optimizers (LARS, LARC, LAMB, NovoGrad, Lion, Muon, Schedule-Free AdamW and SGD) for LibTorch, with
 // the schedules, ghost batch norm, gradient noise and noise-scale tools around them,
 // data parallelism, sharded optimizer state and gradient compression, and the strict JSON reader. Every public
 // header of config/, optimizers/, schedules/, normalization/, noise/ and distributed/

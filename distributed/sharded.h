@@ -89,7 +89,7 @@ struct ExchangeBytes {
 
 struct SavedShard;  // one rank's shard as read from its archive (sharded.cpp)
 
-/// A bigbatch optimizer (LARS, LARC, LAMB, NovoGrad, Lion, Muon) whose state
+/// A bigbatch optimizer (LARS, LARC, LAMB, NovoGrad, Lion, Muon, Schedule-Free) whose state
 /// is sharded across the ranks of `group`: cut at chunk boundaries
 /// (plan_shards), or for a kind that takes whole tensors (Muon:
 /// shards_whole_tensors) each tensor whole on one rank (plan_whole_tensors).

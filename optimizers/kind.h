@@ -71,7 +71,8 @@ struct OptimizerKind {
 };
 
 /// The library's optimizers, in the order their lists are written (LARS,
-/// LARC, LAMB, NovoGrad, Lion, Muon): what kinds.cpp registers.
+/// LARC, LAMB, NovoGrad, Lion, Muon, AdamWScheduleFree, SGDScheduleFree): what
+/// kinds.cpp registers.
 const std::vector<OptimizerKind>& optimizer_kinds();
 
 /// The kind named `name`; a c10::ValueError listing the kinds where there is none.

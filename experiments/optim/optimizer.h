@@ -82,7 +82,8 @@ struct OptimizerEntry {
 void register_optimizer(OptimizerEntry entry);
 /// The registered names: the built-ins in the order error messages list
 /// them (torch's sgd, adam, adamw; then the library's in optimizer_kinds()'
-/// order: lars, larc, lamb, novograd, lion, muon), then the registered ones.
+/// order: lars, larc, lamb, novograd, lion, muon, adamwschedulefree,
+/// sgdschedulefree), then the registered ones.
 std::vector<std::string> registered_optimizers();
 /// The entry of `name`; ConfigError "optimizer.name: unknown value ..."
 /// listing the registered ones when there is none.

@@ -31,6 +31,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace bigbatch::experiments {
@@ -47,12 +48,15 @@ namespace {
 
 namespace F = torch::nn::functional;
 
+/// BatchNormOptions' momentum: c10::optional in LibTorch 1.13, std::optional since.
+using NormMomentum = std::remove_reference_t<decltype(std::declval<torch::nn::BatchNormOptions&>().momentum())>;
+
 /// A BatchNorm layer's running statistics and its momentum option.
 struct NormStatistics {
   at::Tensor* mean;
   at::Tensor* var;
   at::Tensor* count;
-  std::optional<double>* momentum;
+  NormMomentum* momentum;
 };
 
 /// The BatchNorm layers (1d, 2d, 3d) of `module`, in module order.
@@ -198,7 +202,7 @@ class SingleModel final : public LaneModel {
       n.mean->zero_();
       n.var->fill_(1);
       n.count->zero_();
-      *n.momentum = std::nullopt;  // the plain average over the batches below
+      *n.momentum = NormMomentum();  // none: the plain average over the batches below
     }
     const std::int64_t end = std::min(rows, data_.train_size());
     for (std::int64_t begin = 0; begin < end; begin += kNormRows) {
@@ -240,7 +244,7 @@ class SingleModel final : public LaneModel {
   std::function<distributed::GradientNorms()> reduce_;     ///< replaces exchange_ when set
   std::vector<at::Tensor> params_;
   Precision precision_;
-  std::vector<std::optional<double>> momenta_;  // the BatchNorm momenta recompute_norm_statistics replaced
+  std::vector<NormMomentum> momenta_;  // the BatchNorm momenta recompute_norm_statistics replaced
 };
 
 }  // namespace

@@ -152,7 +152,8 @@ TEST(SweepConfig, VariantsPatchTheBase) {
   j["variants"]["warm"]["optimizer"]["name"] = "adagrad";
   // The optimizer registry is where the names come from.
   EXPECT_EQ(error_of(j), "variants.warm: optimizer.name: unknown value \"adagrad\" "
-                         "(one of: sgd, adam, adamw, lars, larc, lamb, novograd, lion, muon)");
+                         "(one of: sgd, adam, adamw, lars, larc, lamb, novograd, lion, muon, adamwschedulefree, "
+                         "sgdschedulefree)");
 }
 
 // Muon takes PyTorch's momentum 0.95 and Nesterov where the config leaves them
@@ -306,7 +307,8 @@ TEST(SweepConfig, EveryEnumIsSpelledAsInTheConfig) {
   EXPECT_EQ(error_of(j), "target.metric: unknown value \"accuracy\" (one of: val_error, val_loss)");
   EXPECT_EQ(to_string(TrialStatus::kNotReached), "not_reached");
   EXPECT_EQ(registered_optimizers(),
-            (std::vector<std::string>{"sgd", "adam", "adamw", "lars", "larc", "lamb", "novograd", "lion", "muon"}));
+            (std::vector<std::string>{"sgd", "adam", "adamw", "lars", "larc", "lamb", "novograd", "lion", "muon",
+                                      "adamwschedulefree", "sgdschedulefree"}));
 }
 
 // distributed.shard: read, written back, left out when "none" (so that
@@ -325,8 +327,8 @@ TEST(SweepConfig, ShardIsLeftOutWhenNoneAndRefusedWhereItCannotApply) {
   EXPECT_EQ(error_of(j), "distributed.shard: unknown value \"optimizer\" (one of: none, states, gradients)");
   j["distributed"] = {{"shard", "states"}};
   j["optimizer"] = {{"name", "sgd"}};
-  EXPECT_EQ(error_of(j), "distributed: shard \"states\": sgd has no sharded form (lars, larc, lamb, novograd, lion and "
-                         "muon have)");
+  EXPECT_EQ(error_of(j), "distributed: shard \"states\": sgd has no sharded form (lars, larc, lamb, novograd, lion, "
+                         "muon, adamwschedulefree and sgdschedulefree have)");
   j["optimizer"] = {{"name", "lamb"}};
   j["distributed"] = {{"shard", "gradients"}, {"compression", {{"name", "fp16"}}}};
   EXPECT_EQ(error_of(j), "distributed.shard: \"gradients\" reduce-scatters the gradients itself and does not compose "

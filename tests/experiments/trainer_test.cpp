@@ -148,7 +148,7 @@ TEST(Trainer, ScheduleFreeIsEvaluatedAtItsAverageWithBatchNormRecomputed) {
         bn->running_mean.zero_();
         bn->running_var.fill_(1);
         bn->num_batches_tracked.zero_();
-        bn->options.momentum(std::nullopt);
+        bn->options.momentum({});  // none: the plain average
         ++norms;
       }
     }

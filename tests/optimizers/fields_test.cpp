@@ -1,4 +1,4 @@
-// Every option and state field of the six optimizers, one at a time set to a
+// Every option and state field of the eight optimizers, one at a time set to a
 // value other than its default: operator== sees it, a copy and clone() keep
 // it, save/load keeps it, and an option the fused plans take reaches the
 // plan's group (what the engine uploads to the device). The count of archive
