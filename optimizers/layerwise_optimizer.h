@@ -187,7 +187,7 @@ class LayerwiseOptimizerBase : public torch::optim::Optimizer {
   bool is_training() const { return training_; }
   /// Sets the mode without moving the parameters: for parameters restored
   /// at that mode's point (a checkpoint saved in it).
-  void set_training_mode(bool on) { training_ = on; }
+  virtual void set_training_mode(bool on) { training_ = on; }
   /// Whether the point to evaluate differs from the training point
   /// (Schedule-Free): then BatchNorm statistics gathered in training describe
   /// the wrong point and must be recomputed at the evaluation point.

@@ -153,6 +153,12 @@ template <typename Options, typename ParamState>
 class ScheduleFreeOptimizer : public LayerwiseOptimizer<Options, ParamState> {
  public:
   void train(bool on = true) override;
+  /// The mode alone (parameters restored at its point): any copy of y that
+  /// eval() kept is stale then, and dropped.
+  void set_training_mode(bool on) override {
+    saved_y_.clear();
+    this->training_ = on;
+  }
   bool has_evaluation_point() const override { return true; }
 
  protected:
