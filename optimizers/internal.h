@@ -51,6 +51,19 @@ bool adapts(const Options& o) {
 /// Reference path: whether every element of a gradient is finite.
 inline bool all_finite(const at::Tensor& g) { return at::isfinite(g).all().item<bool>(); }
 
+/// Reference path, for a step without a norm pass: whether each group's
+/// gradients are all finite, checked only in the groups that ask for
+/// skip_nonfinite (true elsewhere). What LayerwiseOptimizer::skip_nonfinite takes.
+template <typename Group>
+std::vector<bool> finite_gradients(const std::vector<Group>& groups) {
+  std::vector<bool> finite(groups.size(), true);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    if (!groups[i].options->skip_nonfinite()) continue;
+    for (const auto& pg : groups[i].params) finite[i] = finite[i] && all_finite(pg.grad);
+  }
+  return finite;
+}
+
 /// Reference path: the L2 norm of a tensor, accumulated in double as the
 /// fused kernels do, so a finite gradient never has an infinite norm.
 inline double norm_of(const at::Tensor& t) { return t.to(at::kDouble).norm().item<double>(); }

@@ -70,12 +70,7 @@ Lion::Lion(std::vector<torch::Tensor> params, LionOptions defaults)
 // The formulas of lion.h in ATen ops, one tensor at a time, after the
 // non-finite check over every group.
 void Lion::step_reference(const std::vector<Group>& groups) {
-  std::vector<bool> finite(groups.size(), true);
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    if (!groups[i].options->skip_nonfinite()) continue;
-    for (const auto& pg : groups[i].params) finite[i] = finite[i] && internal::all_finite(pg.grad);
-  }
-  if (skip_nonfinite(groups, finite)) return;
+  if (skip_nonfinite(groups, internal::finite_gradients(groups))) return;
   for (const Group& group : groups) {
     const LionOptions& o = *group.options;
     const auto [b1, b2] = o.betas();

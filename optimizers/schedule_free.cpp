@@ -113,30 +113,35 @@ void SGDScheduleFreeOptions::validate() const {
   check_common("SGDScheduleFree", lr(), weight_decay(), warmup_steps(), r(), weight_lr_power());
 }
 
-kernels::ScheduleFreeGroup kernel_group(const AdamWScheduleFreeOptions& o) {
+namespace {
+
+/// The options both kinds have, as the plan takes them; b1 from interpolation().
+template <typename Options>
+kernels::ScheduleFreeGroup common_group(const Options& o) {
   kernels::ScheduleFreeGroup g;
   g.lr = o.lr();
-  std::tie(g.beta1, g.beta2) = o.betas();
-  g.eps = o.eps();
+  g.beta1 = interpolation(o);
   g.weight_decay = o.weight_decay();
   g.warmup_steps = o.warmup_steps();
   g.r = o.r();
   g.weight_lr_power = o.weight_lr_power();
-  g.adaptive = true;
   g.skip_nonfinite = o.skip_nonfinite();
   return g;
 }
 
+}  // namespace
+
+kernels::ScheduleFreeGroup kernel_group(const AdamWScheduleFreeOptions& o) {
+  kernels::ScheduleFreeGroup g = common_group(o);
+  g.beta2 = std::get<1>(o.betas());
+  g.eps = o.eps();
+  g.adaptive = true;
+  return g;
+}
+
 kernels::ScheduleFreeGroup kernel_group(const SGDScheduleFreeOptions& o) {
-  kernels::ScheduleFreeGroup g;
-  g.lr = o.lr();
-  g.beta1 = o.momentum();
-  g.weight_decay = o.weight_decay();
-  g.warmup_steps = o.warmup_steps();
-  g.r = o.r();
-  g.weight_lr_power = o.weight_lr_power();
+  kernels::ScheduleFreeGroup g = common_group(o);
   g.adaptive = false;
-  g.skip_nonfinite = o.skip_nonfinite();
   return g;
 }
 
@@ -183,12 +188,7 @@ SGDScheduleFreeParamState SGDScheduleFreeParamState::fresh(const at::Tensor& par
 // the fused loop (products written out, ATen's lerp formula).
 template <typename Options, typename ParamState>
 void ScheduleFreeOptimizer<Options, ParamState>::step_reference(const std::vector<Group>& groups) {
-  std::vector<bool> finite(groups.size(), true);
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    if (!groups[i].options->skip_nonfinite()) continue;
-    for (const auto& pg : groups[i].params) finite[i] = finite[i] && internal::all_finite(pg.grad);
-  }
-  if (this->skip_nonfinite(groups, finite)) return;
+  if (this->skip_nonfinite(groups, internal::finite_gradients(groups))) return;
   for (const Group& group : groups) {
     const Options& o = *group.options;
     const kernels::ScheduleFreeGroup kg = kernel_group(o);
