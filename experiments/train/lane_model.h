@@ -98,15 +98,11 @@ class LaneModel {
   /// Recomputes the running statistics of every BatchNorm layer at the
   /// parameters as they are now (an optimizer's point to evaluate) from the
   /// first `rows` training examples, in batches, training mode, without
-  /// gradients: their plain average (momentum None). Returns what it
-  /// replaced, for restore_norm_statistics. Batched models do not take
-  /// such optimizers (batch_refusal).
-  virtual std::vector<at::Tensor> recompute_norm_statistics(std::int64_t rows) {
-    (void)rows;
-    return {};
-  }
-  /// Puts back the statistics recompute_norm_statistics replaced.
-  virtual void restore_norm_statistics(const std::vector<at::Tensor>& saved) { (void)saved; }
+  /// gradients: their plain average (momentum None), keeping what it
+  /// replaced. Batched models do not take such optimizers (batch_refusal).
+  virtual void recompute_norm_statistics(std::int64_t rows) { (void)rows; }
+  /// Puts back the statistics and momenta recompute_norm_statistics replaced.
+  virtual void restore_norm_statistics() {}
 
  protected:
   explicit LaneModel(std::size_t lanes) : lanes_(lanes) {}

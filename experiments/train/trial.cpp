@@ -190,19 +190,18 @@ class SingleModel final : public LaneModel {
     return g;
   }
 
-  std::vector<at::Tensor> recompute_norm_statistics(std::int64_t rows) override {
-    std::vector<at::Tensor> saved;
-    const auto norms = batch_norms(model_.module());
-    if (norms.empty()) return saved;
+  void recompute_norm_statistics(std::int64_t rows) override {
+    replaced_.clear();
+    for (const NormStatistics& n : batch_norms(model_.module())) {
+      replaced_.push_back({n, n.mean->clone(), n.var->clone(), n.count->clone(), *n.momentum});
+    }
+    if (replaced_.empty()) return;
     at::NoGradGuard no_grad;
-    momenta_.clear();
-    for (const NormStatistics& n : norms) {
-      saved.insert(saved.end(), {n.mean->clone(), n.var->clone(), n.count->clone()});
-      momenta_.push_back(*n.momentum);
-      n.mean->zero_();
-      n.var->fill_(1);
-      n.count->zero_();
-      *n.momentum = NormMomentum();  // none: the plain average over the batches below
+    for (const Replaced& r : replaced_) {
+      r.layer.mean->zero_();
+      r.layer.var->fill_(1);
+      r.layer.count->zero_();
+      *r.layer.momentum = NormMomentum();  // none: the plain average over the batches below
     }
     const std::int64_t end = std::min(rows, data_.train_size());
     for (std::int64_t begin = 0; begin < end; begin += kNormRows) {
@@ -210,19 +209,17 @@ class SingleModel final : public LaneModel {
       const at::Tensor x = b.input.to(device_);
       forward_in(precision_, device_, [&] { return model_.forward(x); });
     }
-    return saved;
   }
 
-  void restore_norm_statistics(const std::vector<at::Tensor>& saved) override {
-    const auto norms = batch_norms(model_.module());
-    if (saved.empty() || norms.empty()) return;
+  void restore_norm_statistics() override {
     at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < norms.size(); ++i) {
-      norms[i].mean->copy_(saved[3 * i]);
-      norms[i].var->copy_(saved[3 * i + 1]);
-      norms[i].count->copy_(saved[3 * i + 2]);
-      if (i < momenta_.size()) *norms[i].momentum = momenta_[i];
+    for (const Replaced& r : replaced_) {
+      r.layer.mean->copy_(r.mean);
+      r.layer.var->copy_(r.var);
+      r.layer.count->copy_(r.count);
+      *r.layer.momentum = r.momentum;
     }
+    replaced_.clear();
   }
 
   ValidationMetrics evaluate_here() {
@@ -244,7 +241,13 @@ class SingleModel final : public LaneModel {
   std::function<distributed::GradientNorms()> reduce_;     ///< replaces exchange_ when set
   std::vector<at::Tensor> params_;
   Precision precision_;
-  std::vector<NormMomentum> momenta_;  // the BatchNorm momenta recompute_norm_statistics replaced
+  /// What recompute_norm_statistics replaced, layer by layer, until restore_norm_statistics.
+  struct Replaced {
+    NormStatistics layer;
+    at::Tensor mean, var, count;
+    NormMomentum momentum;
+  };
+  std::vector<Replaced> replaced_;
 };
 
 }  // namespace
@@ -632,11 +635,10 @@ void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& 
       moved.push_back(o);
     }
   }
-  std::vector<at::Tensor> norms;
-  if (!moved.empty()) norms = model_->recompute_norm_statistics(kNormStatisticsRows);
+  if (!moved.empty()) model_->recompute_norm_statistics(kNormStatisticsRows);
   const auto metrics = evaluate();
   if (!moved.empty()) {
-    model_->restore_norm_statistics(norms);
+    model_->restore_norm_statistics();
     for (auto* o : moved) o->train();
   }
   for (auto& lane : lanes_) {  // every rank evaluates together: the place for a collective
