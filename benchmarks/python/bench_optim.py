@@ -148,25 +148,9 @@ def lamb(args):
     }
     if Lamb is None:
         del peers["timm Lamb"]
-    results = {}
-    known = lists()
-    for name in args.lists.split(","):
-        shapes = known[name]
-        numel = sum(torch.Size(s).numel() for s in shapes)
-        times = {k: step_time(make, shapes, args.device, args.min_time) for k, make in peers.items()}
-        # A copy of the bytes LAMB's step must move (44 per fp32 parameter: kernels/lamb.h), and AdamW's 28.
-        for label, per in (("copy of LAMB's 44 B/param", 44), ("copy of AdamW's 28 B/param", 28)):
-            src = torch.randn(numel * per // 8, device=args.device)
-            dst = torch.zeros_like(src)
-            sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-            times[label] = tb.Timer(stmt="dst.copy_(src); sync()", globals={"dst": dst, "src": src, "sync": sync}
-                                    ).blocked_autorange(min_run_time=args.min_time).median
-            del src, dst
-        base = times["bigbatch.optim.LAMB"]
-        print(f"\nlist {name}: {len(shapes)} tensors, {numel / 1e6:.1f}M parameters")
-        for k, t in times.items():
-            print(f"  {k:28s} {t * 1e3:9.2f} ms   {t / base:5.2f}x bigbatch's")
-        results[name] = times
+    # A copy of the bytes LAMB's step must move (44 per fp32 parameter: kernels/lamb.h), and AdamW's 28.
+    timed_against(args, peers, (("copy of LAMB's 44 B/param", 44), ("copy of AdamW's 28 B/param", 28)),
+                  "bigbatch.optim.LAMB")
 
     # The Python call's overhead: the same step from Python and from C++.
     shapes = [(64,)] * 16
