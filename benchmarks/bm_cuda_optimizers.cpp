@@ -4,7 +4,8 @@
 // lists: BERT-large-like (336M fp32 in 396 tensors), ResNet-50-like (~25M
 // in ~160 tensors), and 10,000 small tensors. Bytes per fp32 parameter each
 // fused step moves (docs/cuda.md): LARS/LARC 28, LAMB 44 (40 without
-// skip_nonfinite and clipping), NovoGrad 24, Lion 24. The *_bf16 entries keep bf16
+// skip_nonfinite and clipping), NovoGrad 24, Lion 24, AdamWScheduleFree 32.
+// The *_bf16 entries keep bf16
 // parameters and gradients with fp32 master weights (on the two large
 // lists). Each entry's bytes per parameter is its `bytes_per_param` counter.
 // Built with BIGBATCH_CUDA.
@@ -144,6 +145,8 @@ int register_all() {
       {"LARC", maker<LARC>(LARCOptions(0.1).weight_decay(1e-4)), step_bytes<k::LarcPlan>()},
       {"NovoGrad", maker<NovoGrad>(NovoGradOptions(1e-2)), step_bytes<k::NovoGradPlan>()},
       {"Lion", maker<Lion>(LionOptions(1e-4).weight_decay(0.1)), step_bytes<k::LionPlan>()},
+      {"AdamWScheduleFree", maker<AdamWScheduleFree>(AdamWScheduleFreeOptions(2.5e-3).weight_decay(0.1)),
+       step_bytes<k::ScheduleFreeAdamWPlan>()},
   };
   const Optimizer bf16[] = {
       {"LAMB_bf16", maker<LAMB>(LAMBOptions(1e-3).master_weights(true)), step_bytes<k::LambPlan>(true),
@@ -156,6 +159,9 @@ int register_all() {
        step_bytes<k::NovoGradPlan>(true), at::kBFloat16},
       {"Lion_bf16", maker<Lion>(LionOptions(1e-4).weight_decay(0.1).master_weights(true)),
        step_bytes<k::LionPlan>(true), at::kBFloat16},
+      {"AdamWScheduleFree_bf16",
+       maker<AdamWScheduleFree>(AdamWScheduleFreeOptions(2.5e-3).weight_decay(0.1).master_weights(true)),
+       step_bytes<k::ScheduleFreeAdamWPlan>(true), at::kBFloat16},
   };
   for (const ParamList& list : {bert_large(), resnet50(), many_small()}) {
     std::vector<Optimizer> here(std::begin(optimizers), std::end(optimizers));
