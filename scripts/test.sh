@@ -15,6 +15,17 @@ cd "$(dirname "$0")/.."
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.ccache}"
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 
+# A whole run from a fresh clone writes about 16 GB here (the wheels and the
+# Python environment 9, the three builds 6): say so at once where the disk
+# has less free, since "No space left on device" half-way is the alternative.
+need_gb=16
+free_gb=$(df -Pk . | awk 'NR == 2 {print int($4 / 1048576)}')
+low_disk=""
+if [ -n "$free_gb" ] && [ "$free_gb" -lt "$need_gb" ]; then
+  low_disk="test: $PWD has $free_gb GB free; a whole run from a fresh clone writes about $need_gb GB (less where earlier runs left their builds and environment)"
+  echo "$low_disk"
+fi
+
 logs=$(mktemp -d)
 pyenv_pid=""
 trap '[ -z "$pyenv_pid" ] || kill "$pyenv_pid" 2>/dev/null; rm -rf "$logs"' EXIT
@@ -140,5 +151,6 @@ for n in 1 2 3 4; do
 done
 if [ "$lanes" -ne 4 ] || [ "$passed" -le 0 ]; then status=1; fi
 echo "(the skipped entries are the _CUDA tests, one entry per test binary, which need a GPU (lane 1 runs them on the SIMT executor), and lane 2's tests/python/test_cuda.py (no GPU); a ctest entry is a GoogleTest suite, and a test skipped inside one, such as lane 3's TorchOptim.MuonMatchesPyTorchsMuon (PyTorch's Muon comes with current LibTorch), counts with its suite)"
+[ -z "$low_disk" ] || echo "$low_disk"
 echo "total: $passed passed, $failed failed, $skipped skipped, in $(clock $((SECONDS - began)))"
 exit $status
