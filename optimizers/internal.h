@@ -75,12 +75,13 @@ template <typename T>
 bool same_value(const T& a, const T& b) { return a == b; }
 
 /// One option or state field: its archive key and a reference to it; a state
-/// tensor of one number per parameter tensor says so (per_tensor).
+/// tensor that is not shaped like the parameter says how (StateField::Shape:
+/// kPerTensor, kOwn).
 template <typename T>
 struct Field {
   const char* name;
   T& value;
-  bool per_tensor = false;
+  StateField::Shape tensor_shape = StateField::Shape::kLikeParam;
 };
 template <typename T>
 Field<T> field(const char* name, T& value) {
@@ -91,7 +92,14 @@ struct PerTensor {};
 inline constexpr PerTensor per_tensor{};
 template <typename T>
 Field<T> field(const char* name, T& value, PerTensor) {
-  return {name, value, true};
+  return {name, value, StateField::Shape::kPerTensor};
+}
+/// The tag of a state tensor of a shape of its own (StateField::Shape::kOwn).
+struct OwnShape {};
+inline constexpr OwnShape own_shape{};
+template <typename T>
+Field<T> field(const char* name, T& value, OwnShape) {
+  return {name, value, StateField::Shape::kOwn};
 }
 
 /// A state type's fields as StateField says them (integers are counts, doubles numbers).
@@ -101,9 +109,9 @@ std::vector<StateField> state_fields_of(const Fields& fields) {
   std::apply([&](const auto&... f) {
     ((void)[&] {
       using T = std::remove_cv_t<std::remove_reference_t<decltype(f.value)>>;
-      const auto shape = std::is_base_of_v<at::Tensor, T>
-                             ? (f.per_tensor ? StateField::Shape::kPerTensor : StateField::Shape::kLikeParam)
-                             : std::is_floating_point_v<T> ? StateField::Shape::kNumber : StateField::Shape::kCount;
+      const auto shape = std::is_base_of_v<at::Tensor, T> ? f.tensor_shape
+                         : std::is_floating_point_v<T>    ? StateField::Shape::kNumber
+                                                          : StateField::Shape::kCount;
       out.push_back({f.name, shape});
     }(), ...);
   }, fields);

@@ -73,9 +73,12 @@ using NamedState = std::vector<std::pair<std::string, c10::IValue>>;
 /// declares it (the field list in its .cpp): a count (the step), a tensor
 /// shaped like the parameter, or a tensor of one number per parameter tensor
 /// (NovoGrad's layer moment), or a number carried in double (Schedule-Free's
-/// weight sum). What the Python package checks a state against.
+/// weight sum), or a tensor of a shape of its own that the optimizer derives
+/// from the parameter's and its options (SOAP's packed Kronecker factors;
+/// only optimizers that shard whole tensors have one). What the Python
+/// package checks a state against.
 struct StateField {
-  enum class Shape { kCount, kLikeParam, kPerTensor, kNumber };
+  enum class Shape { kCount, kLikeParam, kPerTensor, kNumber, kOwn };
   std::string name;
   Shape shape = Shape::kLikeParam;
 };

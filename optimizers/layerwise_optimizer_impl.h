@@ -314,6 +314,67 @@ void rethrow_as_torch_error(const char* name, F&& f) {
   }
 }
 
+/// For the optimizers that step whole tensors (Muon, SOAP): whether each
+/// group's gradients are all finite, checked in the groups that ask for
+/// skip_nonfinite (true elsewhere), before anything changes: each gradient's
+/// sum in double is finite iff all its elements are; one read of the
+/// gradients and one wait for the device. Sharded, the ranks hold other
+/// tensors: each group's count of non-finite gradients is added over the
+/// ranks (every rank calls this, with or without gradients of its own).
+template <typename Group>
+std::vector<bool> finite_whole_tensors(const std::vector<Group>& groups,
+                                       const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                                       const OptimizerSharding* sharding) {
+  std::vector<bool> finite(groups.size(), true);
+  std::vector<at::Tensor> sums;
+  std::vector<std::size_t> owner;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    if (!groups[i].options->skip_nonfinite()) continue;
+    for (const auto& pg : groups[i].params) {
+      sums.push_back(pg.grad.sum(at::kDouble));
+      owner.push_back(i);
+    }
+  }
+  if (sharding != nullptr) {
+    at::Device device(at::kCPU);  // the parameters', where the all-reduce takes its data
+    for (const auto& g : param_groups) {
+      if (!g.params().empty()) device = g.params()[0].device();
+    }
+    const at::TensorOptions on = at::TensorOptions().dtype(at::kDouble).device(device);
+    at::Tensor counts = at::zeros({static_cast<std::int64_t>(groups.size())}, on);
+    if (!sums.empty()) {
+      const at::Tensor bad = at::logical_not(at::isfinite(at::stack(sums))).to(at::kDouble);
+      counts.index_add_(0, at::tensor(std::vector<std::int64_t>(owner.begin(), owner.end()), at::kLong).to(on.device()), bad);
+    }
+    sharding->allreduce_sum(counts.data_ptr<double>(), counts.numel(), current_stream(counts.device()));
+    const at::Tensor host = counts.cpu();
+    for (std::size_t i = 0; i < groups.size(); ++i) finite[i] = host.data_ptr<double>()[i] == 0;
+  } else if (!sums.empty()) {
+    const at::Tensor ok = at::isfinite(at::stack(sums)).cpu();
+    const auto* flags = ok.data_ptr<bool>();
+    for (std::size_t k = 0; k < owner.size(); ++k) finite[owner[k]] = finite[owner[k]] && flags[k];
+  }
+  return finite;
+}
+
+/// Refuses a sharding that cuts one of the parameters of `param_groups`
+/// across ranks (for optimizers with shards_whole_tensors()).
+inline void check_whole_tensors(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+                                const OptimizerSharding& sharding, const char* name, const char* why) {
+  for (std::size_t i = 0; i < param_groups.size(); ++i) {
+    const auto& params = param_groups[i].params();
+    for (std::size_t j = 0; j < params.size(); ++j) {
+      const auto it = sharding.shards.find(params[j].unsafeGetTensorImpl());
+      if (it == sharding.shards.end() || params[j].numel() == 0) continue;
+      const std::int64_t chunks = kernels::chunks_of(params[j].numel());
+      TORCH_CHECK(it->second.first_chunk == 0 && it->second.tensor_chunks == chunks, name, ": parameter ", j,
+                  " of group ", i, " is a piece of a tensor cut across ranks (from chunk ", it->second.first_chunk,
+                  " of ", it->second.tensor_chunks, "); a sharded ", name, " takes whole ", why,
+                  " (shards_whole_tensors)");
+    }
+  }
+}
+
 }  // namespace
 
 /// The engine an optimizer has bound, where, and the states behind its slots.

@@ -409,19 +409,7 @@ bool Muon::step_fused(const std::vector<Group>& groups) {
 template class LayerwiseOptimizer<MuonOptions, MuonParamState>;
 
 void Muon::shard(std::shared_ptr<const OptimizerSharding> sharding) {
-  if (sharding != nullptr) {
-    for (std::size_t i = 0; i < param_groups_.size(); ++i) {
-      const auto& params = param_groups_[i].params();
-      for (std::size_t j = 0; j < params.size(); ++j) {
-        const auto it = sharding->shards.find(params[j].unsafeGetTensorImpl());
-        if (it == sharding->shards.end() || params[j].numel() == 0) continue;
-        const std::int64_t chunks = kernels::chunks_of(params[j].numel());
-        TORCH_CHECK(it->second.first_chunk == 0 && it->second.tensor_chunks == chunks, "Muon: parameter ", j,
-                    " of group ", i, " is a piece of a tensor cut across ranks (from chunk ", it->second.first_chunk,
-                    " of ", it->second.tensor_chunks, "); a sharded Muon takes whole matrices (shards_whole_tensors)");
-      }
-    }
-  }
+  if (sharding != nullptr) check_whole_tensors(param_groups_, *sharding, "Muon", "matrices");
   sharding_ = std::move(sharding);  // the engine itself runs each rank's whole tensors unsharded
 }
 
@@ -431,41 +419,8 @@ torch::Tensor Muon::step(LossClosure closure) {
   const auto groups = gather();
   fused_ran_ = false;
   reference_rms_.clear();
-  // The non-finite check for every group that asks, before anything changes:
-  // each gradient's sum in double is finite iff all its elements are; one
-  // read of the gradients and one wait for the device per step.
-  std::vector<bool> finite(groups.size(), true);
-  std::vector<at::Tensor> sums;
-  std::vector<std::size_t> owner;
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    if (!groups[i].options->skip_nonfinite()) continue;
-    for (const auto& pg : groups[i].params) {
-      sums.push_back(pg.grad.sum(at::kDouble));
-      owner.push_back(i);
-    }
-  }
-  if (sharding_ != nullptr) {
-    // Sharded, the ranks hold other tensors: each group's count of
-    // non-finite gradients, added over the ranks (every rank calls this,
-    // with or without gradients of its own).
-    at::Device device(at::kCPU);  // the parameters', where the all-reduce takes its data
-    for (const auto& g : param_groups_) {
-      if (!g.params().empty()) device = g.params()[0].device();
-    }
-    const at::TensorOptions on = at::TensorOptions().dtype(at::kDouble).device(device);
-    at::Tensor counts = at::zeros({static_cast<std::int64_t>(groups.size())}, on);
-    if (!sums.empty()) {
-      const at::Tensor bad = at::logical_not(at::isfinite(at::stack(sums))).to(at::kDouble);
-      counts.index_add_(0, at::tensor(std::vector<std::int64_t>(owner.begin(), owner.end()), at::kLong).to(on.device()), bad);
-    }
-    sharding_->allreduce_sum(counts.data_ptr<double>(), counts.numel(), current_stream(counts.device()));
-    const at::Tensor host = counts.cpu();
-    for (std::size_t i = 0; i < groups.size(); ++i) finite[i] = host.data_ptr<double>()[i] == 0;
-  } else if (!sums.empty()) {
-    const at::Tensor ok = at::isfinite(at::stack(sums)).cpu();
-    const auto* flags = ok.data_ptr<bool>();
-    for (std::size_t k = 0; k < owner.size(); ++k) finite[owner[k]] = finite[owner[k]] && flags[k];
-  }
+  // The non-finite check for every group that asks, before anything changes.
+  const std::vector<bool> finite = finite_whole_tensors(groups, param_groups_, sharding_.get());
   if (skip_nonfinite(groups, finite)) return loss;
 
   std::vector<Group> orthogonal, adamw;
