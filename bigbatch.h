@@ -19,6 +19,7 @@
 #include "optimizers/novograd.h"
 #include "optimizers/param_groups.h"
 #include "optimizers/schedule_free.h"
+#include "optimizers/soap.h"
 #include "schedules/lr_adapter.h"
 #include "schedules/schedule.h"
 #include "normalization/ghost_batch_norm.h"
