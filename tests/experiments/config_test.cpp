@@ -153,7 +153,7 @@ TEST(SweepConfig, VariantsPatchTheBase) {
   // The optimizer registry is where the names come from.
   EXPECT_EQ(error_of(j), "variants.warm: optimizer.name: unknown value \"adagrad\" "
                          "(one of: sgd, adam, adamw, lars, larc, lamb, novograd, lion, muon, adamwschedulefree, "
-                         "sgdschedulefree)");
+                         "sgdschedulefree, soap)");
 }
 
 // Muon takes PyTorch's momentum 0.95 and Nesterov where the config leaves them
@@ -308,7 +308,7 @@ TEST(SweepConfig, EveryEnumIsSpelledAsInTheConfig) {
   EXPECT_EQ(to_string(TrialStatus::kNotReached), "not_reached");
   EXPECT_EQ(registered_optimizers(),
             (std::vector<std::string>{"sgd", "adam", "adamw", "lars", "larc", "lamb", "novograd", "lion", "muon",
-                                      "adamwschedulefree", "sgdschedulefree"}));
+                                      "adamwschedulefree", "sgdschedulefree", "soap"}));
 }
 
 // distributed.shard: read, written back, left out when "none" (so that
@@ -328,7 +328,7 @@ TEST(SweepConfig, ShardIsLeftOutWhenNoneAndRefusedWhereItCannotApply) {
   j["distributed"] = {{"shard", "states"}};
   j["optimizer"] = {{"name", "sgd"}};
   EXPECT_EQ(error_of(j), "distributed: shard \"states\": sgd has no sharded form (lars, larc, lamb, novograd, lion, "
-                         "muon, adamwschedulefree and sgdschedulefree have)");
+                         "muon, adamwschedulefree, sgdschedulefree and soap have)");
   j["optimizer"] = {{"name", "lamb"}};
   j["distributed"] = {{"shard", "gradients"}, {"compression", {{"name", "fp16"}}}};
   EXPECT_EQ(error_of(j), "distributed.shard: \"gradients\" reduce-scatters the gradients itself and does not compose "

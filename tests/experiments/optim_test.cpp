@@ -164,6 +164,9 @@ TEST(OptimizerEntries, EachBuiltinHasItsOwnKeys) {
                                           "warmup_steps", "weight_decay", "weight_lr_power"}));
   EXPECT_EQ(keys("sgdschedulefree"), (V{"adapt", "fused", "master_weights", "momentum", "r", "skip_nonfinite",
                                         "warmup_steps", "weight_decay", "weight_lr_power"}));
+  EXPECT_EQ(keys("soap"), (V{"adapt", "betas", "correct_bias", "eps", "fused", "master_weights", "max_precond_dim",
+                             "merge_dims", "normalize_grads", "precondition_1d", "precondition_frequency",
+                             "shampoo_beta", "skip_nonfinite", "weight_decay"}));
   // The defaults are the optimizers' own, the runner's two choices aside
   // (SGD's momentum 0.9; Muon's match_rms_adamw scale).
   EXPECT_EQ(resolve_optimizer("adamw").params.at("weight_decay"), 0.01);
@@ -214,8 +217,8 @@ TEST(OptimizerEntries, EveryOptionOfTheLibrarysOptimizersReachesTheOptimizer) {
       ++checked;
     }
   }
-  // LARS, LARC, LAMB, NovoGrad, Lion, Muon, AdamWScheduleFree, SGDScheduleFree: every option but lr.
-  EXPECT_EQ(checked, 10 + 11 + 15 + 8 + 6 + 14 + 10 + 9);
+  // LARS, LARC, LAMB, NovoGrad, Lion, Muon, AdamWScheduleFree, SGDScheduleFree, SOAP: every option but lr.
+  EXPECT_EQ(checked, 10 + 11 + 15 + 8 + 6 + 14 + 10 + 9 + 14);
 }
 
 // A value an optimizer refuses is refused at its config key, in the

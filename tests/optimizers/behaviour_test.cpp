@@ -175,6 +175,11 @@ TEST(SaveLoad, ScheduleFreeContinuesAsIfNeverStopped) {
 // comes back, so train() moves the loaded parameters to y (by the inverse
 // interpolation: the copy of y eval() kept is not saved) and the run goes on
 // as the uninterrupted one, to rounding.
+TEST(SaveLoad, SOAPContinuesAsIfNeverStopped) {
+  // Its factors, bases and rotated moments are state; a refresh falls in each half.
+  expect_save_load_continues<SOAP>(SOAPOptions(0.01).precondition_frequency(2));
+}
+
 TEST(SaveLoad, ScheduleFreeSavedInEvalModeResumesThroughTrain) {
   const auto options = AdamWScheduleFreeOptions(0.01).weight_decay(0.1);
   auto straight = small_net();
@@ -313,6 +318,13 @@ TEST_P(NonFinite, ScheduleFreeSkipsTheWholeStepAndItsWeight) {
   expect_nonfinite_step_skipped<SGDScheduleFree>(SGDScheduleFreeOptions(0.1).warmup_steps(2).fused(fused()),
                                                  INFINITY, device());
 }
+TEST_P(NonFinite, SOAPSkipsTheWholeStep) {
+  // The step without the skip is a fresh optimizer's first, which builds the
+  // factors and moves nothing: the weights stay finite.
+  expect_nonfinite_step_skipped<SOAP>(SOAPOptions(0.1).precondition_1d(true).fused(fused()), NAN, device(),
+                                      /*poisons_weights=*/false);
+  expect_nonfinite_step_skipped<SOAP>(SOAPOptions(0.1).fused(fused()), INFINITY, device(), /*poisons_weights=*/false);
+}
 TEST_P(NonFinite, AFirstStepSkippedCreatesNoState) {
   auto w = torch::randn({3}).to(device()).requires_grad_(true);
   LAMB opt({w}, LAMBOptions().fused(fused()));
@@ -398,6 +410,13 @@ TEST(EngineHooks, OptionsReachThePlansMemberByMember) {
   EXPECT_EQ(lion.weight_decay, 0.2);
   EXPECT_FALSE(lion.skip_nonfinite);
   EXPECT_TRUE(kernel_group(LionOptions()).skip_nonfinite);
+
+  // SOAP's Adam pass (its rotations and update take the rest, which its golden tests cover).
+  const auto soap = kernel_group(SOAPOptions().betas({0.8, 0.9}).eps(1e-6));
+  EXPECT_EQ(soap.beta1, 0.8);
+  EXPECT_EQ(soap.beta2, 0.9);
+  EXPECT_EQ(soap.eps, 1e-6);
+  EXPECT_FALSE(soap.skip_nonfinite);  // decided before the passes
 }
 
 // ---------------------------------------------------------------- bad input --
@@ -428,6 +447,11 @@ TEST(BadInput, InvalidOptionsNameTheOptionAndValue) {
                "Invalid AdamWScheduleFree option warmup_steps: -1");
   expect_error([&] { SGDScheduleFree(p, SGDScheduleFreeOptions().momentum(1)); },
                "Invalid SGDScheduleFree option momentum: 1 (must be in (0, 1))");
+  expect_error([&] { SOAP(p, SOAPOptions().shampoo_beta(1)); }, "Invalid SOAP option shampoo_beta: 1 (must be < 1");
+  expect_error([&] { SOAP(p, SOAPOptions().precondition_frequency(0)); },
+               "Invalid SOAP option precondition_frequency: 0 (must be >= 1)");
+  expect_error([&] { SOAP(p, SOAPOptions().max_precond_dim(0)); }, "Invalid SOAP option max_precond_dim: 0");
+  expect_error([&] { SOAP(p, SOAPOptions().betas({0.9, 1.0})); }, "Invalid SOAP option betas[1]: 1");
   expect_error([&] { SGDScheduleFree(p, SGDScheduleFreeOptions().weight_lr_power(-2)); },
                "Invalid SGDScheduleFree option weight_lr_power: -2");
 }

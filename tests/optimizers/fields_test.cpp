@@ -204,6 +204,27 @@ TEST(Fields, MuonOptionsSurviveCopySaveLoadAndReachThePlan) {
                       {"master_weights", [](auto& o) { o.master_weights(true); }}});
 }
 
+// SOAP's plan group is its Adam pass's: the betas and eps reach it; the
+// rest go to the rotations and the update, which the golden tests cover.
+TEST(Fields, SOAPOptionsSurviveCopySaveLoadAndReachThePlan) {
+  expect_every_field_survives<SOAPOptions>(
+      SOAPOptions(), {{"lr", [](auto& o) { o.lr(0.2); }},
+                      {"betas", [](auto& o) { o.betas({0.8, 0.9}); }, true},
+                      {"shampoo_beta", [](auto& o) { o.shampoo_beta(0.5); }},
+                      {"eps", [](auto& o) { o.eps(1e-6); }, true},
+                      {"weight_decay", [](auto& o) { o.weight_decay(0.3); }},
+                      {"precondition_frequency", [](auto& o) { o.precondition_frequency(3); }},
+                      {"max_precond_dim", [](auto& o) { o.max_precond_dim(64); }},
+                      {"merge_dims", [](auto& o) { o.merge_dims(true); }},
+                      {"precondition_1d", [](auto& o) { o.precondition_1d(true); }},
+                      {"normalize_grads", [](auto& o) { o.normalize_grads(true); }},
+                      {"correct_bias", [](auto& o) { o.correct_bias(false); }},
+                      {"adapt", [](auto& o) { o.adapt(false); }},  // no trust ratio
+                      {"skip_nonfinite", [](auto& o) { o.skip_nonfinite(false); }},  // decided before the pass
+                      {"fused", [](auto& o) { o.fused(false); }},
+                      {"master_weights", [](auto& o) { o.master_weights(true); }}});
+}
+
 /// A state whose tensors are all defined: zeros, which the changes replace.
 template <typename State>
 State zero_state() {
@@ -217,6 +238,11 @@ State zero_state() {
     s.exp_avg_sq(at::zeros({3}));
   } else if constexpr (std::is_same_v<State, SGDScheduleFreeParamState>) {
     s.z(at::zeros({3}));
+  } else if constexpr (std::is_same_v<State, SOAPParamState>) {
+    s.exp_avg(at::zeros({3}));
+    s.exp_avg_sq(at::zeros({3}));
+    s.factors(at::zeros({8}));
+    s.eigenbases(at::zeros({8}));
   } else if constexpr (std::is_same_v<State, MuonParamState>) {
     s.momentum_buffer(at::zeros({3}));
     s.exp_avg(at::zeros({3}));
@@ -290,6 +316,21 @@ TEST(Fields, ScheduleFreeStatesSurviveCopyAndSaveLoad) {
   EXPECT_EQ(declared[3].shape, Shape::kNumber);
   EXPECT_EQ(declared[1].shape, Shape::kLikeParam);
   EXPECT_EQ(declared[0].shape, Shape::kCount);
+}
+
+TEST(Fields, SOAPStatesSurviveCopyAndSaveLoad) {
+  auto changes = moment_state_changes<SOAPParamState>();
+  changes.push_back({"factors", [](auto& s) { s.factors(at::full({8}, 5.0)); }});
+  changes.push_back({"eigenbases", [](auto& s) { s.eigenbases(at::full({8}, 6.0)); }});
+  expect_every_field_survives(zero_state<SOAPParamState>(), changes);
+  // The packed factors and bases have a shape of their own (not cut like the parameter).
+  using Shape = StateField::Shape;
+  const auto declared = SOAPParamState::declared();
+  ASSERT_EQ(declared.size(), 6u);
+  EXPECT_EQ(declared[3].name, "factors");
+  EXPECT_EQ(declared[3].shape, Shape::kOwn);
+  EXPECT_EQ(declared[4].shape, Shape::kOwn);
+  EXPECT_EQ(declared[1].shape, Shape::kLikeParam);
 }
 
 TEST(Fields, AnUndefinedStateTensorIsLeftOutAndLoadsUndefined) {

@@ -243,6 +243,171 @@ struct Muon {
   }
 };
 
+/// The identity of size n.
+inline Mat identity(std::size_t n) {
+  Mat e{n, n, Vec(n * n, 0.0)};
+  for (std::size_t i = 0; i < n; ++i) e.x[i * n + i] = 1;
+  return e;
+}
+
+/// The eigenvectors of a symmetric matrix by cyclic Jacobi rotations, as the
+/// columns of the result, largest eigenvalue first.
+inline Mat eigenvectors(Mat a) {
+  const std::size_t n = a.rows;
+  Mat q = identity(n);
+  for (int sweep = 0; sweep < 100; ++sweep) {
+    double off = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = i + 1; j < n; ++j) off += a.at(i, j) * a.at(i, j);
+    if (off < 1e-60) break;
+    for (std::size_t p = 0; p < n; ++p) {
+      for (std::size_t r = p + 1; r < n; ++r) {
+        const double apr = a.at(p, r);
+        if (std::abs(apr) < 1e-300) continue;
+        const double theta = (a.at(r, r) - a.at(p, p)) / (2 * apr);
+        const double t = (theta >= 0 ? 1.0 : -1.0) / (std::abs(theta) + std::sqrt(theta * theta + 1));
+        const double c = 1 / std::sqrt(t * t + 1), sn = t * c;
+        for (std::size_t k = 0; k < n; ++k) {  // A = A J (columns p, r)
+          const double akp = a.x[k * n + p], akr = a.x[k * n + r];
+          a.x[k * n + p] = c * akp - sn * akr;
+          a.x[k * n + r] = sn * akp + c * akr;
+        }
+        for (std::size_t k = 0; k < n; ++k) {  // A = J^T A (rows p, r)
+          const double apk = a.x[p * n + k], ark = a.x[r * n + k];
+          a.x[p * n + k] = c * apk - sn * ark;
+          a.x[r * n + k] = sn * apk + c * ark;
+        }
+        for (std::size_t k = 0; k < n; ++k) {  // Q = Q J
+          const double qkp = q.x[k * n + p], qkr = q.x[k * n + r];
+          q.x[k * n + p] = c * qkp - sn * qkr;
+          q.x[k * n + r] = sn * qkp + c * qkr;
+        }
+      }
+    }
+  }
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t i, std::size_t j) { return a.at(i, i) > a.at(j, j); });
+  Mat sorted{n, n, Vec(n * n)};
+  for (std::size_t k = 0; k < n; ++k)
+    for (std::size_t i = 0; i < n; ++i) sorted.x[i * n + k] = q.at(i, order[k]);
+  return sorted;
+}
+
+/// The Q of a QR decomposition of a square matrix, by modified Gram-Schmidt
+/// twice over (the signs of its columns are free: SOAP's update does not see them).
+inline Mat orthonormal_columns(const Mat& a) {
+  const std::size_t n = a.rows, m = a.cols;
+  Mat q{n, m, Vec(n * m, 0.0)};
+  for (std::size_t j = 0; j < m; ++j) {
+    Vec col(n);
+    for (std::size_t i = 0; i < n; ++i) col[i] = a.at(i, j);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (std::size_t k = 0; k < j; ++k) {
+        double d = 0;
+        for (std::size_t i = 0; i < n; ++i) d += q.at(i, k) * col[i];
+        for (std::size_t i = 0; i < n; ++i) col[i] -= d * q.at(i, k);
+      }
+    }
+    const double len = norm(col);
+    for (std::size_t i = 0; i < n; ++i) q.x[i * m + j] = col[i] / len;
+  }
+  return q;
+}
+
+/// SOAP (Vyas et al. 2024) on one tensor seen as rows x cols (a 1-D tensor:
+/// rows 1, no factor unless precondition_1d), as the authors' code orders it.
+struct Soap {
+  double lr = 3e-3, b1 = 0.95, b2 = 0.95, shampoo_beta = -1, eps = 1e-8, wd = 0.01;
+  std::int64_t frequency = 10, max_dim = 10000;
+  bool correct_bias = true, normalize = false, precondition_1d = false;
+
+  struct Side {
+    bool on = false;
+    Mat factor, basis;
+  };
+  struct TensorState {
+    std::int64_t t = 0;
+    bool started = false;
+    Mat m, v;  // in the eigenbasis
+    Side left, right;
+  };
+
+  static Mat outer(const Mat& g, bool left) { return left ? matmul(g, transpose(g)) : matmul(transpose(g), g); }
+
+  // Q_L^T X Q_R (forward) or Q_L X Q_R^T, a side without a factor left alone.
+  static Mat rotate(Mat x, const TensorState& s, bool forward) {
+    if (s.left.on) x = matmul(forward ? transpose(s.left.basis) : s.left.basis, x);
+    if (s.right.on) x = matmul(x, forward ? s.right.basis : transpose(s.right.basis));
+    return x;
+  }
+
+  void step(Vec& w, const Vec& grad, TensorState& s, std::size_t rows, bool one_d = false) const {
+    const std::size_t cols = w.size() / rows;
+    const Mat g{rows, cols, grad};
+    const double sb = shampoo_beta >= 0 ? shampoo_beta : b2;
+    if (!s.started) {  // the factors from this gradient; no update
+      s.started = true;
+      s.m = Mat{rows, cols, Vec(w.size(), 0.0)};
+      s.v = s.m;
+      s.left.on = !one_d && static_cast<std::int64_t>(rows) <= max_dim;
+      s.right.on = static_cast<std::int64_t>(cols) <= max_dim && (!one_d || precondition_1d);
+      for (Side* side : {&s.left, &s.right}) {
+        if (!side->on) continue;
+        side->factor = outer(g, side == &s.left);
+        for (double& e : side->factor.x) e *= 1 - sb;
+        side->basis = eigenvectors(side->factor);
+      }
+      return;
+    }
+    s.t += 1;
+    const Mat gr = rotate(g, s, true);
+    Mat n{rows, cols, Vec(w.size())};
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      s.m.x[i] = b1 * s.m.x[i] + (1 - b1) * gr.x[i];
+      s.v.x[i] = b2 * s.v.x[i] + (1 - b2) * gr.x[i] * gr.x[i];
+      n.x[i] = s.m.x[i] / (std::sqrt(s.v.x[i]) + eps);
+    }
+    Mat u = rotate(n, s, false);
+    if (normalize) {
+      const double rms = norm(u.x) / std::sqrt(static_cast<double>(u.x.size()));
+      for (double& e : u.x) e /= rms + 1e-30;
+    }
+    const double td = static_cast<double>(s.t);
+    const double size = correct_bias ? lr * std::sqrt(1 - std::pow(b2, td)) / (1 - std::pow(b1, td)) : lr;
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = (w[i] - size * u.x[i]) * (1 - lr * wd);
+    for (Side* side : {&s.left, &s.right}) {
+      if (!side->on) continue;
+      const Mat o = outer(g, side == &s.left);
+      for (std::size_t i = 0; i < o.x.size(); ++i) side->factor.x[i] = sb * side->factor.x[i] + (1 - sb) * o.x[i];
+    }
+    if (s.t % frequency != 0) return;
+    const Mat m_plain = rotate(s.m, s, false);
+    for (Side* side : {&s.left, &s.right}) {
+      if (!side->on) continue;
+      const bool left = side == &s.left;
+      const Mat lq = matmul(side->factor, side->basis);
+      const std::size_t k = lq.cols;
+      std::vector<double> est(k, 0.0);
+      for (std::size_t j = 0; j < k; ++j)
+        for (std::size_t i = 0; i < k; ++i) est[j] += side->basis.at(i, j) * lq.at(i, j);
+      std::vector<std::size_t> order(k);
+      for (std::size_t j = 0; j < k; ++j) order[j] = j;
+      std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return est[a] > est[b]; });
+      Mat sorted{k, k, Vec(k * k)};
+      for (std::size_t j = 0; j < k; ++j)
+        for (std::size_t i = 0; i < k; ++i) sorted.x[i * k + j] = lq.at(i, order[j]);
+      Mat v = s.v;  // v's rows (left) or columns (right) in the new order
+      for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < cols; ++j)
+          v.x[i * cols + j] = left ? s.v.at(order[i], j) : s.v.at(i, order[j]);
+      s.v = v;
+      side->basis = orthonormal_columns(sorted);
+    }
+    s.m = rotate(m_plain, s, true);
+  }
+};
+
 /// torch.optim.AdamW: w = w*(1 - lr*wd) - lr * mh / (sqrt(vh) + eps).
 struct AdamW {
   double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.01;
