@@ -231,7 +231,9 @@ std::tuple<std::vector<std::string>, std::vector<at::Tensor>> state(std::int64_t
 /// kind's fields, at most once; an integer field a 0-dim int64 tensor; any
 /// other an fp32 tensor on the parameter's device, shaped like it (or 0-dim
 /// where the field is one number per parameter), made contiguous. A
-/// ValueError names the field and what is wrong with it.
+/// ValueError names the field and what is wrong with it. A field of a shape
+/// of its own (StateField::kOwn) is a 1-D fp32 tensor whose length the
+/// optimizer checks when it steps.
 optim::NamedState checked_state(const Kind& kind, const char* kind_name, std::int64_t index, const at::Tensor& param,
                                 const std::vector<std::string>& names, const std::vector<at::Tensor>& values) {
   TORCH_CHECK_VALUE(names.size() == values.size(), "bigbatch::set_state: ", names.size(), " names for ",
@@ -260,6 +262,13 @@ optim::NamedState checked_state(const Kind& kind, const char* kind_name, std::in
       TORCH_CHECK_VALUE(v.dim() == 0 && v.is_floating_point(), kind_name, " state of parameter ", index, ": field '",
                         name, "' must be a number, got a ", v.scalar_type(), " tensor of shape ", v.sizes());
       named.emplace_back(name, c10::IValue(v.item<double>()));
+      continue;
+    }
+    if (field->shape == Shape::kOwn) {  // a shape the optimizer derives (SOAP's packed factors): it checks the size
+      TORCH_CHECK_VALUE(v.scalar_type() == at::kFloat && v.device() == param.device() && v.dim() == 1, kind_name,
+                        " state of parameter ", index, ": field '", name, "' is ", v.scalar_type(), " ", v.sizes(),
+                        " on ", v.device(), "; it must be a 1-D float32 tensor on ", param.device());
+      named.emplace_back(name, c10::IValue(v.contiguous()));
       continue;
     }
     const bool scalar = field->shape == Shape::kPerTensor;
