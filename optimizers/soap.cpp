@@ -10,7 +10,9 @@
 #include "internal.h"
 #include "layerwise_optimizer_impl.h"
 
+#include <ATen/ops/geqrf.h>
 #include <ATen/ops/linalg_eigh.h>
+#include <ATen/ops/linalg_householder_product.h>
 #include <ATen/ops/linalg_qr.h>
 
 #include <cmath>
@@ -160,12 +162,6 @@ at::Tensor unpacked(const at::Tensor& packed, const SOAPLayout& layout, std::siz
   return packed.reshape({-1}).narrow(0, layout.offset[d], s * s).view({s, s});
 }
 
-// The same of a batch of packed tensors (k, packed): a (k, s, s) view.
-at::Tensor unpacked_batch(const at::Tensor& packed, const SOAPLayout& layout, std::size_t d) {
-  const std::int64_t s = layout.shape[d];
-  return packed.narrow(1, layout.offset[d], s * s).view({packed.size(0), s, s});
-}
-
 // L_d's eigenvectors, largest eigenvalue first, as the authors take them
 // (eigh of L + 1e-30 I; in double if that fails to converge in float; NaN
 // where the factor is not finite).
@@ -223,28 +219,47 @@ std::vector<at::Tensor> bases_of(const SOAPParamState& st, const SOAPLayout& lay
   return bases;
 }
 
-// ---- batches (the fused path): x is (k, the rotated shape) ----
+// ---- batches (the fused path): x is (k, the rotated shape), contiguous ----
 
 // x with dimension d (of the matrices) contracted against the batch of bases q
-// (k, s, s): Q^T along d forward, Q back.
+// (k, s, s): Q^T along d forward, Q back. The first and the last dimension
+// are one product on x as it lies (Q^T X, X Q); another is moved last first.
 at::Tensor rotate_along(const at::Tensor& x, std::int64_t d, const at::Tensor& q, bool forward) {
-  const at::Tensor moved = x.movedim(d + 1, -1);
-  const std::vector<std::int64_t> sizes = moved.sizes().vec();
-  const at::Tensor flat = moved.reshape({x.size(0), -1, sizes.back()});
-  const at::Tensor out = at::bmm(flat, forward ? q : q.transpose(1, 2));
-  return out.view(sizes).movedim(-1, d + 1);
+  const std::int64_t k = x.size(0), s = q.size(-1), last = x.dim() - 2;
+  const at::Tensor qt = q.transpose(1, 2);
+  if (d == 0) return at::bmm(forward ? qt : q, x.view({k, s, -1})).view(x.sizes());
+  if (d == last) return at::bmm(x.view({k, -1, s}), forward ? q : qt).view(x.sizes());
+  const at::Tensor moved = x.movedim(d + 1, -1).contiguous();
+  return at::bmm(moved.view({k, -1, s}), forward ? q : qt).view(moved.sizes()).movedim(-1, d + 1).contiguous();
 }
 
 at::Tensor rotate_batch(at::Tensor x, const std::vector<at::Tensor>& bases, bool forward) {
   for (std::size_t d = 0; d < bases.size(); ++d) {
     if (bases[d].defined()) x = rotate_along(x, static_cast<std::int64_t>(d), bases[d], forward);
   }
-  return x.contiguous();
+  return x;
 }
 
+// G_(d) G_(d)^T of each matrix of a batch.
 at::Tensor outer_along_batch(const at::Tensor& g, std::int64_t d) {
-  const at::Tensor x = g.movedim(d + 1, 1).reshape({g.size(0), g.size(d + 1), -1});
+  const std::int64_t k = g.size(0), s = g.size(d + 1), last = g.dim() - 2;
+  if (d == 0) {
+    const at::Tensor x = g.view({k, s, -1});
+    return at::bmm(x, x.transpose(1, 2));
+  }
+  if (d == last) {
+    const at::Tensor x = g.view({k, -1, s});
+    return at::bmm(x.transpose(1, 2), x);
+  }
+  const at::Tensor x = g.movedim(d + 1, 1).reshape({k, s, -1});
   return at::bmm(x, x.transpose(1, 2));
+}
+
+// The Q of each matrix's QR decomposition (Householder, as linalg_qr's,
+// without forming R).
+at::Tensor q_factor(const at::Tensor& a) {
+  const auto [reflectors, tau] = at::geqrf(a);
+  return at::linalg_householder_product(reflectors, tau);
 }
 
 }  // namespace
@@ -413,9 +428,7 @@ bool SOAP::step_fused(const std::vector<Group>& groups) {
   struct Work {
     at::Tensor grads;    // (k, shape) fp32: G
     at::Tensor rotated;  // (k, shape) fp32: G', then N, in place
-    at::Tensor factors;  // (k, packed)
-    at::Tensor bases;    // (k, packed)
-    std::vector<at::Tensor> basis;  // per dimension: (k, s, s) views of `bases`, or undefined
+    std::vector<at::Tensor> factor, basis;  // per dimension: (k, s, s) (the factors at a refresh only), or undefined
   };
   std::vector<Work> work(batches.size());
   std::vector<kernels::SoapAdamGroup> adam_groups;
@@ -423,18 +436,19 @@ bool SOAP::step_fused(const std::vector<Group>& groups) {
   for (std::size_t b = 0; b < batches.size(); ++b) {
     const Batch& batch = batches[b];
     Work& w = work[b];
-    std::vector<at::Tensor> grads, factors, bases;
-    for (const ParamGrad* pg : batch.members) {
-      const auto& st = state_of(pg->param);
-      grads.push_back(pg->grad.reshape(batch.layout.shape));
-      factors.push_back(st.factors());
-      bases.push_back(st.eigenbases());
-    }
+    std::vector<at::Tensor> grads;
+    for (const ParamGrad* pg : batch.members) grads.push_back(pg->grad.reshape(batch.layout.shape));
     w.grads = at::stack(grads).to(at::kFloat);
-    w.factors = at::stack(factors);
-    w.bases = at::stack(bases);
     for (std::size_t d = 0; d < batch.layout.shape.size(); ++d) {
-      w.basis.push_back(batch.layout.offset[d] >= 0 ? unpacked_batch(w.bases, batch.layout, d) : at::Tensor());
+      if (batch.layout.offset[d] < 0) {
+        w.factor.emplace_back();
+        w.basis.emplace_back();
+        continue;
+      }
+      std::vector<at::Tensor> bases;
+      for (const ParamGrad* pg : batch.members) bases.push_back(unpacked(state_of(pg->param).eigenbases(), batch.layout, d));
+      w.factor.emplace_back();  // stacked at a refresh only
+      w.basis.push_back(at::stack(bases));
     }
     w.rotated = rotate_batch(w.grads, w.basis, /*forward=*/true);
     if (w.rotated.is_same(w.grads)) w.rotated = w.grads.clone();  // nothing rotated: G stays for the factors
@@ -505,15 +519,20 @@ bool SOAP::step_fused(const std::vector<Group>& groups) {
     bool any = false;
     for (std::size_t d = 0; d < shape.size(); ++d) {
       if (batch.layout.offset[d] < 0) continue;
-      unpacked_batch(w.factors, batch.layout, d)
-          .lerp_(outer_along_batch(w.grads, static_cast<std::int64_t>(d)), 1 - shampoo_rate(o));
+      const at::Tensor outer = outer_along_batch(w.grads, static_cast<std::int64_t>(d));
+      for (std::size_t k = 0; k < batch.members.size(); ++k) {
+        unpacked(state_of(batch.members[k]->param).factors(), batch.layout, d)
+            .lerp_(outer[static_cast<std::int64_t>(k)], 1 - shampoo_rate(o));
+      }
       any = true;
     }
-    if (!any) continue;
-    for (std::size_t k = 0; k < batch.members.size(); ++k) {
-      state_of(batch.members[k]->param).factors().copy_(w.factors[static_cast<std::int64_t>(k)]);
+    if (!any || (batch.step + 1) % o.precondition_frequency() != 0) continue;
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      if (batch.layout.offset[d] < 0) continue;
+      std::vector<at::Tensor> factors;
+      for (const ParamGrad* pg : batch.members) factors.push_back(unpacked(state_of(pg->param).factors(), batch.layout, d));
+      w.factor[d] = at::stack(factors);
     }
-    if ((batch.step + 1) % o.precondition_frequency() != 0) continue;
     std::vector<at::Tensor> ms, vs;
     for (const ParamGrad* pg : batch.members) {
       const auto& st = state_of(pg->param);
@@ -526,14 +545,17 @@ bool SOAP::step_fused(const std::vector<Group>& groups) {
     for (std::size_t d = 0; d < shape.size(); ++d) {
       if (batch.layout.offset[d] < 0) continue;
       const std::int64_t s = shape[d];
-      const at::Tensor lq = at::bmm(unpacked_batch(w.factors, batch.layout, d), w.basis[d]);
+      const at::Tensor lq = at::bmm(w.factor[d], w.basis[d]);  // one power iteration
       const at::Tensor order = (w.basis[d] * lq).sum(1).argsort(/*stable=*/false, /*dim=*/1, /*descending=*/true);
       std::vector<std::int64_t> view(static_cast<std::size_t>(v.dim()), 1);
       view[0] = count;
       view[d + 1] = s;
       v = v.gather(static_cast<std::int64_t>(d) + 1, order.view(view).expand(v.sizes()));
-      const at::Tensor sorted = lq.gather(2, order.unsqueeze(1).expand({count, s, s}));
-      w.basis[d].copy_(std::get<0>(at::linalg_qr(sorted)));
+      w.basis[d] = q_factor(lq.gather(2, order.unsqueeze(1).expand({count, s, s})));
+      for (std::size_t k = 0; k < batch.members.size(); ++k) {
+        unpacked(state_of(batch.members[k]->param).eigenbases(), batch.layout, d)
+            .copy_(w.basis[d][static_cast<std::int64_t>(k)]);
+      }
     }
     const at::Tensor m = rotate_batch(m_plain, w.basis, /*forward=*/true);
     for (std::size_t k = 0; k < batch.members.size(); ++k) {
@@ -541,7 +563,6 @@ bool SOAP::step_fused(const std::vector<Group>& groups) {
       const auto i = static_cast<std::int64_t>(k);
       st.exp_avg().view(shape).copy_(m[i]);
       st.exp_avg_sq().view(shape).copy_(v[i]);
-      st.eigenbases().copy_(w.bases[i]);
     }
   }
   return true;
