@@ -20,10 +20,19 @@ PyPI schedulefree (AdamWScheduleFree with foreach, their fast form, and
 AdamWScheduleFreeReference, the three-sequence one), torch's
 AdamW(fused=True), and a copy of the 32 bytes per parameter the fused step moves.
 
+With --suite soap (not part of all: a minute of matrix products): SOAP on
+the hidden matrices of a GPT of 4 layers of width 256 (bm_soap's list, 3.1M
+parameters): bigbatch.optim.SOAP fused and on its reference path, the fused
+step without a refresh and with no factor (the elementwise part alone), and
+pytorch-optimizer's SOAP, all at precondition_frequency 10, beside torch's
+AdamW(fused=True). A SOAP step's cost depends on whether it refreshes the
+bases (one in ten), so each is the mean of 40 steps (four refreshes) after
+the first, not a median.
+
 Times are medians of torch.utils.benchmark's blocked_autorange on this
 machine's CPU (named in the output), or on CUDA with --device cuda.
 Usage: bench_optim.py [--device cpu|cuda] [--lists resnet50,bert_large] [--peer PATH] [--min-time S]
-                      [--suite lamb|schedule_free|all]
+                      [--suite lamb|schedule_free|all|soap]
 """
 import argparse
 import json
@@ -82,8 +91,10 @@ def main():
     parser.add_argument("--lists", default="resnet50,bert_large")
     parser.add_argument("--peer", default=str(pathlib.Path(__file__).resolve().parents[2] / "build" / "tests" / "python_peer"))
     parser.add_argument("--min-time", type=float, default=2.0)
-    parser.add_argument("--suite", default="lamb", choices=["lamb", "schedule_free", "all"])
+    parser.add_argument("--suite", default="lamb", choices=["lamb", "schedule_free", "all", "soap"])
     args = parser.parse_args()
+    if args.suite == "soap":
+        soap(args)
     if args.suite in ("schedule_free", "all"):
         schedule_free(args)
     if args.suite in ("lamb", "all"):
@@ -130,6 +141,47 @@ def schedule_free(args):
     # The fused step moves 32 bytes per fp32 parameter (kernels/schedule_free.h), AdamW's 28.
     timed_against(args, peers, (("copy of its 32 B/param", 32), ("copy of AdamW's 28 B/param", 28)),
                   "bigbatch.optim.AdamWScheduleFree")
+
+
+def soap(args):
+    import importlib.metadata
+    import time
+
+    import pytorch_optimizer
+    version = importlib.metadata.version("pytorch-optimizer")
+    print(f"device {args.device}: {torch.cuda.get_device_name() if args.device == 'cuda' else cpu_name()}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}, pytorch-optimizer {version}")
+    shapes = []
+    for _ in range(4):  # bm_soap's gpt_mini: Q,K,V as one (3w, w), the projection, the MLP's two
+        shapes += [(768, 256), (256, 256), (1024, 256), (256, 1024)]
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    common = dict(lr=3e-3, weight_decay=0.01, precondition_frequency=10)
+    peers = {
+        "bigbatch.optim.SOAP": lambda p: bigbatch.optim.SOAP(p, **common),
+        "bigbatch SOAP reference path": lambda p: bigbatch.optim.SOAP(p, fused=False, **common),
+        "bigbatch SOAP, no refresh": lambda p: bigbatch.optim.SOAP(p, **{**common, "precondition_frequency": 10**9}),
+        "bigbatch SOAP, no factor (elementwise)": lambda p: bigbatch.optim.SOAP(p, max_precond_dim=1, **common),
+        "pytorch_optimizer SOAP": lambda p: pytorch_optimizer.SOAP(p, **common),
+        "torch AdamW(fused=True)": lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True),
+    }
+    times = {}
+    for name, make in peers.items():
+        g = torch.Generator().manual_seed(0)
+        params = [torch.randn(s, generator=g).mul_(0.02).to(args.device).requires_grad_(True) for s in shapes]
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g).mul_(1e-3).to(args.device)
+        opt = make(params)
+        opt.step()  # SOAP's first step builds the factors and bases
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(40):
+            opt.step()
+        sync()
+        times[name] = (time.perf_counter() - t0) / 40
+    base = times["bigbatch.optim.SOAP"]
+    print(f"\nlist gpt_mini: {len(shapes)} matrices, {sum(torch.Size(s).numel() for s in shapes) / 1e6:.1f}M parameters")
+    for k, t in times.items():
+        print(f"  {k:40s} {t * 1e3:9.2f} ms   {t / base:5.2f}x bigbatch's")
 
 
 def lamb(args):
