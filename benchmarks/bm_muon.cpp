@@ -29,19 +29,6 @@ using bigbatch::bench::ShapeList;
 
 at::Device g_device = at::kCPU;
 
-// The hidden matrices of a GPT of `layers` blocks of `width`: Q,K,V as one
-// (3w, w), the projection (w, w), the MLP's (4w, w) and (w, 4w).
-ShapeList gpt(const char* name, int layers, std::int64_t width) {
-  ShapeList p{name, {}};
-  for (int l = 0; l < layers; ++l) {
-    p.shapes.push_back({3 * width, width});
-    p.shapes.push_back({width, width});
-    p.shapes.push_back({4 * width, width});
-    p.shapes.push_back({width, 4 * width});
-  }
-  return p;
-}
-
 // ResNet-50's matrices: every convolution and the classifier (the BatchNorm
 // vectors are AdamW's and left out).
 ShapeList resnet50_matrices() {
@@ -127,7 +114,8 @@ int main(int argc, char** argv) {
   }
   int count = static_cast<int>(args.size());
   const std::vector<bool> precisions{false, true};
-  for (const auto& list : {gpt("gpt_mini_3M", 4, 256), gpt("gpt_small_124M", 12, 768), resnet50_matrices()}) {
+  using bigbatch::bench::gpt_matrices;
+  for (const auto& list : {gpt_matrices("gpt_mini_3M", 4, 256), gpt_matrices("gpt_small_124M", 12, 768), resnet50_matrices()}) {
     for (const bool bf16 : precisions) {
       const std::string suffix = std::string(bf16 ? "/bf16/" : "/fp32/") + list.name;
       benchmark::RegisterBenchmark(("Muon/fused" + suffix).c_str(), bm_muon, list, true, bf16)

@@ -27,20 +27,6 @@ namespace {
 using namespace bigbatch::optim;
 using bigbatch::bench::ShapeList;
 
-// The hidden matrices of a GPT of `layers` blocks of `width` (Q, K, V as one
-// (3w, w), the projection, the MLP's two), cut down in a smoke run.
-ShapeList gpt(const char* name, int layers, std::int64_t width) {
-  const std::int64_t w = bigbatch::bench::dimension(width);
-  ShapeList p{name, {}};
-  for (int l = 0; l < layers; ++l) {
-    p.shapes.push_back({3 * w, w});
-    p.shapes.push_back({w, w});
-    p.shapes.push_back({4 * w, w});
-    p.shapes.push_back({w, 4 * w});
-  }
-  return p;
-}
-
 void bm_soap(benchmark::State& state, const ShapeList& list, SOAPOptions options) {
   torch::manual_seed(0);
   std::vector<at::Tensor> params;
@@ -57,7 +43,8 @@ void bm_soap(benchmark::State& state, const ShapeList& list, SOAPOptions options
 }  // namespace
 
 int main(int argc, char** argv) {
-  const ShapeList list = gpt("gpt_mini_3M", 4, 256);
+  // The widths cut down in a smoke run (smoke.h).
+  const ShapeList list = bigbatch::bench::gpt_matrices("gpt_mini_3M", 4, bigbatch::bench::dimension(256));
   const SOAPOptions base = SOAPOptions(3e-3).precondition_frequency(10);
   const int steps = bigbatch::bench::iterations(20);
   struct Case {

@@ -61,6 +61,19 @@ inline ShapeList bert_large() {
   return p;
 }
 
+/// The hidden matrices of a GPT of `layers` blocks of `width`: Q, K, V as one
+/// (3w, w), the projection (w, w), the MLP's (4w, w) and (w, 4w).
+inline ShapeList gpt_matrices(const char* name, int layers, std::int64_t width) {
+  ShapeList p{name, {}};
+  for (int l = 0; l < layers; ++l) {
+    p.shapes.push_back({3 * width, width});
+    p.shapes.push_back({width, width});
+    p.shapes.push_back({4 * width, width});
+    p.shapes.push_back({width, 4 * width});
+  }
+  return p;
+}
+
 /// ResNet-50: the 53 convolutions with their BatchNorm weight and bias, and
 /// the 2048x1000 classifier: ~25.5M in 161 tensors.
 inline ShapeList resnet50() {

@@ -19,7 +19,7 @@ namespace golden {
 using ref64::Vec;
 
 inline Vec to_vec(const at::Tensor& t) {
-  const at::Tensor d = t.to(at::kCPU).to(at::kDouble).contiguous();
+  const at::Tensor d = t.detach().to(at::kCPU).to(at::kDouble).contiguous();
   return Vec(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
 }
 

@@ -6,6 +6,7 @@
 // update RMS it reports, and bad options refused by name. PyTorch's own Muon
 // is the cross-check of torch_optim_test.cpp.
 #include "engine_device.h"
+#include "golden_check.h"
 #include "reference64.h"
 
 #include "../../bigbatch.h"
@@ -29,16 +30,8 @@ namespace {
 using namespace bigbatch::optim;
 using ref64::Vec;
 
-Vec to_vec(const at::Tensor& t) {
-  const at::Tensor d = t.detach().to(at::kCPU).to(at::kDouble).contiguous();
-  return Vec(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
-}
-
-double distance(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += (a[i] - b[i]) * (a[i] - b[i]);
-  return std::sqrt(s);
-}
+using golden::to_vec;
+using ref64::distance;
 
 template <typename F>
 void expect_error(F fn, const std::string& needle) {

@@ -20,6 +20,12 @@ inline double sq_norm(const Vec& x) {
   return s;
 }
 inline double norm(const Vec& x) { return std::sqrt(sq_norm(x)); }
+/// ||a - b||.
+inline double distance(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += (a[i] - b[i]) * (a[i] - b[i]);
+  return std::sqrt(s);
+}
 
 /// Per-tensor state of every optimizer (each uses what it needs).
 struct State {

@@ -7,6 +7,7 @@
 // reports; a sharding that cuts a tensor refused. PyPI's pytorch-optimizer
 // is the cross-check of tests/python/test_optim.py.
 #include "engine_device.h"
+#include "golden_check.h"
 #include "reference64.h"
 
 #include "../../bigbatch.h"
@@ -23,16 +24,8 @@ namespace {
 using namespace bigbatch::optim;
 using ref64::Vec;
 
-Vec to_vec(const at::Tensor& t) {
-  const at::Tensor d = t.detach().to(at::kCPU).to(at::kDouble).contiguous();
-  return Vec(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
-}
-
-double distance(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += (a[i] - b[i]) * (a[i] - b[i]);
-  return std::sqrt(s);
-}
+using golden::to_vec;
+using ref64::distance;
 
 // The tensors: in group 0 (every dimension preconditioned) a square matrix,
 // a wide and a tall one (one null direction in a factor at the first step:
