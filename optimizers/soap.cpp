@@ -20,6 +20,7 @@
 #include <map>
 #include <optional>
 #include <tuple>
+#include <utility>
 
 namespace bigbatch::optim {
 
@@ -162,24 +163,27 @@ at::Tensor unpacked(const at::Tensor& packed, const SOAPLayout& layout, std::siz
   return packed.reshape({-1}).narrow(0, layout.offset[d], s * s).view({s, s});
 }
 
-// L_d's eigenvectors, largest eigenvalue first, as the authors take them
-// (eigh of L + 1e-30 I; in double if that fails to converge in float; NaN
-// where the factor is not finite).
-at::Tensor eigenvectors(const at::Tensor& factor) {
+// L_d's eigenvalues and eigenvectors, largest first, as the authors take
+// them (eigh of L + 1e-30 I; in double if that fails to converge in float;
+// NaN where the factor is not finite).
+std::pair<at::Tensor, at::Tensor> eigen(const at::Tensor& factor) {
   const at::Tensor eye = at::eye(factor.size(-1), factor.options());
-  at::Tensor q;
+  at::Tensor values, vectors;
   try {
-    q = std::get<1>(at::linalg_eigh(factor + eye * 1e-30));
+    std::tie(values, vectors) = at::linalg_eigh(factor + eye * 1e-30);
   } catch (const c10::Error&) {
     try {
-      q = std::get<1>(at::linalg_eigh(factor.to(at::kDouble) + eye.to(at::kDouble) * 1e-30)).to(at::kFloat);
+      std::tie(values, vectors) = at::linalg_eigh(factor.to(at::kDouble) + eye.to(at::kDouble) * 1e-30);
+      values = values.to(at::kFloat);
+      vectors = vectors.to(at::kFloat);
     } catch (const c10::Error&) {
       // A factor of non-finite values (a step taken with skip_nonfinite(false)):
       // its basis is too, and so is every update through it.
-      q = at::full_like(factor, std::numeric_limits<float>::quiet_NaN());
+      values = at::full({factor.size(-1)}, std::numeric_limits<float>::quiet_NaN(), factor.options());
+      vectors = at::full_like(factor, std::numeric_limits<float>::quiet_NaN());
     }
   }
-  return q.flip({-1});
+  return {values.flip({-1}), vectors.flip({-1})};
 }
 
 // ---- one parameter at a time (the reference path and the first step) ----
@@ -306,7 +310,9 @@ void SOAP::start(std::vector<Group>& groups) {
         if (layout.offset[d] < 0) continue;
         at::Tensor factor = unpacked(st.factors(), layout, d);
         factor.lerp_(outer_along(g, static_cast<std::int64_t>(d)), 1 - shampoo_rate(o));
-        unpacked(st.eigenbases(), layout, d).copy_(eigenvectors(factor));
+        const auto [values, vectors] = eigen(factor);
+        unpacked(st.eigenbases(), layout, d).copy_(vectors);
+        note_estimates(pg.param, d, values);
       }
     }
     groups[i].params = std::move(stepping);
@@ -350,7 +356,9 @@ void SOAP::step_reference(const std::vector<Group>& groups) {
         if (layout.offset[d] < 0) continue;
         const at::Tensor factor = unpacked(st.factors(), layout, d);
         const at::Tensor lq = factor.mm(bases[d]);                                  // one power iteration
-        const at::Tensor order = (bases[d] * lq).sum(0).argsort(/*stable=*/false, /*dim=*/0, /*descending=*/true);
+        const at::Tensor estimates = (bases[d] * lq).sum(0);                        // diag(Q^T L Q)
+        note_estimates(pg.param, d, estimates);
+        const at::Tensor order = estimates.argsort(/*stable=*/false, /*dim=*/0, /*descending=*/true);
         v_sorted = v_sorted.index_select(static_cast<std::int64_t>(d), order);
         const at::Tensor q = std::get<0>(at::linalg_qr(lq.index_select(1, order)));
         bases[d].copy_(q);  // a view of the packed bases
@@ -546,7 +554,11 @@ bool SOAP::step_fused(const std::vector<Group>& groups) {
       if (batch.layout.offset[d] < 0) continue;
       const std::int64_t s = shape[d];
       const at::Tensor lq = at::bmm(w.factor[d], w.basis[d]);  // one power iteration
-      const at::Tensor order = (w.basis[d] * lq).sum(1).argsort(/*stable=*/false, /*dim=*/1, /*descending=*/true);
+      const at::Tensor estimates = (w.basis[d] * lq).sum(1);  // diag(Q^T L Q), (k, s)
+      for (std::size_t k = 0; k < batch.members.size(); ++k) {
+        note_estimates(batch.members[k]->param, d, estimates[static_cast<std::int64_t>(k)]);
+      }
+      const at::Tensor order = estimates.argsort(/*stable=*/false, /*dim=*/1, /*descending=*/true);
       std::vector<std::int64_t> view(static_cast<std::size_t>(v.dim()), 1);
       view[0] = count;
       view[d + 1] = s;
@@ -590,6 +602,13 @@ torch::Tensor SOAP::step(LossClosure closure) {
   return loss;
 }
 
+void SOAP::note_estimates(const at::Tensor& param, std::size_t d, const at::Tensor& values) {
+  Estimates& e = estimates_[param.unsafeGetTensorImpl()];
+  if (e.values.size() <= d) e.values.resize(d + 1);
+  e.values[d] = values;
+  e.bases = state_of(param).eigenbases();
+}
+
 std::vector<EigenvalueRange> SOAP::eigenvalue_ranges() const {
   std::vector<EigenvalueRange> out;
   for (const auto& group : param_groups_) {
@@ -597,17 +616,25 @@ std::vector<EigenvalueRange> SOAP::eigenvalue_ranges() const {
     for (const auto& p : group.params()) {
       const SOAPParamState* st = find_state(p);
       if (st == nullptr || !st->eigenbases().defined() || st->step() == 0) continue;
-      const SOAPLayout layout = soap_layout(p, o);
-      double largest = 0, smallest = std::numeric_limits<double>::infinity();
-      for (std::size_t d = 0; d < layout.shape.size(); ++d) {
-        if (layout.offset[d] < 0) continue;
-        const at::Tensor q = unpacked(st->eigenbases(), layout, d).to(at::kDouble);
-        const at::Tensor est = (q * unpacked(st->factors(), layout, d).to(at::kDouble).mm(q)).sum(0).cpu();
-        largest = std::max(largest, est.max().item<double>());
-        smallest = std::min(smallest, est.min().item<double>());
+      // The estimates its last refresh (or its first step) made; where the
+      // state came from elsewhere since (a load), made now from the state.
+      std::vector<at::Tensor> values;
+      const auto it = estimates_.find(p.unsafeGetTensorImpl());
+      if (it != estimates_.end() && it->second.bases.is_same(st->eigenbases())) {
+        for (const auto& v : it->second.values) {
+          if (v.defined()) values.push_back(v);
+        }
+      } else {
+        const SOAPLayout layout = soap_layout(p, o);
+        for (std::size_t d = 0; d < layout.shape.size(); ++d) {
+          if (layout.offset[d] < 0) continue;
+          const at::Tensor q = unpacked(st->eigenbases(), layout, d);
+          values.push_back((q * unpacked(st->factors(), layout, d).mm(q)).sum(0));
+        }
       }
-      if (std::isinf(smallest)) continue;  // no factor
-      out.push_back({p, largest / std::max(smallest, 1e-30)});
+      if (values.empty()) continue;  // no factor
+      const at::Tensor all = at::cat(values).to(at::kDouble).cpu();
+      out.push_back({p, all.max().item<double>() / std::max(all.min().item<double>(), 1e-30)});
     }
   }
   return out;

@@ -33,6 +33,7 @@
 
 #include <memory>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 namespace bigbatch::optim {
@@ -153,7 +154,9 @@ class SOAP : public LayerwiseOptimizer<SOAPOptions, SOAPParamState> {
   bool shards_whole_tensors() const override { return true; }
 
   /// Each parameter's eigenvalue range (above), for those that have a factor
-  /// and have taken a step. Computed when asked (waits for the device).
+  /// and have taken a step: from the estimates its last refresh made (at the
+  /// first step, the eigenvalues), kept on the device, so that asking costs
+  /// no product (waits for the device).
   std::vector<EigenvalueRange> eigenvalue_ranges() const;
 
   /// The eigenvalue ranges as "soap_eigenvalue_range".
@@ -167,6 +170,13 @@ class SOAP : public LayerwiseOptimizer<SOAPOptions, SOAPParamState> {
   /// (removed from `groups`), which then do not change.
   void start(std::vector<Group>& groups);
   bool step_fused(const std::vector<Group>& groups);
+  /// Keeps factor d's eigenvalue estimates of `param` for eigenvalue_ranges().
+  void note_estimates(const at::Tensor& param, std::size_t d, const at::Tensor& values);
+  struct Estimates {
+    std::vector<at::Tensor> values;  // per dimension, or undefined
+    at::Tensor bases;                // the state's bases they belong to (a loaded state has others)
+  };
+  std::unordered_map<const void*, Estimates> estimates_;  // by the parameter's TensorImpl
   std::unique_ptr<SOAPFusedState> fused_;
   std::shared_ptr<const OptimizerSharding> sharding_;
 };

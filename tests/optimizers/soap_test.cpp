@@ -15,7 +15,10 @@
 #include <ATen/ops/linalg_eigvalsh.h>
 #include <gtest/gtest.h>
 
+#include <torch/serialize.h>
+
 #include <cmath>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -264,6 +267,14 @@ TEST(SOAP, TheEigenvalueRangeIsTheFactorsSpread) {
   const auto scalars = opt.scalars();
   ASSERT_EQ(scalars.size(), 1u);
   EXPECT_EQ(scalars[0].tag, "soap_eigenvalue_range");
+  // Loaded into another optimizer, which kept no estimates: made from the state.
+  std::stringstream bytes;
+  torch::save(opt, bytes);
+  SOAP loaded({w, bias}, SOAPOptions(0.01).precondition_frequency(1));
+  torch::load(loaded, bytes);
+  const auto again = loaded.eigenvalue_ranges();
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_NEAR(again[0].ratio, largest / smallest, 0.05 * largest / smallest);
 }
 
 TEST(SOAP, AShardingThatCutsATensorIsRefused) {
