@@ -20,6 +20,7 @@
 #include "optimizers/param_groups.h"
 #include "optimizers/schedule_free.h"
 #include "optimizers/soap.h"
+#include "optimizers/shampoo.h"
 #include "schedules/lr_adapter.h"
 #include "schedules/schedule.h"
 #include "normalization/ghost_batch_norm.h"

@@ -10,6 +10,7 @@
 #include "novograd.h"
 #include "param_groups.h"
 #include "schedule_free.h"
+#include "shampoo.h"
 #include "soap.h"
 
 #include <c10/util/Exception.h>
@@ -248,6 +249,7 @@ const std::vector<OptimizerKind>& optimizer_kinds() {
       layerwise_kind<LARS>(), layerwise_kind<LARC>(), layerwise_kind<LAMB>(),
       layerwise_kind<NovoGrad>(), layerwise_kind<Lion>(), muon_kind(),
       layerwise_kind<AdamWScheduleFree>(), layerwise_kind<SGDScheduleFree>(), layerwise_kind<SOAP>(),
+      layerwise_kind<Shampoo>(),
   };
   return *kinds;
 }

@@ -8,6 +8,7 @@
 
 #include "../kernels/muon.h"
 #include "internal.h"
+#include "kronecker.h"
 #include "layerwise_optimizer_impl.h"
 
 #include <ATen/ops/geqrf.h>
@@ -23,6 +24,9 @@
 #include <utility>
 
 namespace bigbatch::optim {
+
+using kronecker::outer_along_batch;
+using kronecker::rotate_batch;
 
 // The engine path LayerwiseOptimizer would take (SOAP::step never does: its
 // step rotates around the engine's pass); declared before anything here
@@ -221,42 +225,6 @@ std::vector<at::Tensor> bases_of(const SOAPParamState& st, const SOAPLayout& lay
     bases.push_back(layout.offset[d] >= 0 ? unpacked(st.eigenbases(), layout, d) : at::Tensor());
   }
   return bases;
-}
-
-// ---- batches (the fused path): x is (k, the rotated shape), contiguous ----
-
-// x with dimension d (of the matrices) contracted against the batch of bases q
-// (k, s, s): Q^T along d forward, Q back. The first and the last dimension
-// are one product on x as it lies (Q^T X, X Q); another is moved last first.
-at::Tensor rotate_along(const at::Tensor& x, std::int64_t d, const at::Tensor& q, bool forward) {
-  const std::int64_t k = x.size(0), s = q.size(-1), last = x.dim() - 2;
-  const at::Tensor qt = q.transpose(1, 2);
-  if (d == 0) return at::bmm(forward ? qt : q, x.view({k, s, -1})).view(x.sizes());
-  if (d == last) return at::bmm(x.view({k, -1, s}), forward ? q : qt).view(x.sizes());
-  const at::Tensor moved = x.movedim(d + 1, -1).contiguous();
-  return at::bmm(moved.view({k, -1, s}), forward ? q : qt).view(moved.sizes()).movedim(-1, d + 1).contiguous();
-}
-
-at::Tensor rotate_batch(at::Tensor x, const std::vector<at::Tensor>& bases, bool forward) {
-  for (std::size_t d = 0; d < bases.size(); ++d) {
-    if (bases[d].defined()) x = rotate_along(x, static_cast<std::int64_t>(d), bases[d], forward);
-  }
-  return x;
-}
-
-// G_(d) G_(d)^T of each matrix of a batch.
-at::Tensor outer_along_batch(const at::Tensor& g, std::int64_t d) {
-  const std::int64_t k = g.size(0), s = g.size(d + 1), last = g.dim() - 2;
-  if (d == 0) {
-    const at::Tensor x = g.view({k, s, -1});
-    return at::bmm(x, x.transpose(1, 2));
-  }
-  if (d == last) {
-    const at::Tensor x = g.view({k, -1, s});
-    return at::bmm(x.transpose(1, 2), x);
-  }
-  const at::Tensor x = g.movedim(d + 1, 1).reshape({k, s, -1});
-  return at::bmm(x, x.transpose(1, 2));
 }
 
 // The Q of each matrix's QR decomposition (Householder, as linalg_qr's,

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace ref64 {
@@ -411,6 +412,141 @@ struct Soap {
       side->basis = orthonormal_columns(sorted);
     }
     s.m = rotate(m_plain, s, true);
+  }
+};
+
+/// The inverse r-th root of A + eps*I for a symmetric positive semi-definite
+/// A, its eigenvalues (by Jacobi) shifted up to eps where the least is below
+/// it, as Shi et al.'s implementation.
+inline Mat inverse_root(Mat a, double eps, double r) {
+  const std::size_t n = a.rows;
+  for (std::size_t i = 0; i < n; ++i) a.x[i * n + i] += eps;
+  const Mat q = eigenvectors(a);
+  const Mat aq = matmul(a, q);
+  std::vector<double> lambda(n, 0.0);
+  for (std::size_t k = 0; k < n; ++k)
+    for (std::size_t i = 0; i < n; ++i) lambda[k] += q.at(i, k) * aq.at(i, k);
+  const double least = *std::min_element(lambda.begin(), lambda.end());
+  Mat out{n, n, Vec(n * n, 0.0)};
+  for (std::size_t k = 0; k < n; ++k) {
+    const double scale = std::pow(lambda[k] + std::max(eps - least, 0.0), -1.0 / r);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < n; ++j) out.x[i * n + j] += q.at(i, k) * scale * q.at(j, k);
+  }
+  return out;
+}
+
+/// Shampoo with grafting (Gupta et al. 2018, in the order of Shi et al.
+/// 2023's implementation) on one tensor seen as rows x cols, cut into blocks
+/// of at most max_dim along each side; a 1-D tensor is 1 x n with a right
+/// factor only (order 1).
+struct Shampoo {
+  double lr = 1e-2, b1 = 0.9, b2 = 1.0, eps = 1e-12, momentum = 0, dampening = 0, wd = 0;
+  double graft_b2 = 0.999, graft_eps = 1e-10;
+  std::int64_t max_dim = 1024, frequency = 1, start = -1, root_override = 0;
+  bool nesterov = false, bias_correction = true, decoupled = true, precondition = true;
+  std::string grafting = "adam";
+
+  struct Block {
+    std::size_t r0 = 0, rows = 0, c0 = 0, cols = 0;
+    Mat left, right, left_root, right_root;
+  };
+  struct TensorState {
+    std::int64_t t = 0;
+    Vec m, v, u;
+    std::vector<Block> blocks;
+    bool one_d = false;
+  };
+
+  static Mat block(const Vec& x, std::size_t cols, const Block& b) {
+    Mat out{b.rows, b.cols, Vec(b.rows * b.cols)};
+    for (std::size_t i = 0; i < b.rows; ++i)
+      for (std::size_t j = 0; j < b.cols; ++j) out.x[i * b.cols + j] = x[(b.r0 + i) * cols + b.c0 + j];
+    return out;
+  }
+
+  void step(Vec& w, const Vec& grad, TensorState& s, std::size_t rows, bool one_d = false) const {
+    const std::size_t cols = w.size() / rows, n = w.size();
+    const auto dim = static_cast<std::size_t>(max_dim);
+    if (s.t == 0) {
+      s.one_d = one_d;
+      s.m.assign(n, 0.0);
+      s.v.assign(n, 0.0);
+      s.u.assign(n, 0.0);
+      if (precondition) {
+        for (std::size_t r0 = 0; r0 < rows; r0 += dim) {
+          for (std::size_t c0 = 0; c0 < cols; c0 += dim) {
+            Block b;
+            b.r0 = r0;
+            b.c0 = c0;
+            b.rows = std::min(dim, rows - r0);
+            b.cols = std::min(dim, cols - c0);
+            b.left = Mat{b.rows, b.rows, Vec(b.rows * b.rows, 0.0)};
+            b.right = Mat{b.cols, b.cols, Vec(b.cols * b.cols, 0.0)};
+            b.left_root = identity(b.rows);
+            b.right_root = identity(b.cols);
+            s.blocks.push_back(b);
+          }
+        }
+      }
+    }
+    s.t += 1;
+    const double td = static_cast<double>(s.t);
+    Vec g = grad;
+    if (!decoupled)
+      for (std::size_t i = 0; i < n; ++i) g[i] += wd * w[i];
+    const double decay = b2 == 1 ? 1.0 : b2, weight = b2 == 1 ? 1.0 : 1 - b2;
+    const double order = s.one_d ? 1.0 : 2.0;
+    const double r = root_override > 0 ? static_cast<double>(root_override) : 2 * order;
+    const double factor_bc = bias_correction && b2 < 1 ? 1 - std::pow(b2, td) : 1.0;
+    for (Block& b : s.blocks) {
+      const Mat gb = block(g, cols, b);
+      const Mat gl = matmul(gb, transpose(gb)), gr = matmul(transpose(gb), gb);
+      for (std::size_t i = 0; i < gl.x.size(); ++i) b.left.x[i] = decay * b.left.x[i] + weight * gl.x[i];
+      for (std::size_t i = 0; i < gr.x.size(); ++i) b.right.x[i] = decay * b.right.x[i] + weight * gr.x[i];
+      const std::int64_t first = start < 0 ? frequency : start;
+      if (!(s.t == first || (s.t > first && s.t % frequency == 0))) continue;
+      Mat l = b.left, rr = b.right;
+      for (double& e : l.x) e /= factor_bc;
+      for (double& e : rr.x) e /= factor_bc;
+      if (!s.one_d) b.left_root = inverse_root(l, eps, r);
+      b.right_root = inverse_root(rr, eps, r);
+    }
+    // The filtered gradient and the graft's direction.
+    const double c1 = bias_correction && b1 > 0 ? 1 / (1 - std::pow(b1, td)) : 1.0;
+    Vec mh(n), d(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      s.m[i] = b1 > 0 ? b1 * s.m[i] + (1 - b1) * g[i] : g[i];
+      mh[i] = c1 * s.m[i];
+      if (grafting == "adam" || grafting == "rmsprop") {
+        s.v[i] = graft_b2 * s.v[i] + (1 - graft_b2) * g[i] * g[i];
+      } else if (grafting == "adagrad") {
+        s.v[i] += g[i] * g[i];
+      }
+      const double vh = grafting == "adam" ? s.v[i] / (1 - std::pow(graft_b2, td)) : s.v[i];
+      d[i] = grafting == "sgd" || grafting == "none" ? mh[i] : mh[i] / (std::sqrt(vh) + graft_eps);
+    }
+    const std::int64_t first = start < 0 ? frequency : start;
+    Vec dir = d;
+    if (!s.blocks.empty() && s.t >= first) {
+      for (const Block& b : s.blocks) {
+        Mat p = block(mh, cols, b);
+        if (!s.one_d) p = matmul(b.left_root, p);
+        p = matmul(p, b.right_root);
+        const double scale = grafting == "none" ? 1.0 : norm(block(d, cols, b).x) / (norm(p.x) + 1e-16);
+        for (std::size_t i = 0; i < b.rows; ++i)
+          for (std::size_t j = 0; j < b.cols; ++j) dir[(b.r0 + i) * cols + b.c0 + j] = scale * p.at(i, j);
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const double di = dir[i] + (decoupled ? wd * w[i] : 0.0);
+      double step = di;
+      if (momentum > 0) {
+        s.u[i] = momentum * s.u[i] + (1 - dampening) * di;
+        step = nesterov ? (1 - dampening) * di + momentum * s.u[i] : s.u[i];
+      }
+      w[i] -= lr * step;
+    }
   }
 };
 
