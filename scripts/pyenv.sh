@@ -5,7 +5,7 @@
 # no CPU-only torch wheel), the build backend (scikit-build-core), pytest, and
 # the independent references the tests compare against (timm's LAMB and LARS,
 # the authors' Schedule-Free reference optimizers from PyPI's schedulefree,
-# pytorch-optimizer's SOAP).
+# pytorch-optimizer's SOAP and ScalableShampoo).
 # Idempotent: a finished environment holds .pyenv/.complete naming the pins,
 # and a second run with the same pins does nothing. The wheels are cached in
 # .torch/wheels/VERSION/pyenv, so a rebuilt environment downloads nothing.

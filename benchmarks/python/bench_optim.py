@@ -29,10 +29,18 @@ AdamW(fused=True). A SOAP step's cost depends on whether it refreshes the
 bases (one in ten), so each is the mean of 40 steps (four refreshes) after
 the first, not a median.
 
+With --suite shampoo (not part of all, likewise): Shampoo on the same list,
+Adam grafting, the inverse roots every 10 steps: bigbatch.optim.Shampoo fused
+and on its reference path, with the roots at every step, and before its
+start step (the graft alone), against pytorch-optimizer's ScalableShampoo
+(RMSprop grafting, its closest to Adam; blocks of 1024; the roots every 10
+steps by its default coupled Newton iteration and by SVD), beside torch's
+AdamW(fused=True): the mean of 40 steps after the start step.
+
 Times are medians of torch.utils.benchmark's blocked_autorange on this
 machine's CPU (named in the output), or on CUDA with --device cuda.
 Usage: bench_optim.py [--device cpu|cuda] [--lists resnet50,bert_large] [--peer PATH] [--min-time S]
-                      [--suite lamb|schedule_free|all|soap]
+                      [--suite lamb|schedule_free|all|soap|shampoo]
 """
 import argparse
 import json
@@ -91,10 +99,10 @@ def main():
     parser.add_argument("--lists", default="resnet50,bert_large")
     parser.add_argument("--peer", default=str(pathlib.Path(__file__).resolve().parents[2] / "build" / "tests" / "python_peer"))
     parser.add_argument("--min-time", type=float, default=2.0)
-    parser.add_argument("--suite", default="lamb", choices=["lamb", "schedule_free", "all", "soap"])
+    parser.add_argument("--suite", default="lamb", choices=["lamb", "schedule_free", "all", "soap", "shampoo"])
     args = parser.parse_args()
-    if args.suite == "soap":
-        soap(args)
+    if args.suite in ("soap", "shampoo"):
+        kronecker(args, args.suite)
     if args.suite in ("schedule_free", "all"):
         schedule_free(args)
     if args.suite in ("lamb", "all"):
@@ -143,45 +151,67 @@ def schedule_free(args):
                   "bigbatch.optim.AdamWScheduleFree")
 
 
-def soap(args):
+def kronecker(args, suite):
+    """SOAP's or Shampoo's step on bm_kronecker's GPT list, against pytorch-optimizer's."""
     import importlib.metadata
     import time
 
     import pytorch_optimizer
+    from pytorch_optimizer.optimizer.utils.graft import LayerWiseGrafting
     version = importlib.metadata.version("pytorch-optimizer")
     print(f"device {args.device}: {torch.cuda.get_device_name() if args.device == 'cuda' else cpu_name()}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, pytorch-optimizer {version}")
     shapes = []
-    for _ in range(4):  # bm_soap's gpt_mini: Q,K,V as one (3w, w), the projection, the MLP's two
+    for _ in range(4):  # bm_kronecker's gpt_mini: Q,K,V as one (3w, w), the projection, the MLP's two
         shapes += [(768, 256), (256, 256), (1024, 256), (256, 1024)]
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    common = dict(lr=3e-3, weight_decay=0.01, precondition_frequency=10)
-    peers = {
-        "bigbatch.optim.SOAP": lambda p: bigbatch.optim.SOAP(p, **common),
-        "bigbatch SOAP reference path": lambda p: bigbatch.optim.SOAP(p, fused=False, **common),
-        "bigbatch SOAP, no refresh": lambda p: bigbatch.optim.SOAP(p, **{**common, "precondition_frequency": 10**9}),
-        "bigbatch SOAP, no factor (elementwise)": lambda p: bigbatch.optim.SOAP(p, max_precond_dim=1, **common),
-        "pytorch_optimizer SOAP": lambda p: pytorch_optimizer.SOAP(p, **common),
-        "torch AdamW(fused=True)": lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True),
-    }
+    adamw = ("torch AdamW(fused=True)", lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True), 1)
+    if suite == "soap":
+        common = dict(lr=3e-3, weight_decay=0.01, precondition_frequency=10)
+        peers = [  # name, make, steps before the timing (SOAP's first builds the factors and bases)
+            ("bigbatch.optim.SOAP", lambda p: bigbatch.optim.SOAP(p, **common), 1),
+            ("bigbatch SOAP reference path", lambda p: bigbatch.optim.SOAP(p, fused=False, **common), 1),
+            ("bigbatch SOAP, no refresh",
+             lambda p: bigbatch.optim.SOAP(p, **{**common, "precondition_frequency": 10**9}), 1),
+            ("bigbatch SOAP, no factor (elementwise)", lambda p: bigbatch.optim.SOAP(p, max_precond_dim=1, **common), 1),
+            ("pytorch_optimizer SOAP", lambda p: pytorch_optimizer.SOAP(p, **common), 1),
+            adamw,
+        ]
+    else:
+        common = dict(lr=1e-3, precondition_frequency=10)
+        theirs = dict(lr=1e-3, betas=(0.0, 0.999), start_preconditioning_step=10, preconditioning_compute_steps=10,
+                      block_size=1024, graft_type=LayerWiseGrafting.RMSPROP)
+        peers = [  # timed from step 11: the roots at steps 20 and 30 of each 40
+            ("bigbatch.optim.Shampoo", lambda p: bigbatch.optim.Shampoo(p, **common), 10),
+            ("bigbatch Shampoo reference path", lambda p: bigbatch.optim.Shampoo(p, fused=False, **common), 10),
+            ("bigbatch Shampoo, roots every step",
+             lambda p: bigbatch.optim.Shampoo(p, **{**common, "precondition_frequency": 1}), 10),
+            ("bigbatch Shampoo, graft only",
+             lambda p: bigbatch.optim.Shampoo(p, start_preconditioning_step=10**9, **common), 10),
+            ("pytorch_optimizer ScalableShampoo", lambda p: pytorch_optimizer.ScalableShampoo(p, **theirs), 10),
+            ("pytorch_optimizer ScalableShampoo (SVD)",
+             lambda p: pytorch_optimizer.ScalableShampoo(p, use_svd=True, **theirs), 10),
+            adamw,
+        ]
     times = {}
-    for name, make in peers.items():
+    for name, make, warm in peers:
         g = torch.Generator().manual_seed(0)
         params = [torch.randn(s, generator=g).mul_(0.02).to(args.device).requires_grad_(True) for s in shapes]
         for p in params:
             p.grad = torch.randn(p.shape, generator=g).mul_(1e-3).to(args.device)
         opt = make(params)
-        opt.step()  # SOAP's first step builds the factors and bases
+        for _ in range(warm):
+            opt.step()
         sync()
         t0 = time.perf_counter()
         for _ in range(40):
             opt.step()
         sync()
         times[name] = (time.perf_counter() - t0) / 40
-    base = times["bigbatch.optim.SOAP"]
+    base = times[peers[0][0]]
     print(f"\nlist gpt_mini: {len(shapes)} matrices, {sum(torch.Size(s).numel() for s in shapes) / 1e6:.1f}M parameters")
     for k, t in times.items():
-        print(f"  {k:40s} {t * 1e3:9.2f} ms   {t / base:5.2f}x bigbatch's")
+        print(f"  {k:42s} {t * 1e3:9.2f} ms   {t / base:5.2f}x bigbatch's")
 
 
 def lamb(args):

@@ -1,6 +1,6 @@
 """bigbatch for PyTorch (docs/python.md): the fused large-batch optimizers
 (bigbatch.optim.LAMB, LARS, LARC, NovoGrad, Lion, Muon, AdamWScheduleFree,
-SGDScheduleFree, SOAP) as torch.optim
+SGDScheduleFree, SOAP, Shampoo) as torch.optim
 optimizers over torch custom operators, and the sweep runner
 (bigbatch.sweep, bigbatch.plot)."""
 from . import _ops  # noqa: F401 - loads the operator library

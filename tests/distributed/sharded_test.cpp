@@ -14,6 +14,7 @@
 #include "../../optimizers/lars.h"
 #include "../../optimizers/lion.h"
 #include "../../optimizers/muon.h"
+#include "../../optimizers/shampoo.h"
 #include "../../optimizers/soap.h"
 #include "../../optimizers/novograd.h"
 #include "../../optimizers/schedule_free.h"
@@ -113,6 +114,10 @@ std::unique_ptr<bo::LayerwiseOptimizerBase> make_opt(const std::string& name,
   if (name == "soap") {
     return std::make_unique<bo::SOAP>(own, with(bo::SOAPOptions(3e-3).weight_decay(0.01).precondition_frequency(2)
                                                    .master_weights(master)));
+  }
+  if (name == "shampoo") {
+    return std::make_unique<bo::Shampoo>(own, with(bo::ShampooOptions(1e-2).weight_decay(0.01).epsilon(1e-6)
+                                                      .precondition_frequency(2).master_weights(master)));
   }
   if (name == "schedulefree") {
     return std::make_unique<bo::AdamWScheduleFree>(
@@ -575,6 +580,8 @@ TEST_P(Sharded, StepsAsUnshardedDataParallelAndOneProcess) {
   const auto [opt, dtype, world] = GetParam();
   const bool bf16 = std::string(dtype) == "bf16";
   const bool soap = std::string(opt) == "soap";
+  const bool shampoo = std::string(opt) == "shampoo";
+  const bool kronecker = soap || shampoo;  // whole-matrix preconditioners
   const std::string out = tmp(std::string("shard_") + opt + "_" + dtype + "_" + std::to_string(world));
   const Ranks r = launch(std::string("shard:") + opt + ":" + dtype, out, world, 120);
   std::string logs;
@@ -613,7 +620,7 @@ TEST_P(Sharded, StepsAsUnshardedDataParallelAndOneProcess) {
     if (world == 2) {
       EXPECT_TRUE(at::equal(grads, plain)) << opt << " rank " << rank << " relative difference " << grads_rel;
       EXPECT_TRUE(at::equal(load_tensor(base + ".gradients_ratios"), load_tensor(base + ".plain_ratios")));
-    } else if (!soap) {
+    } else if (!kronecker) {
       // Measured: 0 in bf16 (the roundings to bf16 absorb it), at most 4.1e-8 in fp32.
       EXPECT_LE(grads_rel, bf16 ? 1e-4 : 1e-6) << opt << " rank " << rank;
     }
@@ -633,11 +640,14 @@ TEST_P(Sharded, StepsAsUnshardedDataParallelAndOneProcess) {
     // and in an eigenspace of a repeated eigenvalue (here 0) any basis is an
     // eigenbasis: a last-bit difference in the factor turns it, Adam's
     // per-coordinate scaling then acts along other directions, and the
-    // weights part by 7.5% (measured, fp32, 2 and 4 ranks). The sharded
-    // stages against the unsharded optimizer, above, hold bit for bit.
+    // weights part by 7.5% (measured, fp32, 2 and 4 ranks). Nor is Shampoo:
+    // its inverse roots weight the factors' null directions by
+    // (rounding + eps)^(-1/r), and a new gradient's component there, which
+    // rounding decides, dominates its direction. The sharded stages against
+    // the unsharded optimizer, above, hold bit for bit.
     const double rel = (plain - one).norm().item<double>() / one.norm().item<double>();
     const double fp32_tol = std::string(opt) == "schedulefree" ? 1e-5 : 1e-6;
-    if (!soap) EXPECT_LE(rel, bf16 ? (std::string(opt) == "muon" ? 3e-2 : 1e-2) : fp32_tol) << opt << " rank " << rank;
+    if (!kronecker) EXPECT_LE(rel, bf16 ? (std::string(opt) == "muon" ? 3e-2 : 1e-2) : fp32_tol) << opt << " rank " << rank;
     std::istringstream bytes(slurp(base + ".bytes"));
     std::int64_t plain_state = 0, states_state = 0, grads_state = 0, elements = 0, tensors = 0, weights = 0;
     bytes >> plain_state >> states_state >> grads_state >> elements >> tensors >> weights;
@@ -646,17 +656,21 @@ TEST_P(Sharded, StepsAsUnshardedDataParallelAndOneProcess) {
     // sum and rate are numbers, no tensor), the others 4 (one buffer or moment),
     // and 4 more with a master copy; NovoGrad adds one float per tensor on
     // every rank (its layer-wise second moment); Muon's biases take AdamW's 8.
-    const bool two = std::string(opt) == "lamb" || std::string(opt) == "schedulefree" || soap;
+    // Shampoo's filtered gradient and Adam graft's v are two such.
+    const bool two = std::string(opt) == "lamb" || std::string(opt) == "schedulefree" || kronecker;
     const std::int64_t per_element = (two ? 8 : 4) + (bf16 ? 4 : 0);
     const std::int64_t per_tensor = std::string(opt) == "novograd" ? 4 : 0;
     const std::int64_t adamw = std::string(opt) == "muon" ? 4 * (elements - weights) : 0;
-    // SOAP's factors and bases, 8 bytes per pair of numbers, of the matrices
-    // this rank holds whole (the plan the sharded optimizer made, in group order).
+    // SOAP's factors and bases, Shampoo's factors and inverse roots (its
+    // biases too: 1-D, one factor each), 8 bytes per pair of numbers, of the
+    // tensors this rank holds whole (the plan the sharded optimizer made, in
+    // group order).
     std::int64_t factors = 0;
-    if (soap) {
+    if (kronecker) {
       const bd::ShardPlan plan = bd::plan_whole_tensors({19200, 36000, 1200, 300, 120, 10}, world);
-      const std::int64_t packed[] = {300 * 300 + 64 * 64, 120 * 120 + 300 * 300, 10 * 10 + 120 * 120};
-      for (std::size_t t = 0; t < 3; ++t) factors += plan.piece[rank][t].size() > 0 ? 8 * packed[t] : 0;
+      const std::int64_t packed[] = {300 * 300 + 64 * 64, 120 * 120 + 300 * 300, 10 * 10 + 120 * 120,
+                                     shampoo ? 300 * 300 : 0, shampoo ? 120 * 120 : 0, shampoo ? 10 * 10 : 0};
+      for (std::size_t t = 0; t < 6; ++t) factors += plan.piece[rank][t].size() > 0 ? 8 * packed[t] : 0;
     }
     EXPECT_EQ(states_state, per_element * elements + per_tensor * tensors + adamw + factors) << opt << " rank " << rank;
     plain_bytes = plain_state;
@@ -692,7 +706,7 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, Sharded,
                          testing::Combine(testing::Values("lamb", "lars", "larc", "novograd", "lion", "muon", "schedulefree",
-                                                          "soap"),
+                                                          "soap", "shampoo"),
                                           testing::Values("fp32", "bf16"), testing::Values(2, 4)),
                          case_name);
 

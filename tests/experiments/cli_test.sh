@@ -976,7 +976,7 @@ quickstart)
     "$bigbatch" train "$c" --steps 1 --out parse "${extra[@]}" > /dev/null 2>&1 \
       || fail "$c does not run: $("$bigbatch" train "$c" --steps 1 --out parse "${extra[@]}" 2>&1 | tail -1)"
     # The optimizer comparisons: every optimizer's variant steps (the first runs above).
-    for v in $($py -c 'import json, sys; c = json.load(open(sys.argv[1])); print(*(v for v in c.get("variants", {}) if v in ("muon", "lion", "lamb", "sgd", "schedule_free", "soap")))' "$c"); do
+    for v in $($py -c 'import json, sys; c = json.load(open(sys.argv[1])); print(*(v for v in c.get("variants", {}) if v in ("muon", "lion", "lamb", "sgd", "schedule_free", "soap", "shampoo")))' "$c"); do
       "$bigbatch" train "$c" --steps 1 --out parse --variant "$v" > /dev/null 2>&1 \
         || fail "$c, variant $v, does not run: $("$bigbatch" train "$c" --steps 1 --out parse --variant "$v" 2>&1 | tail -1)"
     done

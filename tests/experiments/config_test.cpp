@@ -153,7 +153,7 @@ TEST(SweepConfig, VariantsPatchTheBase) {
   // The optimizer registry is where the names come from.
   EXPECT_EQ(error_of(j), "variants.warm: optimizer.name: unknown value \"adagrad\" "
                          "(one of: sgd, adam, adamw, lars, larc, lamb, novograd, lion, muon, adamwschedulefree, "
-                         "sgdschedulefree, soap)");
+                         "sgdschedulefree, soap, shampoo)");
 }
 
 // Muon takes PyTorch's momentum 0.95 and Nesterov where the config leaves them
@@ -308,7 +308,7 @@ TEST(SweepConfig, EveryEnumIsSpelledAsInTheConfig) {
   EXPECT_EQ(to_string(TrialStatus::kNotReached), "not_reached");
   EXPECT_EQ(registered_optimizers(),
             (std::vector<std::string>{"sgd", "adam", "adamw", "lars", "larc", "lamb", "novograd", "lion", "muon",
-                                      "adamwschedulefree", "sgdschedulefree", "soap"}));
+                                      "adamwschedulefree", "sgdschedulefree", "soap", "shampoo"}));
 }
 
 // distributed.shard: read, written back, left out when "none" (so that
@@ -328,7 +328,7 @@ TEST(SweepConfig, ShardIsLeftOutWhenNoneAndRefusedWhereItCannotApply) {
   j["distributed"] = {{"shard", "states"}};
   j["optimizer"] = {{"name", "sgd"}};
   EXPECT_EQ(error_of(j), "distributed: shard \"states\": sgd has no sharded form (lars, larc, lamb, novograd, lion, "
-                         "muon, adamwschedulefree, sgdschedulefree and soap have)");
+                         "muon, adamwschedulefree, sgdschedulefree, soap and shampoo have)");
   j["optimizer"] = {{"name", "lamb"}};
   j["distributed"] = {{"shard", "gradients"}, {"compression", {{"name", "fp16"}}}};
   EXPECT_EQ(error_of(j), "distributed.shard: \"gradients\" reduce-scatters the gradients itself and does not compose "
@@ -352,7 +352,8 @@ TEST(SweepConfig, ResnetDepthEightMatchesFoldersFromBeforeDepth) {
 TEST(SweepConfig, ShippedConfigsParse) {
   for (const char* name : {"quickstart", "shallue_fmnist_cnn", "goyal_warmup", "hoffer_gbn", "smith_batch_increase",
                            "optimizers_large_batch", "gd_vs_sgd", "shallue_cifar10_resnet8", "hoffer_cifar10_gbn",
-                           "muon_lion_lm", "muon_lion_resnet", "schedule_free_quickstart", "soap_quickstart"}) {
+                           "muon_lion_lm", "muon_lion_resnet", "schedule_free_quickstart", "soap_quickstart",
+                           "shampoo_quickstart"}) {
     const auto sweeps = load_sweeps(std::string(BIGBATCH_SOURCE_DIR) + "/experiments/configs/" + name + ".json");
     EXPECT_FALSE(sweeps.empty()) << name;
     for (const auto& s : sweeps) EXPECT_FALSE(expand(s.sweep).empty()) << name;

@@ -167,6 +167,11 @@ TEST(OptimizerEntries, EachBuiltinHasItsOwnKeys) {
   EXPECT_EQ(keys("soap"), (V{"adapt", "betas", "correct_bias", "eps", "fused", "master_weights", "max_precond_dim",
                              "merge_dims", "normalize_grads", "precondition_1d", "precondition_frequency",
                              "shampoo_beta", "skip_nonfinite", "weight_decay"}));
+  EXPECT_EQ(keys("shampoo"),
+            (V{"adapt", "betas", "dampening", "epsilon", "fused", "grafting", "grafting_beta2", "grafting_epsilon",
+               "inv_root_override", "master_weights", "max_preconditioner_dim", "momentum", "precondition_1d",
+               "precondition_frequency", "skip_nonfinite", "start_preconditioning_step", "use_bias_correction",
+               "use_decoupled_weight_decay", "use_merge_dims", "use_nesterov", "weight_decay"}));
   // The defaults are the optimizers' own, the runner's two choices aside
   // (SGD's momentum 0.9; Muon's match_rms_adamw scale).
   EXPECT_EQ(resolve_optimizer("adamw").params.at("weight_decay"), 0.01);
@@ -184,8 +189,10 @@ TEST(OptimizerEntries, EachBuiltinHasItsOwnKeys) {
 TEST(OptimizerEntries, EveryOptionOfTheLibrarysOptimizersReachesTheOptimizer) {
   // Another valid value of each option: halved (0 becomes 0.125, inf 1000),
   // flipped, one more; a string option's other value, named here.
-  const json strings = {{"adjust_lr", "spectral_unclamped"}};
+  // Shampoo's start step: -1 or at least precondition_frequency (not 0).
+  const json strings = {{"adjust_lr", "spectral_unclamped"}, {"grafting", "rmsprop"}};
   const auto other = [&](const std::string& key, const json& v) -> json {
+    if (key == "start_preconditioning_step") return 5;
     if (v.is_boolean()) return !v.get<bool>();
     if (v.is_number_integer()) return v.get<std::int64_t>() + 1;
     if (v.is_number()) return v.get<double>() == 0 ? 0.125 : v.get<double>() * 0.5;
@@ -217,8 +224,9 @@ TEST(OptimizerEntries, EveryOptionOfTheLibrarysOptimizersReachesTheOptimizer) {
       ++checked;
     }
   }
-  // LARS, LARC, LAMB, NovoGrad, Lion, Muon, AdamWScheduleFree, SGDScheduleFree, SOAP: every option but lr.
-  EXPECT_EQ(checked, 10 + 11 + 15 + 8 + 6 + 14 + 10 + 9 + 14);
+  // LARS, LARC, LAMB, NovoGrad, Lion, Muon, AdamWScheduleFree, SGDScheduleFree, SOAP, Shampoo: every
+  // option but lr.
+  EXPECT_EQ(checked, 10 + 11 + 15 + 8 + 6 + 14 + 10 + 9 + 14 + 21);
 }
 
 // A value an optimizer refuses is refused at its config key, in the

@@ -180,6 +180,13 @@ TEST(SaveLoad, SOAPContinuesAsIfNeverStopped) {
   expect_save_load_continues<SOAP>(SOAPOptions(0.01).precondition_frequency(2));
 }
 
+TEST(SaveLoad, ShampooContinuesAsIfNeverStopped) {
+  // Its factors, inverse roots, filtered gradient, graft and momentum are
+  // state; a refresh falls in each half.
+  expect_save_load_continues<Shampoo>(
+      ShampooOptions(0.01).betas({0.9, 0.99}).momentum(0.5).precondition_frequency(2).epsilon(1e-5));
+}
+
 TEST(SaveLoad, ScheduleFreeSavedInEvalModeResumesThroughTrain) {
   const auto options = AdamWScheduleFreeOptions(0.01).weight_decay(0.1);
   auto straight = small_net();
@@ -325,6 +332,11 @@ TEST_P(NonFinite, SOAPSkipsTheWholeStep) {
                                       /*poisons_weights=*/false);
   expect_nonfinite_step_skipped<SOAP>(SOAPOptions(0.1).fused(fused()), INFINITY, device(), /*poisons_weights=*/false);
 }
+TEST_P(NonFinite, ShampooSkipsTheWholeStep) {
+  expect_nonfinite_step_skipped<Shampoo>(ShampooOptions(0.1).fused(fused()), NAN, device());
+  expect_nonfinite_step_skipped<Shampoo>(ShampooOptions(0.1).momentum(0.9).grafting("adagrad").fused(fused()),
+                                         INFINITY, device());
+}
 TEST_P(NonFinite, AFirstStepSkippedCreatesNoState) {
   auto w = torch::randn({3}).to(device()).requires_grad_(true);
   LAMB opt({w}, LAMBOptions().fused(fused()));
@@ -417,6 +429,29 @@ TEST(EngineHooks, OptionsReachThePlansMemberByMember) {
   EXPECT_EQ(soap.beta2, 0.9);
   EXPECT_EQ(soap.eps, 1e-6);
   EXPECT_FALSE(soap.skip_nonfinite);  // decided before the passes
+
+  // Shampoo's graft pass at step 3 (its bias corrections) and its apply pass.
+  const auto graft = kernel_group(ShampooOptions().betas({0.8, 1.0}).grafting_beta2(0.9).grafting_epsilon(1e-6), 3);
+  EXPECT_EQ(graft.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(graft.m_scale, 1 / (1 - 0.8 * 0.8 * 0.8));
+  EXPECT_EQ(graft.v_decay, 0.9);
+  EXPECT_DOUBLE_EQ(graft.v_weight, 1 - 0.9);
+  EXPECT_DOUBLE_EQ(graft.v_scale, 1 / (1 - 0.9 * 0.9 * 0.9));
+  EXPECT_EQ(graft.eps, 1e-6);
+  EXPECT_TRUE(graft.divide);
+  const auto adagrad = kernel_group(ShampooOptions().grafting("adagrad").use_bias_correction(false), 3);
+  EXPECT_EQ(adagrad.v_decay, 1);
+  EXPECT_EQ(adagrad.v_weight, 1);
+  EXPECT_EQ(adagrad.v_scale, 1);
+  EXPECT_EQ(adagrad.m_scale, 1);
+  EXPECT_FALSE(kernel_group(ShampooOptions().grafting("sgd")).divide);
+  const auto apply = apply_group(ShampooOptions(0.3).weight_decay(0.2).momentum(0.7).dampening(0.1).use_nesterov(true));
+  EXPECT_EQ(apply.lr, 0.3);
+  EXPECT_EQ(apply.weight_decay, 0.2);
+  EXPECT_EQ(apply.momentum, 0.7);
+  EXPECT_EQ(apply.dampening, 0.1);
+  EXPECT_TRUE(apply.nesterov);
+  EXPECT_EQ(apply_group(ShampooOptions().weight_decay(0.2).use_decoupled_weight_decay(false)).weight_decay, 0);
 }
 
 // ---------------------------------------------------------------- bad input --
@@ -452,6 +487,13 @@ TEST(BadInput, InvalidOptionsNameTheOptionAndValue) {
                "Invalid SOAP option precondition_frequency: 0 (must be >= 1)");
   expect_error([&] { SOAP(p, SOAPOptions().max_precond_dim(0)); }, "Invalid SOAP option max_precond_dim: 0");
   expect_error([&] { SOAP(p, SOAPOptions().betas({0.9, 1.0})); }, "Invalid SOAP option betas[1]: 1");
+  expect_error([&] { Shampoo(p, ShampooOptions().precondition_frequency(10).start_preconditioning_step(5)); },
+               "Invalid Shampoo option start_preconditioning_step: 5 (must be >= precondition_frequency, or -1");
+  expect_error([&] { Shampoo(p, ShampooOptions().grafting("adamw")); },
+               "Invalid Shampoo option grafting: \"adamw\" (must be \"adam\", \"rmsprop\", \"adagrad\", \"sgd\" or \"none\")");
+  expect_error([&] { Shampoo(p, ShampooOptions().betas({0.9, 0.0})); }, "Invalid Shampoo option betas[1]: 0 (must be in (0, 1])");
+  expect_error([&] { Shampoo(p, ShampooOptions().max_preconditioner_dim(0)); },
+               "Invalid Shampoo option max_preconditioner_dim: 0");
   expect_error([&] { SGDScheduleFree(p, SGDScheduleFreeOptions().weight_lr_power(-2)); },
                "Invalid SGDScheduleFree option weight_lr_power: -2");
 }

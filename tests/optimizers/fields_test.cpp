@@ -225,6 +225,34 @@ TEST(Fields, SOAPOptionsSurviveCopySaveLoadAndReachThePlan) {
                       {"master_weights", [](auto& o) { o.master_weights(true); }}});
 }
 
+// Shampoo's plan groups are its graft and apply passes'; the rest go to the
+// blocks, factors and roots, which its golden tests cover.
+TEST(Fields, ShampooOptionsSurviveCopySaveLoadAndReachThePlan) {
+  expect_every_field_survives<ShampooOptions>(
+      ShampooOptions(), {{"lr", [](auto& o) { o.lr(0.2); }},
+                         {"betas", [](auto& o) { o.betas({0.8, 0.9}); }, true},
+                         {"epsilon", [](auto& o) { o.epsilon(1e-6); }},
+                         {"momentum", [](auto& o) { o.momentum(0.5); }},
+                         {"dampening", [](auto& o) { o.dampening(0.1); }},
+                         {"weight_decay", [](auto& o) { o.weight_decay(0.3); }},
+                         {"max_preconditioner_dim", [](auto& o) { o.max_preconditioner_dim(64); }},
+                         {"precondition_frequency", [](auto& o) { o.precondition_frequency(3); }},
+                         {"start_preconditioning_step", [](auto& o) { o.start_preconditioning_step(4); }},
+                         {"inv_root_override", [](auto& o) { o.inv_root_override(2); }},
+                         {"use_nesterov", [](auto& o) { o.use_nesterov(true); }},
+                         {"use_bias_correction", [](auto& o) { o.use_bias_correction(false); }, true},
+                         {"use_decoupled_weight_decay", [](auto& o) { o.use_decoupled_weight_decay(false); }},
+                         {"grafting", [](auto& o) { o.grafting("adagrad"); }, true},
+                         {"grafting_beta2", [](auto& o) { o.grafting_beta2(0.9); }, true},
+                         {"grafting_epsilon", [](auto& o) { o.grafting_epsilon(1e-6); }, true},
+                         {"use_merge_dims", [](auto& o) { o.use_merge_dims(false); }},
+                         {"precondition_1d", [](auto& o) { o.precondition_1d(false); }},
+                         {"adapt", [](auto& o) { o.adapt(false); }},  // no trust ratio
+                         {"skip_nonfinite", [](auto& o) { o.skip_nonfinite(false); }},  // decided before the pass
+                         {"fused", [](auto& o) { o.fused(false); }},
+                         {"master_weights", [](auto& o) { o.master_weights(true); }}});
+}
+
 /// A state whose tensors are all defined: zeros, which the changes replace.
 template <typename State>
 State zero_state() {
@@ -243,6 +271,12 @@ State zero_state() {
     s.exp_avg_sq(at::zeros({3}));
     s.factors(at::zeros({8}));
     s.eigenbases(at::zeros({8}));
+  } else if constexpr (std::is_same_v<State, ShampooParamState>) {
+    s.exp_avg(at::zeros({3}));
+    s.grafting_sq(at::zeros({3}));
+    s.momentum_buffer(at::zeros({3}));
+    s.factors(at::zeros({9}));
+    s.inverse_roots(at::zeros({9}));
   } else if constexpr (std::is_same_v<State, MuonParamState>) {
     s.momentum_buffer(at::zeros({3}));
     s.exp_avg(at::zeros({3}));
@@ -331,6 +365,25 @@ TEST(Fields, SOAPStatesSurviveCopyAndSaveLoad) {
   EXPECT_EQ(declared[3].shape, Shape::kOwn);
   EXPECT_EQ(declared[4].shape, Shape::kOwn);
   EXPECT_EQ(declared[1].shape, Shape::kLikeParam);
+}
+
+TEST(Fields, ShampooStatesSurviveCopyAndSaveLoad) {
+  expect_every_field_survives<ShampooParamState>(
+      zero_state<ShampooParamState>(),
+      {{"step", [](auto& s) { s.step(7); }},
+       {"exp_avg", [](auto& s) { s.exp_avg(at::ones({3})); }},
+       {"grafting_sq", [](auto& s) { s.grafting_sq(at::full({3}, 3.0)); }},
+       {"momentum_buffer", [](auto& s) { s.momentum_buffer(at::full({3}, 4.0)); }},
+       {"factors", [](auto& s) { s.factors(at::full({9}, 5.0)); }},
+       {"inverse_roots", [](auto& s) { s.inverse_roots(at::full({9}, 6.0)); }},
+       {"master", [](auto& s) { s.master(at::full({3}, 2.0)); }}});
+  using Shape = StateField::Shape;
+  const auto declared = ShampooParamState::declared();
+  ASSERT_EQ(declared.size(), 7u);
+  EXPECT_EQ(declared[4].name, "factors");
+  EXPECT_EQ(declared[4].shape, Shape::kOwn);
+  EXPECT_EQ(declared[5].shape, Shape::kOwn);
+  EXPECT_EQ(declared[2].shape, Shape::kLikeParam);
 }
 
 TEST(Fields, AnUndefinedStateTensorIsLeftOutAndLoadsUndefined) {

@@ -25,6 +25,7 @@
 #include "../../optimizers/schedule_free.h"
 #include "../../optimizers/muon.h"
 #include "../../optimizers/novograd.h"
+#include "../../optimizers/shampoo.h"
 #include "../../optimizers/soap.h"
 
 #include <ATen/ATen.h>
@@ -90,6 +91,8 @@ const std::map<std::string, Make>& cases() {
        layerwise<AdamWScheduleFree>(AdamWScheduleFreeOptions(1e-2).weight_decay(0.05).warmup_steps(2))},
       {"sgd_schedule_free", layerwise<SGDScheduleFree>(SGDScheduleFreeOptions(0.1).weight_decay(1e-3))},
       {"soap", layerwise<SOAP>(SOAPOptions(3e-3).weight_decay(0.01).precondition_frequency(2))},
+      {"shampoo", layerwise<Shampoo>(ShampooOptions(1e-2).betas({0.9, 0.99}).epsilon(1e-5).momentum(0.5)
+                                         .weight_decay(0.01).precondition_frequency(2).max_preconditioner_dim(16))},
       {"muon",
        [](const std::vector<at::Tensor>& params) -> std::unique_ptr<LayerwiseOptimizerBase> {
          const auto o = MuonOptions(0.02).weight_decay(0.01);

@@ -1,7 +1,7 @@
 """bigbatch.optim against the C++ optimizers (bit for bit, through the peer
 program tests/python/peer.cpp), against independent references (timm's LAMB
 and LARS, torch.optim.Muon, the authors' Schedule-Free, pytorch-optimizer's
-SOAP, float64 re-derivations of Lion and NovoGrad), and
+SOAP and ScalableShampoo, float64 re-derivations of Lion and NovoGrad), and
 as a torch.optim optimizer (state_dict, schedulers, closures, the
 non-finite skip, refused options, torch.compile, the profiler)."""
 import copy
@@ -15,7 +15,8 @@ from conftest import reference
 
 import bigbatch
 from bigbatch import _ops
-from bigbatch.optim import LAMB, LARC, LARS, SOAP, AdamWScheduleFree, Lion, Muon, NovoGrad, SGDScheduleFree
+from bigbatch.optim import (LAMB, LARC, LARS, SOAP, AdamWScheduleFree, Lion, Muon, NovoGrad, SGDScheduleFree,
+                            Shampoo)
 
 SHAPES = [(17, 33), (8, 3, 3, 3), (33,), (8,)]
 STEPS = 4
@@ -34,6 +35,8 @@ CASES = {
                             torch.float32),
     "sgd_schedule_free": (SGDScheduleFree, dict(lr=0.1, weight_decay=1e-3), PLAIN, torch.float32),
     "soap": (SOAP, dict(lr=3e-3, weight_decay=0.01, precondition_frequency=2), PLAIN, torch.float32),
+    "shampoo": (Shampoo, dict(lr=1e-2, betas=(0.9, 0.99), epsilon=1e-5, momentum=0.5, weight_decay=0.01,
+                              precondition_frequency=2, max_preconditioner_dim=16), PLAIN, torch.float32),
     "muon": (Muon, dict(lr=0.02, weight_decay=0.01), {"orthogonalize": False, "weight_decay": 0.0}, torch.float32),
 }
 
@@ -86,7 +89,8 @@ def test_steps_bit_for_bit_as_the_cpp_optimizer(case, peer):
     assert not torch.equal(mine[0].detach(), params[0])  # it moved
 
 
-@pytest.mark.parametrize("case", ["lamb", "lamb_master", "novograd", "muon", "adamw_schedule_free", "soap"])
+@pytest.mark.parametrize("case", ["lamb", "lamb_master", "novograd", "muon", "adamw_schedule_free", "soap",
+                                  "shampoo"])
 def test_optimizer_files_move_between_cpp_and_python(case, peer, tmp_path):
     params, grads = tensors(CASES[case][3])
     whole = peer(case, params, grads)["params"]
@@ -107,7 +111,7 @@ def test_optimizer_files_move_between_cpp_and_python(case, peer, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["lamb", "lars", "novograd", "muon", "lamb_master", "adamw_schedule_free",
-                                  "soap"])
+                                  "soap", "shampoo"])
 def test_state_dict_round_trips_through_torch_save(case):
     params, grads = tensors(CASES[case][3])
     a = leaves(params)
@@ -213,6 +217,54 @@ def test_soap_matches_pytorch_optimizer(frequency, fused):
     # rounding, the products' order and the moment's rotations).
     for a, b, p in zip(mine, theirs, start):
         assert ((a - b).norm() / (b - p).norm()).item() < 1e-5, (a - b).abs().max()
+        assert (b - p).norm() > 0.1 * p.norm()
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("frequency", [1, 10])
+def test_shampoo_matches_pytorch_optimizer(frequency, fused):
+    # PyPI's pytorch-optimizer: ScalableShampoo (after Anil et al.'s
+    # scalable Shampoo), in the options where it and Shi et al.'s design
+    # agree: AdaGrad grafting of each whole matrix (no blocks: the matrices
+    # are under block_size), the factors' moving average without bias
+    # correction, inverse roots by a decomposition of L + eps*I (SVD there,
+    # eigh here: the same for a symmetric positive definite matrix), no
+    # filtered gradient (its betas[0] is the momentum), Nesterov momentum at
+    # frequency 1, none at 10 (before its start step it keeps a separate
+    # momentum for the graft), 1-D parameters on the graft alone, no weight
+    # decay (it decays after preconditioning). Its eps starts in L and decays
+    # with it (beta2^t * eps at step t); ours is added at each root: with
+    # beta2 = 0.999 they part by at most 4% of eps, far below the factors'
+    # eigenvalues. The updates are compared, not the roots.
+    po = reference("pytorch_optimizer")
+    graft = reference("pytorch_optimizer.optimizer.utils.graft").LayerWiseGrafting
+    g = torch.Generator().manual_seed(7)
+    start = [torch.randn(8, 9, generator=g) * 0.3, torch.randn(12, 4, generator=g) * 0.3,
+             torch.randn(8, generator=g) * 0.1]
+    batches = [(torch.randn(32, 9, generator=g), torch.randn(32, 8, generator=g), torch.randn(32, 12, generator=g))
+               for _ in range(40)]
+    mine, theirs = leaves(start), leaves(start)
+    momentum = 0.9 if frequency == 1 else 0.0
+    ours = Shampoo(mine, lr=1e-2, betas=(0.0, 0.999), epsilon=1e-6, momentum=momentum, use_nesterov=True,
+                   use_bias_correction=False, precondition_frequency=frequency, grafting="adagrad",
+                   grafting_epsilon=1e-10, use_merge_dims=False, precondition_1d=False, fused=fused)
+    ref = po.ScalableShampoo(theirs, lr=1e-2, betas=(momentum, 0.999), matrix_eps=1e-6, nesterov=True,
+                             start_preconditioning_step=frequency, preconditioning_compute_steps=frequency,
+                             block_size=64, shape_interpretation=False, graft_type=graft.ADAGRAD,
+                             diagonal_eps=1e-10, use_svd=True)
+    for x, y, patches in batches:
+        for opt, params in ((ours, mine), (ref, theirs)):
+            for p in params:
+                p.grad = None
+            w, c, b = params
+            loss = (torch.nn.functional.mse_loss(torch.tanh(x @ w.T) + b, y)
+                    + (patches @ c).square().mean())
+            loss.backward()
+            opt.step()
+    # Within 1e-4 of the distance moved (measured at most 1.0e-5: fp32
+    # rounding, SVD against eigh, eps added once against decayed in L).
+    for a, b, p in zip(mine, theirs, start):
+        assert ((a - b).norm() / (b - p).norm()).item() < 1e-4, (a - b).abs().max()
         assert (b - p).norm() > 0.1 * p.norm()
 
 
@@ -584,10 +636,16 @@ OPTIONS = {
                        "master_weights",
     "SOAP": "lr betas shampoo_beta eps weight_decay precondition_frequency max_precond_dim merge_dims "
             "precondition_1d normalize_grads correct_bias adapt skip_nonfinite fused master_weights",
+    "Shampoo": "lr betas epsilon momentum dampening weight_decay max_preconditioner_dim precondition_frequency "
+               "start_preconditioning_step inv_root_override use_nesterov use_bias_correction "
+               "use_decoupled_weight_decay grafting grafting_beta2 grafting_epsilon use_merge_dims precondition_1d "
+               "adapt skip_nonfinite fused master_weights",
 }
 
 
 def _another(key, value):
+    if key == "start_preconditioning_step":  # -1, or at least precondition_frequency
+        return 5
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):
@@ -596,7 +654,7 @@ def _another(key, value):
         return 1000.0 if value == float("inf") else (0.125 if value == 0 else value / 2)
     if isinstance(value, tuple):
         return tuple(v / 2 for v in value)
-    return {"adjust_lr": "spectral_unclamped"}[key]
+    return {"adjust_lr": "spectral_unclamped", "grafting": "rmsprop"}[key]
 
 
 def test_every_option_of_every_optimizer_is_a_keyword_argument():
