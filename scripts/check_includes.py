@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 UMBRELLA_FOLDERS = ("config", "optimizers", "schedules", "normalization", "noise", "distributed")
-INTERNAL = {"optimizers/internal.h", "optimizers/layerwise_optimizer_impl.h"}
+INTERNAL = {"optimizers/internal.h", "optimizers/layerwise_optimizer_impl.h", "optimizers/kronecker.h"}
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 
 
