@@ -302,6 +302,24 @@ struct DeviceGuard {
 cudaStream_t current_stream(at::Device) { return nullptr; }
 #endif
 
+// Whether every parameter of `groups` can take a fused step: its group asks
+// for it, it is contiguous, a runner takes its device, and all share one
+// device. `device` is then that device, or empty where nothing steps.
+template <typename Group>
+bool fused_device(const std::vector<Group>& groups, std::optional<at::Device>& device) {
+  device.reset();
+  for (const auto& group : groups) {
+    for (const auto& pg : group.params) {
+      if (!group.options->fused() || !pg.param.is_contiguous() || runner_for(pg.param.device()) == Runner::kNone ||
+          (device.has_value() && *device != pg.param.device())) {
+        return false;
+      }
+      device = pg.param.device();
+    }
+  }
+  return true;
+}
+
 // Errors of the torch-free kernel library as LibTorch errors, naming the optimizer.
 template <typename F>
 void rethrow_as_torch_error(const char* name, F&& f) {
@@ -421,17 +439,11 @@ kernels::MultiTensorStep<typename FusedTraits<Options>::Plan>& engine_step(const
 template <typename Options, typename ParamState>
 bool LayerwiseOptimizer<Options, ParamState>::step_engine(const std::vector<Group>& groups) {
   std::optional<at::Device> device;
-  for (const auto& group : groups) {
-    for (const auto& pg : group.params) {
-      if (!group.options->fused() || !pg.param.is_contiguous() || runner_for(pg.param.device()) == Runner::kNone ||
-          (device.has_value() && *device != pg.param.device())) {
-        // This step takes the reference path, which reads the step counts
-        // from the states: the engine's go back there first.
-        release_engine();
-        return false;
-      }
-      device = pg.param.device();
-    }
+  if (!fused_device(groups, device)) {
+    // This step takes the reference path, which reads the step counts from
+    // the states: the engine's go back there first.
+    release_engine();
+    return false;
   }
   if (!device.has_value()) {  // no gradients: nothing to do
     skip_nonfinite(groups, std::vector<bool>(groups.size(), true));

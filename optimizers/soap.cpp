@@ -362,15 +362,7 @@ struct Batch {
 
 bool SOAP::step_fused(const std::vector<Group>& groups) {
   std::optional<at::Device> device;
-  for (const Group& g : groups) {
-    for (const auto& pg : g.params) {
-      if (!g.options->fused() || !pg.param.is_contiguous() || runner_for(pg.param.device()) == Runner::kNone ||
-          (device && *device != pg.param.device())) {
-        return false;
-      }
-      device = pg.param.device();
-    }
-  }
+  if (!fused_device(groups, device)) return false;
   if (!device) return true;  // nothing steps
   const bool cuda = runner_for(*device) == Runner::kCuda;
   const DeviceGuard guard(*device);
