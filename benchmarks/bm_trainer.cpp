@@ -102,10 +102,16 @@ struct UserMlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(UserMlp);
 
+// A file of this process's, removed when the process ends.
+struct TemporaryFile {
+  std::string path;
+  ~TemporaryFile() { std::remove(path.c_str()); }
+};
+
 // The same MLP as a TorchScript file (what torch.jit.script saves), with a
-// UserMlp's initial weights.
+// UserMlp's initial weights; removed at exit (the trainer reads it when built).
 std::string script_mlp_file() {
-  static const std::string path = [] {
+  static const TemporaryFile file = [] {
     at::manual_seed(0);
     UserMlp init;
     torch::jit::Module m("ScriptMlp");
@@ -121,11 +127,11 @@ def forward(self, x):
     h = torch.relu(torch.addmm(self.fc2_bias, h, self.fc2_weight.t()))
     return torch.addmm(self.fc3_bias, h, self.fc3_weight.t())
 )");
-    const std::string file = "/tmp/bigbatch_bm_script_mlp." + std::to_string(::getpid()) + ".pt";
-    m.save(file);
-    return file;
+    const std::string name = "/tmp/bigbatch_bm_script_mlp." + std::to_string(::getpid()) + ".pt";
+    m.save(name);
+    return TemporaryFile{name};
   }();
-  return path;
+  return file.path;
 }
 
 void register_bench_models() {
