@@ -39,8 +39,18 @@ std::vector<ParamScalar> LayerwiseOptimizerBase::scalars() const {
   return out;
 }
 
+void LayerwiseOptimizerBase::warn_reference_path(const std::string& why) {
+  if (why.empty() || !warned_.insert(why).second) return;
+  TORCH_WARN(kind(), ": steps on the reference path (ATen ops one tensor at a time, with host syncs), not the "
+             "fused engine: ", why, ". Warned once per optimizer and reason.");
+}
+
 at::Tensor fp32_zeros_like(const at::Tensor& param) {
   return at::zeros_like(param, param.options().dtype(at::kFloat));
+}
+
+at::Tensor fp32_contiguous_zeros_like(const at::Tensor& param) {
+  return at::zeros(param.sizes(), param.options().dtype(at::kFloat));
 }
 
 }  // namespace bigbatch::optim

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -52,8 +53,12 @@ struct TensorNorms {
 /// under NoGradGuard), and returns its loss or an undefined tensor.
 at::Tensor run_closure(const std::function<at::Tensor()>& closure);
 
-/// Zeroed fp32 state shaped like `param`, on its device.
+/// Zeroed fp32 state shaped like `param`, on its device, in its layout (the
+/// fused engine walks a parameter and its states in memory order).
 at::Tensor fp32_zeros_like(const at::Tensor& param);
+/// The same, contiguous: for the optimizers that read a state as matrices
+/// (Muon, SOAP, Shampoo), whatever the parameter's layout.
+at::Tensor fp32_contiguous_zeros_like(const at::Tensor& param);
 
 /// A parameter and the trust ratio its update was scaled by.
 struct TrustRatio {
@@ -198,7 +203,14 @@ class LayerwiseOptimizerBase : public torch::optim::Optimizer {
 
  protected:
   using torch::optim::Optimizer::Optimizer;
+  /// Warns, once per optimizer and reason, that a step asked for the fused
+  /// path (fused(true)) takes the reference path, and why; nothing for an
+  /// empty `why` (a group that asked for the reference path).
+  void warn_reference_path(const std::string& why);
   bool training_ = true;
+
+ private:
+  std::set<std::string> warned_;  // the reasons warn_reference_path() has given
 };
 
 /// Base class of the four optimizers. `Options` is an

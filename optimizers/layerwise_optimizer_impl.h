@@ -173,7 +173,12 @@ auto LayerwiseOptimizer<Options, ParamState>::gather() -> std::vector<Group> {
                   ": the gradient of group ", i, ", parameter ", j, " is ", g.scalar_type(), " on ",
                   g.device(), " but the parameter is ", p.scalar_type(), " on ", p.device());
       kernel_dtype(p);  // rejects unsupported dtypes with a clear message
-      group.params.push_back({p, g.contiguous()});
+      // In the parameter's layout where that is dense (channels_last too:
+      // the engine walks memory), else contiguous.
+      const bool dense = !p.is_contiguous() && p.is_non_overlapping_and_dense();
+      group.params.push_back({p, !dense                        ? g.contiguous()
+                                 : g.strides() == p.strides() ? g
+                                                              : at::empty_like(p).copy_(g)});
     }
     groups.push_back(std::move(group));
   }
@@ -302,22 +307,42 @@ struct DeviceGuard {
 cudaStream_t current_stream(at::Device) { return nullptr; }
 #endif
 
-// Whether every parameter of `groups` can take a fused step: its group asks
-// for it, it is contiguous, a runner takes its device, and all share one
-// device. `device` is then that device, or empty where nothing steps.
+// The layouts a fused step takes: the elementwise engine any dense,
+// non-overlapping one (channels_last included: it walks memory, and the
+// gradient and states share the parameter's strides); the whole-tensor steps
+// (Muon's matrices, SOAP's and Shampoo's preconditioners) contiguous ones,
+// whose memory order is the matrices' order.
+enum class Layouts { kDense, kContiguous };
+
+// Why the parameters of `groups` cannot take a fused step, or nothing when
+// they can: every group asks for it, every parameter is in a layout it
+// takes, on a device a runner takes, all on one device, which `device` then
+// holds (empty where nothing steps). An empty reason: a group asked for the
+// reference path (fused(false)), which needs no warning.
 template <typename Group>
-bool fused_device(const std::vector<Group>& groups, std::optional<at::Device>& device) {
+std::optional<std::string> why_not_fused(const std::vector<Group>& groups, Layouts layouts,
+                                         std::optional<at::Device>& device) {
   device.reset();
-  for (const auto& group : groups) {
-    for (const auto& pg : group.params) {
-      if (!group.options->fused() || !pg.param.is_contiguous() || runner_for(pg.param.device()) == Runner::kNone ||
-          (device.has_value() && *device != pg.param.device())) {
-        return false;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    for (const auto& pg : groups[i].params) {
+      const at::Tensor& p = pg.param;
+      if (!groups[i].options->fused()) return std::string();
+      if (layouts == Layouts::kContiguous ? !p.is_contiguous() : !p.is_non_overlapping_and_dense()) {
+        return c10::str("a parameter of group ", i, " (sizes ", p.sizes(), ", strides ", p.strides(), ") is not ",
+                        layouts == Layouts::kContiguous ? "contiguous, which this optimizer's fused step needs"
+                                                        : "dense and non-overlapping");
       }
-      device = pg.param.device();
+      if (runner_for(p.device()) == Runner::kNone) {
+        return c10::str("a parameter of group ", i, " is on ", p.device(), ", which this build has no fused runner for",
+                        p.is_cuda() ? " (built without BIGBATCH_CUDA)" : "");
+      }
+      if (device.has_value() && *device != p.device()) {
+        return c10::str("the parameters are on two devices, ", *device, " and ", p.device());
+      }
+      device = p.device();
     }
   }
-  return true;
+  return std::nullopt;
 }
 
 // Errors of the torch-free kernel library as LibTorch errors, naming the optimizer.
@@ -395,6 +420,26 @@ inline void check_whole_tensors(const std::vector<torch::optim::OptimizerParamGr
 
 }  // namespace
 
+/// Copies each of `st`'s tensors shaped like `param` but laid out otherwise
+/// (made for the parameter before it changed layout, or loaded from a run
+/// in another layout) into the parameter's layout, which the engine needs:
+/// it walks the parameter, its gradient and its states in memory order.
+/// Returns whether it copied any.
+template <typename ParamState>
+bool conform_layout(ParamState& st, const at::Tensor& param) {
+  NamedState named = st.named();
+  bool changed = false;
+  for (auto& entry : named) {
+    if (!entry.second.isTensor()) continue;
+    const at::Tensor t = entry.second.toTensor();
+    if (!t.defined() || t.sizes() != param.sizes() || t.strides() == param.strides()) continue;
+    entry.second = at::empty_like(param, t.options()).copy_(t);
+    changed = true;
+  }
+  if (changed) st.set_named(named);
+  return changed;
+}
+
 /// The engine an optimizer has bound, where, and the states behind its slots.
 class EngineBinding {
  public:
@@ -439,7 +484,8 @@ kernels::MultiTensorStep<typename FusedTraits<Options>::Plan>& engine_step(const
 template <typename Options, typename ParamState>
 bool LayerwiseOptimizer<Options, ParamState>::step_engine(const std::vector<Group>& groups) {
   std::optional<at::Device> device;
-  if (!fused_device(groups, device)) {
+  if (const auto why = why_not_fused(groups, Layouts::kDense, device)) {
+    warn_reference_path(*why);
     // This step takes the reference path, which reads the step counts from
     // the states: the engine's go back there first.
     release_engine();
@@ -495,13 +541,22 @@ bool LayerwiseOptimizer<Options, ParamState>::step_engine(const std::vector<Grou
   }
   const cudaStream_t stream = current_stream(*device);
   rethrow_as_torch_error(name_, [&] {
-    if (engine_ && !engine_step<Options>(*engine_).same_tensors(slots)) {
+    const bool rebuild = !engine_ || !engine_step<Options>(*engine_).same_tensors(slots);
+    if (engine_ && rebuild) {
       // Other tensors: the old binding's step counts go back to its states first,
       // and the new binding starts from the states. Reading them back cannot be
       // captured, and neither can the rebuild: say so before trying.
       engine_step<Options>(*engine_).check_rebuild_allowed(stream);
       sync_engine_state();
-      for (std::size_t k = 0; k < slots.size(); ++k) Traits::bind(static_cast<ParamState&>(*states[k]), slots[k]);
+    }
+    if (rebuild) {
+      for (std::size_t k = 0; k < slots.size(); ++k) {
+        auto& st = static_cast<ParamState&>(*states[k]);
+        if (conform_layout(st, params[k]) && slots[k].master != nullptr) {
+          slots[k].master = st.master().template data_ptr<float>();
+        }
+        Traits::bind(st, slots[k]);
+      }
     }
     if (!engine_) engine_ = std::make_shared<BindingOf<Options>>(cuda);
     engine_->device = *device;

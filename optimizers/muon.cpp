@@ -207,7 +207,7 @@ void Muon::step_reference(const std::vector<Group>& groups) {
                              o.weight_decay() * w;
         w.sub_(u * o.lr());
       } else {
-        if (!st.momentum_buffer().defined()) st.momentum_buffer(fp32_zeros_like(pg.param));
+        if (!st.momentum_buffer().defined()) st.momentum_buffer(fp32_contiguous_zeros_like(pg.param));
         const auto [rows, cols] = muon_matrix_shape(pg.param);
         const double mu = o.momentum();
         auto& m = st.momentum_buffer();
@@ -264,22 +264,14 @@ namespace {
 
 using FusedKey = std::vector<std::tuple<std::int64_t, at::Tensor, at::Tensor>>;  // (group, param, grad), in step order
 
-// The matrices with a gradient and their device into `key` and `device`
-// (left unset when none has one); false when the fused path cannot take
-// them: it takes contiguous tensors on one device the engine runs on.
+// The matrices with a gradient, in step order (their device: why_not_fused).
 template <typename Groups>
-bool fused_key(const Groups& groups, FusedKey& key, std::optional<at::Device>& device) {
+FusedKey fused_key(const Groups& groups) {
+  FusedKey key;
   for (std::size_t i = 0; i < groups.size(); ++i) {
-    for (const auto& pg : groups[i].params) {
-      if (!groups[i].options->fused() || !pg.param.is_contiguous() ||
-          runner_for(pg.param.device()) == Runner::kNone || (device && *device != pg.param.device())) {
-        return false;
-      }
-      device = pg.param.device();
-      key.emplace_back(static_cast<std::int64_t>(i), pg.param, pg.grad);
-    }
+    for (const auto& pg : groups[i].params) key.emplace_back(static_cast<std::int64_t>(i), pg.param, pg.grad);
   }
-  return true;
+  return key;
 }
 
 // Whether `f` holds the batches of exactly these matrices, on this device.
@@ -354,9 +346,12 @@ void retarget_for_apply(const MuonFusedState& f, std::vector<kernels::TensorSlot
 }  // namespace
 
 bool Muon::step_fused(const std::vector<Group>& groups) {
-  FusedKey key;
   std::optional<at::Device> device;
-  if (!fused_key(groups, key, device)) return false;
+  if (const auto why = why_not_fused(groups, Layouts::kContiguous, device)) {
+    warn_reference_path(*why);
+    return false;
+  }
+  const FusedKey key = fused_key(groups);
   if (!device) {  // no matrix has a gradient: nothing to step, and no update RMS to report
     fused_.reset();
     return true;
@@ -376,7 +371,9 @@ bool Muon::step_fused(const std::vector<Group>& groups) {
     const auto& [group, param, grad] = key[k];
     const MuonOptions& o = *groups[static_cast<std::size_t>(group)].options;
     auto& st = state_of(param);
-    if (!st.momentum_buffer().defined()) st.momentum_buffer(fp32_zeros_like(param));
+    if (!st.momentum_buffer().defined()) st.momentum_buffer(fp32_contiguous_zeros_like(param));
+    // (the step walks it as its contiguous parameter: a buffer loaded in another layout is copied)
+    if (!st.momentum_buffer().is_contiguous()) st.momentum_buffer(st.momentum_buffer().contiguous());
     masters.push_back(uses_master(o, param) ? fp32_weights(o, param) : at::Tensor());
     const auto& mat = f.matrices[k];
     kernels::TensorSlot slot;

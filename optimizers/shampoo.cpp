@@ -330,9 +330,9 @@ void Shampoo::start(const std::vector<Group>& groups) {
       for (const ShampooBlock& b : layout.blocks) {  // the roots start as the identity
         for (std::size_t d = 0; d < b.size.size(); ++d) unpacked(st.inverse_roots(), b, d).fill_diagonal_(1);
       }
-      if (want_m) st.exp_avg(fp32_zeros_like(pg.param));
-      if (want_v) st.grafting_sq(fp32_zeros_like(pg.param));
-      if (want_u) st.momentum_buffer(fp32_zeros_like(pg.param));
+      if (want_m) st.exp_avg(fp32_contiguous_zeros_like(pg.param));
+      if (want_v) st.grafting_sq(fp32_contiguous_zeros_like(pg.param));
+      if (want_u) st.momentum_buffer(fp32_contiguous_zeros_like(pg.param));
       if (uses_master(o, pg.param)) fp32_weights(o, pg.param);
     }
   }
@@ -470,7 +470,10 @@ at::Tensor stacked_blocks(const std::vector<std::pair<Entry*, const ShampooBlock
 
 bool Shampoo::step_fused(const std::vector<Group>& groups) {
   std::optional<at::Device> device;
-  if (!fused_device(groups, device)) return false;
+  if (const auto why = why_not_fused(groups, Layouts::kContiguous, device)) {
+    warn_reference_path(*why);
+    return false;
+  }
   if (!device) return true;  // nothing steps
   const bool cuda = runner_for(*device) == Runner::kCuda;
   const DeviceGuard guard(*device);

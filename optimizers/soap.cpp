@@ -267,8 +267,8 @@ void SOAP::start(std::vector<Group>& groups) {
       // The first step: the factors from this gradient, their eigenvectors;
       // the parameter does not move (so no step is taken with a basis that
       // saw no gradient).
-      st.exp_avg(fp32_zeros_like(pg.param));
-      st.exp_avg_sq(fp32_zeros_like(pg.param));
+      st.exp_avg(fp32_contiguous_zeros_like(pg.param));
+      st.exp_avg_sq(fp32_contiguous_zeros_like(pg.param));
       if (uses_master(o, pg.param)) fp32_weights(o, pg.param);
       const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat).device(pg.param.device());
       st.factors(at::zeros({layout.packed}, f32));
@@ -362,7 +362,10 @@ struct Batch {
 
 bool SOAP::step_fused(const std::vector<Group>& groups) {
   std::optional<at::Device> device;
-  if (!fused_device(groups, device)) return false;
+  if (const auto why = why_not_fused(groups, Layouts::kContiguous, device)) {
+    warn_reference_path(*why);
+    return false;
+  }
   if (!device) return true;  // nothing steps
   const bool cuda = runner_for(*device) == Runner::kCuda;
   const DeviceGuard guard(*device);

@@ -5,6 +5,7 @@
 #include "reference64.h"
 
 #include "../../bigbatch.h"
+#include "../../compat/warnings.h"
 
 #include <gtest/gtest.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -540,6 +541,168 @@ TEST(Schedulers, StepLRDrivesEveryGroupThroughGetAndSetLr) {
   a.mutable_grad() = torch::ones({3});
   opt.step();
   EXPECT_NEAR(a[0].item<double>(), 1 - 0.1, 1e-7);
+}
+
+// ----------------------------------------------------------------- layouts --
+
+// A convolution weight, its bias and a matrix; `channels_last` lays the
+// weight out as torch.channels_last does (what a ResNet trained that way has).
+std::vector<at::Tensor> conv_params(bool channels_last, at::ScalarType dtype, at::Device device = at::kCPU) {
+  torch::manual_seed(11);
+  at::Tensor weight = torch::randn({8, 4, 3, 3}).to(device, dtype);
+  if (channels_last) weight = weight.contiguous(at::MemoryFormat::ChannelsLast);
+  return {weight, torch::randn({8}).to(device, dtype), torch::randn({5, 6}).to(device, dtype)};
+}
+
+// Step `s`'s gradients; the weight's channels_last on even steps (as autograd
+// gives a channels_last weight) and contiguous on odd ones, when asked.
+void set_conv_grads(const std::vector<at::Tensor>& params, int s, bool channels_last) {
+  torch::manual_seed(100 + s);
+  for (const auto& p : params) {
+    at::Tensor g = torch::randn(p.sizes()).to(p.device(), p.scalar_type());
+    if (channels_last && p.dim() == 4 && s % 2 == 0) g = g.contiguous(at::MemoryFormat::ChannelsLast);
+    p.mutable_grad() = g;
+  }
+}
+
+// The fused engine steps a channels_last weight as it steps the contiguous
+// one, bit for bit, without a warning (so on the engine: its one other path
+// warns): 3 steps; then the contiguous run's checkpoint loaded into a fresh
+// optimizer over the channels_last weights (states in the other layout),
+// 3 more.
+template <typename Opt, typename Options>
+void expect_channels_last_like_contiguous(at::Device device, Options options, at::ScalarType dtype = at::kFloat) {
+  const auto a = conv_params(false, dtype, device);
+  const auto b = conv_params(true, dtype, device);
+  Opt oa(a, options.fused(true));
+  auto ob = std::make_unique<Opt>(b, options.fused(true));
+  bigbatch::compat::WarningCollector warnings;
+  for (int s = 0; s < 6; ++s) {
+    if (s == 3) {
+      std::stringstream bytes;
+      torch::save(oa, bytes);
+      ob = std::make_unique<Opt>(b, options.fused(true));
+      torch::load(*ob, bytes, device);
+    }
+    set_conv_grads(a, s, false);
+    set_conv_grads(b, s, true);
+    oa.step();
+    ob->step();
+  }
+  EXPECT_TRUE(b[0].is_contiguous(at::MemoryFormat::ChannelsLast));
+  for (std::size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(torch::equal(a[k], b[k])) << "parameter " << k;
+  const auto sa = oa.named_state(a[0]);
+  const auto sb = ob->named_state(b[0]);
+  ASSERT_TRUE(sa.has_value() && sb.has_value());
+  ASSERT_EQ(sa->size(), sb->size());
+  for (std::size_t k = 0; k < sa->size(); ++k) {
+    const auto& [name, va] = (*sa)[k];
+    const auto& vb = (*sb)[k].second;
+    if (va.isTensor() && va.toTensor().defined()) {
+      EXPECT_TRUE(torch::equal(va.toTensor(), vb.toTensor())) << name;
+    }
+  }
+  for (const auto& m : warnings.messages()) ADD_FAILURE() << "warned: " << m;
+}
+
+// On the CPU runner, and on the CUDA runner (a GPU, or the SIMT executor).
+class Layouts : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == 1 && !engine_available()) GTEST_SKIP() << "no CUDA device";
+  }
+  at::Device device() const { return GetParam() == 0 ? at::Device(at::kCPU) : engine_device(); }
+};
+
+TEST_P(Layouts, LARSStepsChannelsLastOnTheEngine) {
+  expect_channels_last_like_contiguous<LARS>(device(), LARSOptions(0.5).weight_decay(1e-4));
+}
+TEST_P(Layouts, LARCStepsChannelsLastOnTheEngine) {
+  expect_channels_last_like_contiguous<LARC>(device(), LARCOptions(0.1).weight_decay(1e-4).nesterov(true));
+}
+TEST_P(Layouts, LAMBStepsChannelsLastOnTheEngine) {
+  expect_channels_last_like_contiguous<LAMB>(device(), LAMBOptions(0.01).max_grad_norm(1.0));
+  expect_channels_last_like_contiguous<LAMB>(device(), LAMBOptions(0.01).master_weights(true), at::kBFloat16);
+}
+TEST_P(Layouts, NovoGradStepsChannelsLastOnTheEngine) {
+  expect_channels_last_like_contiguous<NovoGrad>(device(), NovoGradOptions(0.01).weight_decay(1e-3));
+}
+TEST_P(Layouts, LionStepsChannelsLastOnTheEngine) {
+  expect_channels_last_like_contiguous<Lion>(device(), LionOptions(1e-3).weight_decay(0.1));
+}
+TEST_P(Layouts, ScheduleFreeStepsChannelsLastOnTheEngine) {
+  expect_channels_last_like_contiguous<AdamWScheduleFree>(device(), AdamWScheduleFreeOptions(0.01).warmup_steps(2));
+  expect_channels_last_like_contiguous<SGDScheduleFree>(device(), SGDScheduleFreeOptions(0.05).weight_decay(1e-3));
+}
+TEST_P(Layouts, MuonsAdamWGroupsStepChannelsLastOnTheEngine) {
+  expect_channels_last_like_contiguous<Muon>(device(), MuonOptions(0.01).orthogonalize(false));
+}
+
+// What the engine cannot take (here a parameter that is every other column
+// of a matrix) steps on the reference path with one warning that says why,
+// and a group that asks for the reference path (fused(false)) gets none.
+TEST_P(Layouts, AFallbackToTheReferencePathWarnsOnceWithItsReason) {
+  torch::manual_seed(5);
+  const at::Tensor wide = torch::randn({8, 12}).to(device());
+  const at::Tensor strided = wide.slice(1, 0, 12, 2);
+  const at::Tensor copy = strided.clone();
+  LAMB fused(std::vector<at::Tensor>{strided}, LAMBOptions(0.01));
+  LAMB reference(std::vector<at::Tensor>{copy}, LAMBOptions(0.01).fused(false));
+  bigbatch::compat::WarningCollector warnings;
+  for (int s = 0; s < 3; ++s) {
+    torch::manual_seed(50 + s);
+    const at::Tensor g = torch::randn({8, 6}).to(device());
+    strided.mutable_grad() = g.clone();
+    copy.mutable_grad() = g.clone();
+    fused.step();
+    reference.step();
+  }
+  ASSERT_EQ(warnings.messages().size(), 1u);
+  const std::string& m = warnings.messages()[0];
+  EXPECT_NE(m.find("LAMB: steps on the reference path"), std::string::npos) << m;
+  EXPECT_NE(m.find("a parameter of group 0 (sizes [8, 6], strides [12, 2]) is not dense and non-overlapping"),
+            std::string::npos)
+      << m;
+  EXPECT_TRUE(torch::equal(strided, copy));
+}
+
+// Muon's, SOAP's and Shampoo's own fused steps read matrices in memory
+// order: a channels_last weight takes their reference path, with the
+// warning, and its states are contiguous (they are read as matrices); 3
+// steps agree with the contiguous weight's fused steps to rounding.
+template <typename Opt, typename Options>
+void expect_channels_last_warns_and_agrees(const Options& options, const char* kind) {
+  const auto a = conv_params(false, at::kFloat);
+  const auto b = conv_params(true, at::kFloat);
+  Opt oa(std::vector<at::Tensor>{a[0], a[2]}, options);
+  Opt ob(std::vector<at::Tensor>{b[0], b[2]}, options);
+  bigbatch::compat::WarningCollector warnings;
+  for (int s = 0; s < 3; ++s) {
+    set_conv_grads(a, s, false);
+    set_conv_grads(b, s, true);
+    oa.step();
+    ob.step();
+  }
+  ASSERT_EQ(warnings.messages().size(), 1u) << kind;
+  const std::string& m = warnings.messages()[0];
+  EXPECT_NE(m.find(std::string(kind) + ": steps on the reference path"), std::string::npos) << m;
+  EXPECT_NE(m.find("(sizes [8, 4, 3, 3], strides [36, 1, 12, 4]) is not contiguous, which this optimizer's fused "
+                   "step needs"),
+            std::string::npos)
+      << m;
+  for (const int k : {0, 2}) {
+    EXPECT_LT(((a[k] - b[k]).norm() / a[k].norm()).item<double>(), 1e-6) << kind << " parameter " << k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, Layouts, ::testing::Values(0, 1), [](const auto& info) {
+  return std::string(info.param == 0 ? "cpu" : "engine_CUDA");
+});
+
+TEST(WholeTensorLayouts, StepsWarnForChannelsLastAndAgree) {
+  expect_channels_last_warns_and_agrees<Muon>(MuonOptions(0.01), "Muon");
+  expect_channels_last_warns_and_agrees<SOAP>(SOAPOptions(0.01), "SOAP");
+  expect_channels_last_warns_and_agrees<Shampoo>(ShampooOptions(0.01).epsilon(1e-6), "Shampoo");
 }
 
 // ------------------------------------------------------ fused vs reference --

@@ -8,6 +8,7 @@ import copy
 import inspect
 import io
 import math
+import warnings
 
 import pytest
 import torch
@@ -579,6 +580,56 @@ def test_state_that_does_not_fit_is_refused_and_loading_changes_nothing_then():
     run(opt, mine, grads[2:])
     run(twin_opt, twin, grads[2:])
     assert_same_bits(mine, twin)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_channels_last_weights_step_as_contiguous_ones(case):
+    """A channels_last convolution weight (the usual ResNet layout) steps on
+    the fused engine bit for bit as its contiguous twin, without a warning;
+    Muon's, SOAP's and Shampoo's fused steps read matrices in memory order,
+    so there it takes the reference path with one warning saying why, and
+    agrees to rounding."""
+    cls, options, _, dtype = CASES[case]
+    params, grads = tensors(dtype)
+    last = torch.channels_last
+
+    def channels_last(t):
+        return t if t is None or t.dim() != 4 else t.contiguous(memory_format=last)
+
+    a = leaves(params)
+    b = [channels_last(p.clone()).requires_grad_(True) for p in params]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(make(case, a), a, grads)
+        run(make(case, b), b, [[channels_last(g) for g in step] for step in grads])
+    said = [str(w.message) for w in caught if "steps on the reference path" in str(w.message)]
+    assert b[1].is_contiguous(memory_format=last)
+    if cls in (Muon, SOAP, Shampoo):
+        assert len(said) == 1 and "strides [27, 1, 9, 3]) is not contiguous" in said[0], said
+    else:
+        assert said == []
+    if cls in (Muon, SOAP, Shampoo) or not options.get("fused", True):
+        # (Shampoo: the whole step, the 1-D parameters' too, took the other
+        # path, and their rank-short factors amplify rounding: formulas.md)
+        tol = dict(rtol=1e-3, atol=1e-5) if cls is Shampoo else dict(rtol=1e-5, atol=1e-6)
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x.detach(), y.detach(), **tol)
+    else:
+        assert_same_bits(a, b)
+
+
+def test_a_step_the_engine_cannot_take_warns_once_with_its_reason():
+    wide = torch.randn(8, 12)
+    strided = wide[:, ::2]
+    opt = LAMB([strided], lr=0.01)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            strided.grad = torch.randn(8, 6)
+            opt.step()
+    said = [str(w.message) for w in caught if "steps on the reference path" in str(w.message)]
+    assert len(said) == 1, said
+    assert "a parameter of group 0 (sizes [8, 6], strides [12, 2]) is not dense and non-overlapping" in said[0]
 
 
 def test_the_state_fields_are_those_a_step_makes():
