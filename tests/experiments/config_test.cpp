@@ -353,7 +353,7 @@ TEST(SweepConfig, ShippedConfigsParse) {
   for (const char* name : {"quickstart", "shallue_fmnist_cnn", "goyal_warmup", "hoffer_gbn", "smith_batch_increase",
                            "optimizers_large_batch", "gd_vs_sgd", "shallue_cifar10_resnet8", "hoffer_cifar10_gbn",
                            "muon_lion_lm", "muon_lion_resnet", "schedule_free_quickstart", "soap_quickstart",
-                           "shampoo_quickstart"}) {
+                           "shampoo_quickstart", "frontier_lm", "frontier_resnet"}) {
     const auto sweeps = load_sweeps(std::string(BIGBATCH_SOURCE_DIR) + "/experiments/configs/" + name + ".json");
     EXPECT_FALSE(sweeps.empty()) << name;
     for (const auto& s : sweeps) EXPECT_FALSE(expand(s.sweep).empty()) << name;
