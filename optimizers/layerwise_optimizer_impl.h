@@ -223,7 +223,7 @@ torch::Tensor LayerwiseOptimizer<Options, ParamState>::step(LossClosure closure)
   noted_ratios_.clear();
   if (!step_engine(groups)) {
     TORCH_CHECK(sharding_ == nullptr, name_, ": a sharded step runs on the fused engine only; every group must "
-                "be fused(true) and every parameter contiguous on one device the engine runs on");
+                "be fused(true) and every parameter dense on one device the engine runs on");
     step_reference(groups);
   }
   return loss;
@@ -323,17 +323,19 @@ template <typename Group>
 std::optional<std::string> why_not_fused(const std::vector<Group>& groups, Layouts layouts,
                                          std::optional<at::Device>& device) {
   device.reset();
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    for (const auto& pg : groups[i].params) {
+  for (const auto& group : groups) {
+    if (!group.params.empty() && !group.options->fused()) return std::string();
+  }
+  for (const auto& group : groups) {
+    for (const auto& pg : group.params) {
       const at::Tensor& p = pg.param;
-      if (!groups[i].options->fused()) return std::string();
       if (layouts == Layouts::kContiguous ? !p.is_contiguous() : !p.is_non_overlapping_and_dense()) {
-        return c10::str("a parameter of group ", i, " (sizes ", p.sizes(), ", strides ", p.strides(), ") is not ",
+        return c10::str("a parameter (sizes ", p.sizes(), ", strides ", p.strides(), ") is not ",
                         layouts == Layouts::kContiguous ? "contiguous, which this optimizer's fused step needs"
                                                         : "dense and non-overlapping");
       }
       if (runner_for(p.device()) == Runner::kNone) {
-        return c10::str("a parameter of group ", i, " is on ", p.device(), ", which this build has no fused runner for",
+        return c10::str("a parameter is on ", p.device(), ", which this build has no fused runner for",
                         p.is_cuda() ? " (built without BIGBATCH_CUDA)" : "");
       }
       if (device.has_value() && *device != p.device()) {
@@ -438,6 +440,20 @@ bool conform_layout(ParamState& st, const at::Tensor& param) {
   }
   if (changed) st.set_named(named);
   return changed;
+}
+
+/// Muon's, SOAP's and Shampoo's fused steps read each state shaped like its
+/// (contiguous) parameter, the master copy included, in memory order: the
+/// states of `groups`' parameters laid out otherwise (made while a parameter
+/// was channels_last, or loaded so) are copied first.
+/// (`find_state`: the optimizer's, which creates nothing.)
+template <typename Group, typename FindState>
+void conform_whole_tensor_states(const std::vector<Group>& groups, const FindState& find_state) {
+  for (const auto& group : groups) {
+    for (const auto& pg : group.params) {
+      if (auto* st = find_state(pg.param)) conform_layout(*st, pg.param);
+    }
+  }
 }
 
 /// The engine an optimizer has bound, where, and the states behind its slots.

@@ -351,6 +351,7 @@ bool Muon::step_fused(const std::vector<Group>& groups) {
     warn_reference_path(*why);
     return false;
   }
+  conform_whole_tensor_states(groups, [this](const at::Tensor& p) { return find_state(p); });
   const FusedKey key = fused_key(groups);
   if (!device) {  // no matrix has a gradient: nothing to step, and no update RMS to report
     fused_.reset();
@@ -372,8 +373,6 @@ bool Muon::step_fused(const std::vector<Group>& groups) {
     const MuonOptions& o = *groups[static_cast<std::size_t>(group)].options;
     auto& st = state_of(param);
     if (!st.momentum_buffer().defined()) st.momentum_buffer(fp32_contiguous_zeros_like(param));
-    // (the step walks it as its contiguous parameter: a buffer loaded in another layout is copied)
-    if (!st.momentum_buffer().is_contiguous()) st.momentum_buffer(st.momentum_buffer().contiguous());
     masters.push_back(uses_master(o, param) ? fp32_weights(o, param) : at::Tensor());
     const auto& mat = f.matrices[k];
     kernels::TensorSlot slot;

@@ -366,6 +366,7 @@ bool SOAP::step_fused(const std::vector<Group>& groups) {
     warn_reference_path(*why);
     return false;
   }
+  conform_whole_tensor_states(groups, [this](const at::Tensor& p) { return find_state(p); });
   if (!device) return true;  // nothing steps
   const bool cuda = runner_for(*device) == Runner::kCuda;
   const DeviceGuard guard(*device);

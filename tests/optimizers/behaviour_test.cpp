@@ -660,10 +660,19 @@ TEST_P(Layouts, AFallbackToTheReferencePathWarnsOnceWithItsReason) {
   ASSERT_EQ(warnings.messages().size(), 1u);
   const std::string& m = warnings.messages()[0];
   EXPECT_NE(m.find("LAMB: steps on the reference path"), std::string::npos) << m;
-  EXPECT_NE(m.find("a parameter of group 0 (sizes [8, 6], strides [12, 2]) is not dense and non-overlapping"),
+  EXPECT_NE(m.find("a parameter (sizes [8, 6], strides [12, 2]) is not dense and non-overlapping"),
             std::string::npos)
       << m;
   EXPECT_TRUE(torch::equal(strided, copy));
+
+  // A group with fused(false) sends the whole step to the reference path, as
+  // asked: no warning, whatever the other groups hold.
+  std::vector<torch::optim::OptimizerParamGroup> mixed;
+  mixed.emplace_back(std::vector<at::Tensor>{strided}, std::make_unique<LAMBOptions>(0.01));
+  mixed.emplace_back(std::vector<at::Tensor>{copy}, std::make_unique<LAMBOptions>(LAMBOptions(0.01).fused(false)));
+  LAMB asked(std::move(mixed), LAMBOptions(0.01));
+  asked.step();
+  EXPECT_EQ(warnings.messages().size(), 1u);
 }
 
 // Muon's, SOAP's and Shampoo's own fused steps read matrices in memory
@@ -698,6 +707,34 @@ void expect_channels_last_warns_and_agrees(const Options& options, const char* k
 INSTANTIATE_TEST_SUITE_P(Devices, Layouts, ::testing::Values(0, 1), [](const auto& info) {
   return std::string(info.param == 0 ? "cpu" : "engine_CUDA");
 });
+
+// A master copy (and the states) made while the parameter was channels_last,
+// read by the fused step once it is contiguous: copied into its layout first
+// (read as they are, they would scramble the weights).
+template <typename Opt, typename Options>
+void expect_states_follow_a_layout_change(const Options& options, const char* kind) {
+  const auto a = conv_params(false, at::kBFloat16);
+  const auto b = conv_params(true, at::kBFloat16);
+  Opt oa(std::vector<at::Tensor>{a[0]}, options);
+  Opt ob(std::vector<at::Tensor>{b[0]}, options);
+  bigbatch::compat::WarningCollector warnings;  // (b's first steps warn)
+  for (int s = 0; s < 4; ++s) {
+    if (s == 2) b[0].set_data(b[0].contiguous());
+    set_conv_grads({a[0]}, s, false);
+    set_conv_grads({b[0]}, s, true);
+    oa.step();
+    ob.step();
+  }
+  EXPECT_TRUE(b[0].is_contiguous());
+  const auto diff = (a[0].to(at::kFloat) - b[0].to(at::kFloat)).norm() / a[0].to(at::kFloat).norm();
+  EXPECT_LT(diff.item<double>(), 1e-2) << kind;
+}
+
+TEST(WholeTensorLayouts, StatesFollowTheirParameterIntoTheContiguousLayout) {
+  expect_states_follow_a_layout_change<Muon>(MuonOptions(0.02).master_weights(true), "Muon");
+  expect_states_follow_a_layout_change<SOAP>(SOAPOptions(0.01).master_weights(true), "SOAP");
+  expect_states_follow_a_layout_change<Shampoo>(ShampooOptions(0.01).epsilon(1e-6).master_weights(true), "Shampoo");
+}
 
 TEST(WholeTensorLayouts, StepsWarnForChannelsLastAndAgree) {
   expect_channels_last_warns_and_agrees<Muon>(MuonOptions(0.01), "Muon");
