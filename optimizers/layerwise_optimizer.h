@@ -330,6 +330,15 @@ class LayerwiseOptimizer : public LayerwiseOptimizerBase {
   /// created in place (zero, at step 0: the next step cannot tell them apart).
   bool step_engine(const std::vector<Group>& groups);
 
+  /// Whether the parameters of `groups` take a whole-tensor fused step
+  /// (Muon's, SOAP's and Shampoo's own: contiguous parameters on one device a
+  /// runner takes, which `device` then holds, empty where nothing steps);
+  /// where not, warns once with the reason. Where they do, their states
+  /// laid out otherwise (made while a parameter was channels_last, or loaded
+  /// so), master copies included, are first copied into the parameters'
+  /// layout, in which those steps read them.
+  bool whole_tensor_fused(const std::vector<Group>& groups, std::optional<at::Device>& device);
+
  private:
   /// Copies the step counts the engine keeps into the bound states (waits for
   /// the stream on CUDA); nothing before the first fused step.

@@ -442,20 +442,6 @@ bool conform_layout(ParamState& st, const at::Tensor& param) {
   return changed;
 }
 
-/// Muon's, SOAP's and Shampoo's fused steps read each state shaped like its
-/// (contiguous) parameter, the master copy included, in memory order: the
-/// states of `groups`' parameters laid out otherwise (made while a parameter
-/// was channels_last, or loaded so) are copied first.
-/// (`find_state`: the optimizer's, which creates nothing.)
-template <typename Group, typename FindState>
-void conform_whole_tensor_states(const std::vector<Group>& groups, const FindState& find_state) {
-  for (const auto& group : groups) {
-    for (const auto& pg : group.params) {
-      if (auto* st = find_state(pg.param)) conform_layout(*st, pg.param);
-    }
-  }
-}
-
 /// The engine an optimizer has bound, where, and the states behind its slots.
 class EngineBinding {
  public:
@@ -584,6 +570,21 @@ bool LayerwiseOptimizer<Options, ParamState>::step_engine(const std::vector<Grou
     step.run(stream);
     engine_ran_ = true;
   });
+  return true;
+}
+
+template <typename Options, typename ParamState>
+bool LayerwiseOptimizer<Options, ParamState>::whole_tensor_fused(const std::vector<Group>& groups,
+                                                                 std::optional<at::Device>& device) {
+  if (const auto why = why_not_fused(groups, Layouts::kContiguous, device)) {
+    warn_reference_path(*why);
+    return false;
+  }
+  for (const auto& group : groups) {
+    for (const auto& pg : group.params) {
+      if (ParamState* st = find_state(pg.param)) conform_layout(*st, pg.param);
+    }
+  }
   return true;
 }
 

@@ -347,11 +347,7 @@ void retarget_for_apply(const MuonFusedState& f, std::vector<kernels::TensorSlot
 
 bool Muon::step_fused(const std::vector<Group>& groups) {
   std::optional<at::Device> device;
-  if (const auto why = why_not_fused(groups, Layouts::kContiguous, device)) {
-    warn_reference_path(*why);
-    return false;
-  }
-  conform_whole_tensor_states(groups, [this](const at::Tensor& p) { return find_state(p); });
+  if (!whole_tensor_fused(groups, device)) return false;
   const FusedKey key = fused_key(groups);
   if (!device) {  // no matrix has a gradient: nothing to step, and no update RMS to report
     fused_.reset();

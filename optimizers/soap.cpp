@@ -362,11 +362,7 @@ struct Batch {
 
 bool SOAP::step_fused(const std::vector<Group>& groups) {
   std::optional<at::Device> device;
-  if (const auto why = why_not_fused(groups, Layouts::kContiguous, device)) {
-    warn_reference_path(*why);
-    return false;
-  }
-  conform_whole_tensor_states(groups, [this](const at::Tensor& p) { return find_state(p); });
+  if (!whole_tensor_fused(groups, device)) return false;
   if (!device) return true;  // nothing steps
   const bool cuda = runner_for(*device) == Runner::kCuda;
   const DeviceGuard guard(*device);
