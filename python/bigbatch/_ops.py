@@ -12,6 +12,24 @@ _LIBRARY = pathlib.Path(__file__).resolve().parent / "libbigbatch_ops.so"
 if not _LIBRARY.exists():
     raise ImportError(f"bigbatch: the operator library {_LIBRARY} is missing; install the package with "
                       "`pip install --no-build-isolation .` from the repository (docs/python.md)")
+
+
+def _public(version):
+    return str(version).split("+")[0]
+
+
+def check_torch(running, built):
+    """The library links the C++ symbols of the torch it was built against;
+    another release's differ. Local labels (+cu132, +cpu) share them."""
+    if _public(running) != _public(built):
+        raise ImportError(f"bigbatch was built against torch {built} and this Python imports torch {running}: "
+                          f"install torch=={_public(built)}, or rebuild bigbatch in this environment "
+                          "(`pip install --no-build-isolation .`, docs/python.md)")
+
+
+from ._build_info import TORCH_VERSION  # noqa: E402 - written by the build
+
+check_torch(torch.__version__, TORCH_VERSION)
 torch.ops.load_library(str(_LIBRARY))
 ops = torch.ops.bigbatch
 
