@@ -458,8 +458,8 @@ def test_the_fused_step_over_several_chunks_is_the_reference_step(case):
     # fp32 rounding, not bit for bit. SOAP's and Shampoo's paths also batch
     # their products and eigensolvers differently (Shampoo's 40,000-element
     # vector is 2,500 blocks of 16), which their eigenvalues amplify: measured
-    # 1.2e-5 (SOAP) and 5.1e-5 (Shampoo) of the distance moved on an Intel
-    # Xeon, as the C++ tests find (tests/optimizers/soap_test.cpp).
+    # 1.2e-5 (SOAP) and 5.1e-5 (Shampoo) of the distance moved on an AMD
+    # EPYC, as the C++ tests find (tests/optimizers/soap_test.cpp).
     cls, options, plain, dtype = CASES[case]
     tolerance = 1e-4 if case in ("soap", "shampoo") else 1e-5
     params, grads = big_tensors(seed=8)
@@ -483,7 +483,7 @@ def test_bf16_parameters_without_a_master_copy_round_each_step():
     # lower precision would cross rounding boundaries often. fp32 states can
     # still put an element on the other side of a boundary from float64 now
     # and then (about 2^-16 of the time): measured 818 of 818 elements equal
-    # on an Intel Xeon. An fp32 master copy ends 0.016 away.
+    # on an AMD EPYC. An fp32 master copy ends 0.016 away.
     params, grads = tensors(torch.bfloat16, seed=9, steps=6, gap=False)
     lr, wd, b1, b2, eps = 0.1, 0.01, 0.9, 0.999, 1e-6
     mine = leaves(params)
