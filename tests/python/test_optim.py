@@ -42,13 +42,13 @@ CASES = {
 }
 
 
-def tensors(dtype=torch.float32, seed=0, steps=STEPS, gap=True):
-    """Parameters of odd shapes and their gradients for `steps` steps; with
+def tensors(dtype=torch.float32, seed=0, steps=STEPS, gap=True, shapes=SHAPES):
+    """Parameters of `shapes` and their gradients for `steps` steps; with
     `gap`, the last parameter has none in step 1."""
     g = torch.Generator().manual_seed(seed)
-    params = [torch.randn(s, generator=g).to(dtype) for s in SHAPES]
-    grads = [[None if (gap and t == 1 and i == len(SHAPES) - 1) else torch.randn(s, generator=g).mul(0.1).to(dtype)
-              for i, s in enumerate(SHAPES)] for t in range(steps)]
+    params = [torch.randn(s, generator=g).to(dtype) for s in shapes]
+    grads = [[None if (gap and t == 1 and i == len(shapes) - 1) else torch.randn(s, generator=g).mul(0.1).to(dtype)
+              for i, s in enumerate(shapes)] for t in range(steps)]
     return params, grads
 
 
@@ -398,27 +398,21 @@ def test_each_group_steps_at_its_own_rate(case):
             opt.step()
             sched.step()
 
+    lambdas = _lambdas(len(params))
     mine = leaves(params)
-    run_scheduled(cls([group(i, p) for i, p in enumerate(mine)], **options), mine, grads, _lambdas(len(mine)))
+    run_scheduled(cls([group(i, p) for i, p in enumerate(mine)], **options), mine, grads, lambdas)
     for i, p in enumerate(params):
         alone = leaves([p])
-        run_scheduled(cls([group(i, alone[0])], **options), alone, [[s[i]] for s in grads], [_lambdas(4)[i]])
+        run_scheduled(cls([group(i, alone[0])], **options), alone, [[s[i]] for s in grads], [lambdas[i]])
         assert_same_bits([mine[i]], alone)
 
 
 BIG = [(130, 257), (40000,), (16384,), (16385,)]  # 2 chunks and a tail; 3; exactly 1; 1 and one element
 
 
-def big_tensors(seed, steps=4):
-    g = torch.Generator().manual_seed(seed)
-    params = [torch.randn(s, generator=g) for s in BIG]
-    grads = [[torch.randn(s, generator=g).mul(0.1) for s in BIG] for _ in range(steps)]
-    return params, grads
-
-
 def test_lamb_over_several_chunks_and_distinct_group_rates_matches_timm():
     Lamb = reference("timm.optim.lamb").Lamb
-    params, grads = big_tensors(seed=6)
+    params, grads = tensors(seed=6, gap=False, shapes=BIG)
     rates = [1e-2, 4e-3, 2e-3, 1e-3]
     groups = lambda ps: [{"params": [p], "lr": r} for p, r in zip(ps, rates)]  # noqa: E731
     mine, theirs = leaves(params), leaves(params)
@@ -438,7 +432,7 @@ def test_lamb_over_several_chunks_and_distinct_group_rates_matches_timm():
 @pytest.mark.parametrize("clip", [False, True])
 def test_lars_and_larc_over_several_chunks_match_timm(clip):
     Lars = reference("timm.optim.lars").Lars
-    params, grads = big_tensors(seed=7)
+    params, grads = tensors(seed=7, gap=False, shapes=BIG)
     ours = LARC if clip else LARS
     extra = {"clip": True} if clip else {}
     groups = lambda ps: [{"params": ps[:2], "weight_decay": 1e-3}, {"params": ps[2:], "weight_decay": 0.0}]  # noqa: E731
@@ -462,9 +456,7 @@ def test_the_fused_step_over_several_chunks_is_the_reference_step(case):
     # EPYC, as the C++ tests find (tests/optimizers/soap_test.cpp).
     cls, options, plain, dtype = CASES[case]
     tolerance = 1e-4 if case in ("soap", "shampoo") else 1e-5
-    params, grads = big_tensors(seed=8)
-    params = [p.to(dtype) for p in params]
-    grads = [[g.to(dtype) for g in step] for step in grads]
+    params, grads = tensors(dtype, seed=8, gap=False, shapes=BIG)
     fused, reference_path = leaves(params), leaves(params)
     for ps, flag in ((fused, True), (reference_path, False)):
         mats = [p for p in ps if p.dim() >= 2]
