@@ -7,12 +7,14 @@
 //   bigbatch report DIR... [--format F]            their steps-to-target tables
 //   bigbatch slurm CONFIG [--workers N] [...]      a sweep as a Slurm job array of workers
 //   bigbatch env [--json]                          what this machine computes with, and the math check
+//   bigbatch data CONFIG --save FILE               its dataset's splits as tensors (for Python)
 // Exit 0 on success, 2 on a bad config or arguments (one line), 1 on failures,
 // 75 for a sweep stopped by a signal once its trials were checkpointed.
 #include "cli.h"
 
 #include "../../distributed/process_group.h"
 #include "../sweep/cbs.h"
+#include "../sweep/executor.h"
 #include "../cluster/claims.h"
 #include "../runconfig/config.h"
 #include "../io/files.h"
@@ -27,6 +29,7 @@
 
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
+#include <torch/serialize.h>
 
 #include <algorithm>
 #include <atomic>
@@ -322,7 +325,7 @@ void add_lease(CLI::App* cmd, double& lease) {
 }
 
 struct SweepCommand {
-  std::string config, out = "runs";
+  std::string config, out = "runs", executor;
   int jobs = 1;
   double lease = 120;
   bool no_prune = false, extend_search = false, batch_trials = false, no_batch_trials = false;
@@ -344,12 +347,20 @@ struct SweepCommand {
                   "run every trial to its end, even one that can no longer change the steps-to-target table "
                   "(config: runner.prune)");
     add_lease(cmd, lease);
+    cmd->add_option("--executor", executor,
+                    "R,W: file descriptors of a trial executor's pipes; it trains the trials, this program keeps "
+                    "the sweep (bigbatch.sweep with train_data=... passes them; docs/python.md)");
     parallel.add_to(cmd);
     return cmd;
   }
 
   int run(int argc, char** argv) const {
     if (!(lease > 0)) throw bx::ConfigError("--lease: must be a number of seconds > 0, got " + bx::seconds_text(lease));
+    std::unique_ptr<bx::TrialExecutor> trials_by;
+    if (!executor.empty()) {
+      trials_by = bx::open_executor(executor);
+      std::signal(SIGPIPE, SIG_IGN);  // an executor gone shows as a write error, not a killed program
+    }
     auto sweeps = load(config, parallel);  // every variant parsed before any runs
     for (auto& named : sweeps) {
       if (no_prune) named.sweep.runner.prune = false;
@@ -378,6 +389,7 @@ struct SweepCommand {
       options.extend_search = extend_search ? 3 : 0;
       options.lease = lease;
       options.stop = group ? nullptr : &stop_signal;
+      options.executor = trials_by.get();
       const bx::SweepSummary s = bx::run_sweep(named.sweep, options, group.get());
       if (s.interrupted != 0) {
         std::cerr << "bigbatch: stopped by " << signal_name(s.interrupted) << ": " << s.released
@@ -688,6 +700,38 @@ struct EnvCommand {
   }
 };
 
+// The splits of a config's dataset as tensors, for a Python process that
+// trains the same data (bigbatch.datasets; docs/python.md "Two executors,
+// one folder"). Every example as evaluation reads it: no augmentation.
+struct DataCommand {
+  std::string config, save;
+
+  CLI::App* add(CLI::App& app) {
+    auto* cmd = app.add_subcommand("data", "save a sweep config's training and validation splits as one file of "
+                                           "tensors (torch.load reads it: a tuple of train input, train target, "
+                                           "validation input, validation target)");
+    cmd->add_option("CONFIG", config, "sweep config (JSON)")->required();
+    cmd->add_option("--save", save, "the file to write")->required();
+    return cmd;
+  }
+
+  int run() const {
+    const auto sweeps = bx::load_sweeps(config);
+    const bx::WorkloadData data = bx::load_data(sweeps.front().sweep);
+    // A tuple: torch.load(weights_only=True) takes it (a typed dict carries
+    // a type tag it refuses).
+    std::vector<c10::IValue> splits;
+    for (const auto* examples : {data.train.get(), data.validation.get()}) {
+      const bx::Batch all = examples->range(0, examples->size());
+      splits.emplace_back(all.input.contiguous());
+      splits.emplace_back(all.target.contiguous());
+    }
+    const std::vector<char> bytes = torch::pickle_save(c10::ivalue::Tuple::create(std::move(splits)));
+    bx::write_file_atomic(save, std::string(bytes.begin(), bytes.end()));
+    return 0;
+  }
+};
+
 // The command line, parsed; the chosen subcommand's exit code.
 int run(int argc, char** argv) {
   CLI::App app{"bigbatch: batch size against steps to target, on LibTorch"};
@@ -699,8 +743,9 @@ int run(int argc, char** argv) {
   ReportCommand report;
   SlurmCommand slurm;
   EnvCommand env;
+  DataCommand data;
   const CLI::App* chosen[] = {sweep.add(app), train.add(app), cbs.add(app), plot.add(app), report.add(app),
-                              slurm.add(app), env.add(app)};
+                              slurm.add(app), env.add(app), data.add(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -714,6 +759,7 @@ int run(int argc, char** argv) {
   if (*chosen[3]) return plot.run();
   if (*chosen[5]) return slurm.run();
   if (*chosen[6]) return env.run();
+  if (*chosen[7]) return data.run();
   return report.run();
 }
 

@@ -59,10 +59,6 @@ void check_folder(const std::string& dir, const std::string& what) {
   std::filesystem::remove(probe, ec);
 }
 
-namespace {
-
-// Each batch size, and the largest batch-size increase grows it to, against
-// the training set's size and gns.micro_batches.
 void check_batches(const SweepConfig& sweep, std::int64_t train_size) {
   for (const auto b : sweep.batch_sizes) {
     if (b > train_size) {
@@ -87,6 +83,8 @@ void check_batches(const SweepConfig& sweep, std::int64_t train_size) {
     }
   }
 }
+
+namespace {
 
 // The data's splits, and the target's metric against the task.
 void check_data(const SweepConfig& sweep, const WorkloadData& data) {

@@ -24,6 +24,11 @@ void check_jobs(int jobs, bool data_parallel, const std::string& runs_one);
 /// written there (the file is removed again).
 void check_folder(const std::string& dir, const std::string& what);
 
+/// Throws ConfigError unless each batch size, and the largest that
+/// batch-size increase grows it to, fits a training set of `train_size`
+/// examples and splits into gns.micro_batches (load_data checks it).
+void check_batches(const SweepConfig& sweep, std::int64_t train_size);
+
 /// The sweep's dataset, loaded through its registration (workload.h) and
 /// checked before any training: both splits have examples; each batch size,
 /// and the largest that batch-size increase grows it to, fits the training

@@ -2,6 +2,9 @@
 // trials left, and a pool of `jobs` threads that runs them.
 #include "sweep.h"
 
+#include "executor.h"
+#include "../workload/python.h"
+
 #include "../train/batched.h"
 #include "../cluster/claims.h"
 #include "../cluster/cores.h"
@@ -358,6 +361,14 @@ struct RoundWatch {
   }
 };
 
+// The executor that trains a sweep's trials in another process (executor.h),
+// when there is one, and what it needs of the data.
+struct External {
+  TrialExecutor* executor = nullptr;
+  std::int64_t train_size = 0;
+  std::int64_t threads = 1;
+};
+
 // One round's jobs: a trial, or a batched group of them, run into its
 // folder with the hooks that tie it to the round (the queue's bounds, the
 // progress board, the claim board of a shared folder), and what happens
@@ -366,9 +377,9 @@ class RoundRunner {
  public:
   RoundRunner(const std::vector<TrialConfig>& trials, const WorkloadData& data, const fs::path& dir,
               distributed::ProcessGroup* group, ClaimBoard* board, TrialQueue& queue, JobSource& source,
-              ProgressBoard& progress, RoundTotals& totals)
+              ProgressBoard& progress, RoundTotals& totals, const External& external)
       : trials_(trials), data_(data), dir_(dir), group_(group), board_(board), queue_(queue), source_(source),
-        progress_(progress), totals_(totals) {}
+        progress_(progress), totals_(totals), external_(external) {}
 
   void run(const Job& job) {
     Lanes l;
@@ -378,6 +389,11 @@ class RoundRunner {
     const FolderHooks hooks = hooks_for(job, l);
     if (own_claims() && !still_ours(l)) return;
     try {
+      if (external_.executor != nullptr) {
+        run_external(trials_[job.index], external_.train_size, external_.threads, folder(job.index), hooks,
+                     *external_.executor);
+        return;
+      }
       if (job.group.empty()) {
         run_one(trials_[job.index], data_, folder(job.index), hooks, group_);
         return;
@@ -391,6 +407,9 @@ class RoundRunner {
       run_group(configs, data_, dirs, hooks);
     } catch (const TrialInterrupted&) {
       give_back_interrupted(l);
+    } catch (const ExecutorGone&) {  // the sweep ends; the trial is not at fault
+      if (board_ != nullptr) give_back_interrupted(l);
+      throw;
     } catch (const std::exception& e) {
       // The workload threw: the trial fails with its message and the sweep
       // goes on. (Data-parallel, the ranks may be out of step: stop.)
@@ -522,6 +541,7 @@ class RoundRunner {
   JobSource& source_;
   ProgressBoard& progress_;
   RoundTotals& totals_;
+  const External& external_;
 };
 
 // Runs what is left of `trials` into `dir`, `jobs` at a time: the body of
@@ -529,7 +549,7 @@ class RoundRunner {
 void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data, const fs::path& dir,
                 const SweepOptions& options, int jobs_granted, const RunnerSpec& runner,
                 distributed::ProcessGroup* group, ClaimBoard* board, RoundWatch& watch, bool report_resume,
-                RoundTotals& totals) {
+                RoundTotals& totals, const External& external) {
   const bool writer = group == nullptr || group->rank() == 0;
   TrialQueue queue(trials, runner.prune);
   JobSource source(queue, trials, dir, runner.prune, runner.batch_trials.value_or(false), group, board,
@@ -551,7 +571,7 @@ void run_trials(const std::vector<TrialConfig>& trials, const WorkloadData& data
     }
   } unwatch{watch};
   ProgressBoard progress(left);
-  RoundRunner round(trials, data, dir, group, board, queue, source, progress, totals);
+  RoundRunner round(trials, data, dir, group, board, queue, source, progress, totals, external);
   const int jobs = std::min<int>(jobs_granted, static_cast<int>(std::max<std::int64_t>(1, left)));
   // Each worker's intra-op pool: the config's, whatever --jobs is.
   run_workers(jobs, static_cast<int>(runner.threads_per_trial), [&] { return source.next(); },
@@ -705,6 +725,36 @@ void write_sweep_events(const SweepConfig& sweep, const fs::path& dir) {
   }
 }
 
+// A sweep's trials trained by an executor in another process (executor.h):
+// checked before any work. Its train_size is set for a "python" dataset (0:
+// the loaded data's). Without an executor, a "python" dataset or model is
+// refused: only the Python process holding them can train them.
+External external_trials(const SweepConfig& sweep, const SweepOptions& options, distributed::ProcessGroup* group) {
+  const bool python = sweep.base.data.name == "python" || sweep.base.model.name == "python";
+  if (options.executor == nullptr) {
+    if (python) {
+      throw ConfigError(std::string(sweep.base.data.name == "python" ? "dataset" : "model") +
+                        " \"python\": the user's own, held by the Python process that trains this sweep's trials "
+                        "(bigbatch.sweep with train_data=...); this program alone cannot train it");
+    }
+    return {};
+  }
+  if (group != nullptr) throw ConfigError("--executor: a data-parallel sweep trains its own trials");
+  if (options.jobs != 1) {
+    throw ConfigError("--jobs: the trial executor trains one trial at a time, got " + std::to_string(options.jobs));
+  }
+  const std::string refusal = executor_refusal(sweep.base);
+  if (!refusal.empty()) throw ConfigError(refusal + ", not the Python executor's");
+  External out;
+  out.executor = options.executor;
+  out.threads = sweep.runner.threads_per_trial;
+  if (sweep.base.data.name == "python") {
+    out.train_size = python_train_size(sweep.base.data);
+    check_batches(sweep, out.train_size);
+  }
+  return out;
+}
+
 }  // namespace
 
 // About 70 lines, each step a call: the checks in the order that shows a
@@ -732,7 +782,9 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   // The math check, before any trial runs (machine.h): recorded beside the
   // config, and said once when the math is slow.
   const json written = with_machine(resolved, writer);
-  const WorkloadData data = load_data(sweep);
+  External external = external_trials(sweep, options, group);
+  const WorkloadData data = sweep.base.data.name == "python" ? WorkloadData{} : load_data(sweep);
+  if (external.executor != nullptr && external.train_size == 0) external.train_size = data.train->size();
   if (writer) write_file_atomic((dir / "sweep.json").string(), written.dump(2) + "\n");
   // Claims, so that other processes can work on this folder too (rank 0 of
   // a data-parallel sweep claims for its group).
@@ -746,11 +798,11 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
   summary.dir = dir.string();
   summary.jobs = jobs;
   RunnerSpec runner = sweep.runner;
-  runner.batch_trials = batch_trials(sweep, data, group, writer);
+  runner.batch_trials = external.executor == nullptr && batch_trials(sweep, data, group, writer);
   // One round; false when a stop ended it before every trial had its result.
   const auto run_round = [&](const std::vector<TrialConfig>& trials, bool first) {
     RoundTotals totals;
-    run_trials(trials, data, dir, options, jobs, runner, group, claims, watch, first, totals);
+    run_trials(trials, data, dir, options, jobs, runner, group, claims, watch, first, totals, external);
     if (first) summary.skipped = totals.skipped;
     summary.trials = static_cast<std::int64_t>(trials.size());
     summary.pruned += totals.pruned;

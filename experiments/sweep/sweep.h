@@ -13,6 +13,8 @@
 
 namespace bigbatch::experiments {
 
+class TrialExecutor;
+
 struct SweepOptions {
   std::string out = "runs";  ///< the sweep goes to <out>/<name>/
   int jobs = 1;              ///< trials in parallel (at most what fits the cores, workers.h)
@@ -31,6 +33,11 @@ struct SweepOptions {
   /// claims back, and run_sweep returns with `interrupted` set. Batched
   /// groups have no checkpoints: they are given back to start over.
   const std::atomic<int>* stop = nullptr;
+  /// When set, the trials are trained by this executor (executor.h: the
+  /// Python package's, over the user's module and data), one at a time, and
+  /// everything else of the sweep is as without it. The config's "dataset"
+  /// and "model" may then be "python" (workload/python.h).
+  TrialExecutor* executor = nullptr;
 };
 
 struct SweepSummary {

@@ -31,8 +31,8 @@ bool same_config(const TrialConfig& t, const fs::path& dir) {
   }
 }
 
-// An evaluation as TensorBoard scalars: what metrics.csv holds (NaN cells
-// left out) and the optimizer's per-layer scalars (Trainer::layer_scalars).
+}  // namespace
+
 std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const std::vector<std::string>& extra,
                                                      const std::vector<std::pair<std::string, double>>& layers) {
   std::vector<tensorboard::Event::Scalar> out;
@@ -60,14 +60,6 @@ std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const s
   return out;
 }
 
-// A trial's folder, ready for its run: made, its config.json written.
-// Returns the checkpoint an interrupted run of the same config left there
-// (periodic, or written when it was preempted), if `resumable`; any other is
-// removed. A summary.json of the same config stays until the run replaces
-// it: one the sweep does not take as final (a failure) still describes the
-// trial to the tables other workers may write meanwhile, and a worker that
-// stalled here past its claim's lease must not remove the result of the
-// worker that took the trial over. Another config's summary goes.
 std::string prepare_folder(const TrialConfig& t, const fs::path& folder, bool resumable) {
   fs::create_directories(folder);
   const bool same = same_config(t, folder);
@@ -82,6 +74,15 @@ std::string prepare_folder(const TrialConfig& t, const fs::path& folder, bool re
   write_file_atomic((folder / "config.json").string(), to_json(t).dump(2) + "\n");
   return saved;
 }
+
+void write_result(const TrialConfig& t, const fs::path& folder, const TrialResult& r,
+                  const std::vector<std::string>& metric_names) {
+  write_file_atomic((folder / "metrics.csv").string(), metrics_csv(r.rows, metric_names));
+  write_file_atomic((folder / "summary.json").string(), summary_json(t, r).dump(2) + "\n");
+  fs::remove(folder / "checkpoint.pt");  // finished: the summary and metrics are the record
+}
+
+namespace {
 
 // Runs the trainer's lanes, trial i into folders[i]: its event file (kept up
 // to step `resumed_at` of a resumed trial, else new), its checkpoints, and
@@ -127,9 +128,7 @@ std::vector<TrialResult> run_into(Trainer& trainer, const std::vector<TrialConfi
       return;
     }
     if (writer) {
-      write_file_atomic((folders[i] / "metrics.csv").string(), metrics_csv(r.rows, trainer.metric_names()));
-      write_file_atomic((folders[i] / "summary.json").string(), summary_json(trials[i], r).dump(2) + "\n");
-      fs::remove(folders[i] / "checkpoint.pt");  // finished: the summary and metrics are the record
+      write_result(trials[i], folders[i], r, trainer.metric_names());
       events[i].reset();
     }
     if (outer.finished) outer.finished(i, r);

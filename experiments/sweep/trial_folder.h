@@ -9,12 +9,14 @@
 #pragma once
 
 #include "../runconfig/config.h"
+#include "../io/tensorboard.h"
 #include "../train/trial.h"
 #include "../../distributed/process_group.h"
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -51,6 +53,25 @@ struct FolderHooks {
 /// rank 0 writes (and reports progress).
 TrialResult run_one(const TrialConfig& trial, const WorkloadData& data, const std::string& dir,
                     const FolderHooks& hooks = {}, distributed::ProcessGroup* group = nullptr);
+
+/// A trial's folder, ready for its run: made, its config.json written.
+/// Returns the checkpoint an interrupted run of the same config left there
+/// (periodic, or written when it was preempted), if `resumable`; any other is
+/// removed. A summary.json of the same config stays until the run replaces
+/// it: one the sweep does not take as final (a failure) still describes the
+/// trial to the tables other workers may write meanwhile, and a worker that
+/// stalled here past its claim's lease must not remove the result of the
+/// worker that took the trial over. Another config's summary goes.
+std::string prepare_folder(const TrialConfig& t, const std::filesystem::path& folder, bool resumable);
+/// A finished trial's record: metrics.csv (the workload's further metrics
+/// named by `metric_names`), then summary.json, which marks it finished; its
+/// checkpoint goes.
+void write_result(const TrialConfig& t, const std::filesystem::path& folder, const TrialResult& r,
+                  const std::vector<std::string>& metric_names);
+/// An evaluation as TensorBoard scalars: what metrics.csv holds (NaN cells
+/// left out) and the optimizer's per-layer scalars (Trainer::layer_scalars).
+std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const std::vector<std::string>& extra,
+                                                     const std::vector<std::pair<std::string, double>>& layers);
 
 /// Marks a trial failed (TrialStatus::kFailed): its summary.json with the
 /// workload's message under "error", what the tables count and a resumed

@@ -4,6 +4,7 @@
 
 #include "data.h"
 #include "gpt.h"
+#include "python.h"
 #include "images.h"
 #include "models.h"
 #include "text.h"
@@ -158,6 +159,10 @@ Registry& registry() {
     for (auto& m : builtin_models()) add(out->models, m.type, m, "model");
     const ModelRegistration gpt = gpt_model();
     add(out->models, gpt.type, gpt, "model");
+    const DatasetRegistration python_data = python_dataset();  // the Python executor's (python.h)
+    add(out->datasets, python_data.name, python_data, "dataset");
+    const ModelRegistration python_module = python_model();
+    add(out->models, python_module.type, python_module, "model");
     return out;
   }();
   return *r;
