@@ -643,7 +643,7 @@ bad_configs)
   derive schedule.json 'c["schedule"]["decay"] = {"type": "step", "milestones": [30, 20]}'
   expect_error 2 "schedule.decay.milestones: must be strictly increasing" "$bigbatch" sweep schedule.json
   derive workload.json 'c["model"] = {"type": "transformer"}'
-  expect_error 2 'workload.json: model.type: unknown "transformer" (registered: gpt, linear, mlp, resnet, resnet18, simple_cnn, torchscript)' \
+  expect_error 2 'workload.json: model.type: unknown "transformer" (registered: gpt, linear, mlp, python, resnet, resnet18, simple_cnn, torchscript)' \
     "$bigbatch" sweep workload.json
   derive script.json 'c["model"] = {"type": "torchscript", "path": "nowhere/net.pt"}'
   expect_error 2 "script.json: model.path: nowhere/net.pt: cannot open (No such file or directory)" \
@@ -651,6 +651,23 @@ bad_configs)
   echo "not a module" > garbage.pt
   derive garbage.json 'c["model"] = {"type": "torchscript", "path": "garbage.pt"}'
   expect_error 2 "model.path: garbage.pt: not a TorchScript module (" "$bigbatch" sweep garbage.json
+  # The Python executor's flag and records (docs/python.md "Sweeps of any nn.Module"; its
+  # trials are tests/python/test_executor.py's): refused before any work, one line each.
+  expect_error 2 "--executor: expected two file descriptors R,W" "$bigbatch" sweep "$config" --executor 3
+  expect_error 2 "--executor: file descriptor 97 is not open" "$bigbatch" sweep "$config" --executor 97,98
+  derive pydata.json 'c["dataset"] = {"name": "python", "train_size": 64, "val_size": 8, "id": "mine"}'
+  expect_error 2 'dataset "python": the user'"'"'s own, held by the Python process' "$bigbatch" sweep pydata.json
+  derive pydata0.json 'c["dataset"] = {"name": "python", "train_size": 0, "val_size": 8, "id": "mine"}'
+  expect_error 2 "dataset.train_size: must be >= 1, got 0" "$bigbatch" sweep pydata0.json
+  derive pymodel.json 'c["model"] = {"type": "python", "class": "mine.Net", "digest": "abc"}'
+  expect_error 2 'model "python": the user'"'"'s own' "$bigbatch" sweep pymodel.json
+  expect_error 2 "--jobs: the trial executor trains one trial at a time, got 2" \
+    "$bigbatch" sweep "$config" --jobs 2 --executor 0,1
+  # bigbatch data: the splits as a file of tensors (read back by bigbatch.datasets).
+  "$bigbatch" data "$config" --save splits.pt || fail "bigbatch data exited $?"
+  [ "$(head -c 2 splits.pt)" = "PK" ] || fail "bigbatch data: splits.pt is not a torch zip archive"
+  expect_error 2 "model.type" "$bigbatch" data workload.json --save no.pt
+  [ ! -e no.pt ] || fail "bigbatch data wrote no.pt for a config it refused"
   derive device.json 'c["device"] = "tpu"'
   expect_error 2 'device.json: device: unknown value "tpu" (one of: cpu, cuda)' "$bigbatch" sweep device.json
   expect_error 2 "" "$bigbatch" train "$config" --backend mpi

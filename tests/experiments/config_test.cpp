@@ -118,12 +118,12 @@ TEST(SweepConfig, ErrorsNameTheKey) {
   EXPECT_EQ(error_of(j), "batch_sizes[0]: 32 is not divisible by gns.micro_batches 3");
   j = minimal();
   j["model"] = {{"type", "transformer"}};
-  EXPECT_EQ(error_of(j), "model.type: unknown \"transformer\" (registered: gpt, linear, mlp, resnet, resnet18, simple_cnn, "
-                         "torchscript)");
+  EXPECT_EQ(error_of(j), "model.type: unknown \"transformer\" (registered: gpt, linear, mlp, python, resnet, resnet18, "
+                         "simple_cnn, torchscript)");
   j = minimal();
   j["dataset"] = {{"name", "imagenet"}};
   EXPECT_EQ(error_of(j), "dataset.name: unknown \"imagenet\" (registered: cifar10, cifar100, fashion_mnist, "
-                         "gaussian_mixture, image_folder, linear_regression, text)");
+                         "gaussian_mixture, image_folder, linear_regression, python, text)");
 }
 
 TEST(SweepConfig, NamesCannotLeaveTheOutputFolder) {
