@@ -85,18 +85,31 @@ lane 1 "current LibTorch (the main build)" ctest_lane build
 
 # The package builds without its CLI here (BIGBATCH_PYTHON_CLI=OFF: the main
 # build's serves bigbatch.sweep, through BIGBATCH_CLI), which saves two of
-# the package's three and a half minutes of compiling; docs/python.md.
+# the package's three and a half minutes of compiling; docs/python.md. It is
+# built as a wheel (pip wheel, in .pyenv where its torch is), installed into
+# a fresh venv with no compiler to be found (./.wheelenv: .pyenv's torch and
+# references through a .pth file, bigbatch only from the wheel), and the
+# tests run there: what a user installing the wheel gets.
 python_lane() {
-  local n=$1 t0=$SECONDS rc=0
+  local n=$1 t0=$SECONDS rc=0 dist=build-python/dist purelib
   while [ ! -e "$logs/pyenv.rc" ]; do sleep 1; done
   cat "$logs/pyenv"
   [ "$(cat "$logs/pyenv.rc")" -eq 0 ] || return 1
-  CMAKE_BUILD_PARALLEL_LEVEL=2 BIGBATCH_PYTHON_CLI=OFF .pyenv/bin/python -m pip install --quiet \
-    --disable-pip-version-check --no-build-isolation . || return 1
+  rm -rf "$dist"
+  .pyenv/bin/python -m pip uninstall --quiet --yes bigbatch 2> /dev/null  # (an earlier run's install)
+  CMAKE_BUILD_PARALLEL_LEVEL=2 BIGBATCH_PYTHON_CLI=OFF .pyenv/bin/python -m pip wheel --quiet \
+    --disable-pip-version-check --no-build-isolation --no-deps --wheel-dir "$dist" . || return 1
   built "$n" "$t0"
+  rm -rf .wheelenv
+  /usr/bin/python3 -m venv .wheelenv || return 1
+  purelib=$(.pyenv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$purelib" > "$(.wheelenv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/pyenv.pth"
+  env -i HOME="$HOME" PATH=/nonexistent CC=/bin/false CXX=/bin/false .wheelenv/bin/python -m pip install \
+    --quiet --disable-pip-version-check --no-index --no-deps "$dist"/bigbatch-*.whl || return 1
+  echo "python lane: $(basename "$dist"/bigbatch-*.whl) installed into .wheelenv without a compiler"
   rm -f build/pytest.xml
   BIGBATCH_CLI="$PWD/build/experiments/bigbatch" BIGBATCH_PYTHON_PEER="$PWD/build/tests/python_peer" \
-    BIGBATCH_REQUIRE_REFERENCES=1 .pyenv/bin/python -m pytest -q -p no:cacheprovider --junitxml=build/pytest.xml \
+    BIGBATCH_REQUIRE_REFERENCES=1 .wheelenv/bin/python -m pytest -q -p no:cacheprovider --junitxml=build/pytest.xml \
     tests/python || rc=1
   # Its summary in one line, failures included (the total below adds it up).
   [ -e build/pytest.xml ] && /usr/bin/python3 -c 'import sys, xml.etree.ElementTree as et
@@ -106,7 +119,7 @@ bad += int(s.get("errors"))
 print(f"pytest: {n - bad - skip} tests passed, {bad} tests failed, {skip} skipped, out of {n}")' build/pytest.xml
   return $rc
 }
-lane 2 "the Python package (pip install from this checkout, pytest)" python_lane
+lane 2 "the Python package (its wheel installed without a compiler, pytest)" python_lane
 
 # Lane 3 builds and runs what depends on the LibTorch version: the
 # libraries, the CLI, the test binaries that call LibTorch and the CUDA
