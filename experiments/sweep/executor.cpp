@@ -73,6 +73,9 @@ std::unique_ptr<TrialExecutor> open_executor(const std::string& spec) {
   } catch (const std::logic_error&) {
     throw ConfigError("--executor: expected two file descriptors R,W (bigbatch.sweep passes them), got '" + spec + "'");
   }
+  if (fds[0] == fds[1]) {
+    throw ConfigError("--executor: two file descriptors, one to read and one to write, got " + spec);
+  }
   for (const int fd : fds) {
     if (fd < 0 || ::fcntl(fd, F_GETFD) == -1) {
       throw ConfigError("--executor: file descriptor " + std::to_string(fd) + " is not open");
@@ -157,39 +160,62 @@ TrialResult run_external(const TrialConfig& trial, std::int64_t train_size, std:
   r.data_wait_fraction = kNaN;
   std::vector<std::string> metric_names;
   std::int64_t step = 0;
-  // The trial's end; `tell`: the executor waits for the answer (not after
-  // its own "diverged").
+  // The executor waits for an order after each stretch of steps, unless it
+  // ended the trial itself ("diverged", "error"): whatever ends the trial
+  // here, a return or an exception (a full disk, a hook's failure), that
+  // order is a "stop", so the executor never takes the next trial's "run"
+  // for one.
+  struct Owed {
+    TrialExecutor& executor;
+    bool stop = true;
+    void send(const std::string& status) {
+      stop = false;
+      executor.send({{"stop", status}});
+    }
+    ~Owed() {
+      if (!stop) return;
+      try {
+        executor.send({{"stop", "failed"}});
+      } catch (const std::exception&) {  // (gone: nothing waits)
+      }
+    }
+  } owed{executor};
+  // The trial's end: its files (commit, then metrics.csv and summary.json),
+  // then the executor's stop unless it ended the trial itself.
   const auto end = [&](TrialStatus status, double seconds, bool tell = true) {
     r.status = status;
     r.steps = step;
     r.wall_time = seconds;
-    if (tell) executor.send({{"stop", to_string(status)}});
+    if (!tell) owed.stop = false;
     events.reset();
     if (hooks.commit && !hooks.commit(0)) {
       std::cerr << "trial " << trial.name << ": taken over by another worker while this one stalled; "
                 << "this worker's result is refused\n";
-      return r;
+    } else {
+      write_result(trial, folder, r, metric_names);
+      if (hooks.finished) hooks.finished(0, r);
     }
-    write_result(trial, folder, r, metric_names);
-    if (hooks.finished) hooks.finished(0, r);
+    if (tell) owed.send(to_string(status));
     return r;
   };
   double seconds = 0;
   for (;;) {
-    // Before the next stretch of steps, as the trainer asks before each step.
+    // Before the next stretch of steps, as the trainer asks before each step
+    // (a run at its budget ends first).
+    if (step >= budget) return end(TrialStatus::kNotReached, seconds);
     if (hooks.interrupt) {
       const Interrupt how = hooks.interrupt();
       if (how != Interrupt::kNone) {
-        executor.send({{"stop", "interrupted"}});
+        owed.send("interrupted");
         throw TrialInterrupted(how);
       }
     }
-    if (step >= budget) return end(TrialStatus::kNotReached, seconds);
     const std::int64_t next_eval = std::min(budget, (step / every + 1) * every);
     if (hooks.prune && hooks.prune(0, next_eval)) return end(TrialStatus::kPruned, seconds);
     executor.send({{"go", next_eval}});
     for (;;) {  // until the evaluation at next_eval, or the trial's end
       const json message = executor.receive();
+      if (message.value("trial", std::string()) != trial.name) continue;  // an earlier trial's, late
       if (const auto p = message.find("progress"); p != message.end()) {
         if (hooks.progress) {
           hooks.progress({p->value("step", step), budget, number_or_nan(*p, "loss"),
@@ -198,6 +224,7 @@ TrialResult run_external(const TrialConfig& trial, std::int64_t train_size, std:
         continue;
       }
       if (const auto e = message.find("error"); e != message.end()) {
+        owed.stop = false;  // (the executor ended the trial)
         throw std::runtime_error(e->is_string() ? e->get<std::string>() : e->dump());
       }
       if (const auto d = message.find("diverged"); d != message.end()) {

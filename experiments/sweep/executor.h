@@ -12,13 +12,17 @@
 //      per step], "batch_size": [[first step, size], ...], "threads"}}
 //   -> {"go": STEP}: train up to step STEP, then evaluate;
 //      {"stop": STATUS}: the trial is over ("reached", "not_reached",
-//      "diverged", "pruned", or "interrupted": given back, to redo)
+//      "diverged", "pruned"; "interrupted": given back, to redo; "failed":
+//      this program failed to record it)
+// Each message of the executor names its trial ("trial": NAME); one of
+// another trial (late, after the program ended it) is dropped.
 //   <- {"progress": {"step", "loss", "steps_per_second"}}
 //   <- {"eval": {"step", "train_loss", "val_loss", "val_error", "metrics":
 //      {name: value}, "wall_time", "data": {...}, "executor": {...}}}
 //      answered by "go" or "stop"
 //   <- {"diverged": {"step", "wall_time", ...}}: a non-finite training loss
 //   <- {"error": LINE}: the user's code threw; the trial fails with LINE
+//      (sent in answer to "go": the program may end a trial before its first)
 #pragma once
 
 #include "trial_folder.h"

@@ -225,74 +225,96 @@ def _executor_record():
     return {"name": "python", "torch": torch.__version__, "python": platform.python_version()}
 
 
+def _error_line(e):
+    line = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {line}" if line else type(e).__name__
+
+
 def run_trial(spec, channel, task):
     """Trains one trial as the program directs, answering each "go" with an
     evaluation (or "diverged"); returns when the program says "stop". An
-    exception of the user's code is sent as the trial's error."""
+    exception of the user's code is sent as the trial's error, in answer to
+    an order (the program may end the trial before its first). Every message
+    names its trial, so the program never takes one for another trial's."""
     config = spec["config"]
+    name = spec["trial"]
     budget, lrs, sizes = spec["budget"], spec["lr"], spec["batch_size"]
     threads = torch.get_num_threads()
+    batches = loader = None
+
+    def send(kind, body):
+        channel.send({kind: body, "trial": name})
+
     try:
-        torch.set_num_threads(max(1, int(spec.get("threads", 1))))
-        device = torch.device("cuda" if config.get("device") == "cuda" else "cpu")
-        torch.manual_seed(config["seed"])  # the module's own randomness (dropout), as the C++ trainer seeds
-        module = copy.deepcopy(task.template).to(device)
-        module.train()
-        base = config["schedule"]["base_lr"]  # each group's rate over it: its ratio, as the C++ LRAdapter's
-        opt = make_optimizer(config["optimizer"], module, base)
-        ratios = [g["lr"] / base for g in opt.param_groups]
-        sampler = _Batches(task.train_size, sizes, budget, config["seed"])
-        loader = torch.utils.data.DataLoader(task.dataset, batch_sampler=sampler, **task.loader_options)
-        batches = iter(loader)
+        try:
+            torch.set_num_threads(max(1, int(spec.get("threads", 1))))
+            device = torch.device("cuda" if config.get("device") == "cuda" else "cpu")
+            torch.manual_seed(config["seed"])  # the module's own randomness (dropout), as the C++ trainer seeds
+            module = copy.deepcopy(task.template).to(device)
+            module.train()
+            base = config["schedule"]["base_lr"]  # each group's rate over it: its ratio, as the C++ LRAdapter's
+            opt = make_optimizer(config["optimizer"], module, base)
+            ratios = [g["lr"] / base for g in opt.param_groups]
+            sampler = _Batches(task.train_size, sizes, budget, config["seed"])
+            loader = torch.utils.data.DataLoader(task.dataset, batch_sampler=sampler, **task.loader_options)
+            batches = iter(loader)
+        except Exception as e:  # noqa: BLE001 - the user's code (the module's copy, the dataset): the trial fails
+            order = channel.receive()
+            if order is not None and "go" in order:
+                send("error", _error_line(e))
+            return
         start = time.monotonic()
         step, loss_sum, losses, waited, stepped, last_report = 0, 0.0, 0, 0.0, 0.0, 0.0
+        data = {"loader_threads": task.loader_options.get("num_workers", 0), "wait_fraction": None}
         while True:
             order = channel.receive()
-            if order is None or "stop" in order:
+            if order is None or "go" not in order:  # "stop", or the program gone
                 return
-            until = order["go"]
-            while step < until:
-                for group, ratio in zip(opt.param_groups, ratios):
-                    group["lr"] = lrs[step] * ratio
-                t0 = time.monotonic()
-                x, y = _split(_to(next(batches), device))
-                t1 = time.monotonic()
-                opt.zero_grad(set_to_none=True)
-                loss = task.loss(module(x), y)
-                loss.backward()
-                opt.step()
-                value = float(loss.detach())
-                stepped += time.monotonic() - t0
-                waited += t1 - t0
-                step += 1
-                data = {"loader_threads": task.loader_options.get("num_workers", 0),
-                        "wait_fraction": waited / stepped if stepped > 0 else None}
-                now = time.monotonic() - start
-                if not math.isfinite(value):
-                    channel.send({"diverged": {"step": step, "wall_time": now, "data": data,
-                                               "executor": _executor_record()}})
-                    return
-                loss_sum += value
-                losses += 1
-                if now - last_report > 0.5 or step == budget:
-                    last_report = now
-                    channel.send({"progress": {"step": step, "loss": value, "steps_per_second": step / max(now, 1e-9)}})
-            evaluating = hasattr(opt, "eval") and callable(opt.eval)  # Schedule-Free's evaluation point
-            if evaluating:
-                opt.eval()
-            val_loss, val_error, metrics = _evaluate(task, module, device)
-            if evaluating:
-                opt.train()
-            channel.send({"eval": {"step": step, "train_loss": _finite_or_none(loss_sum / max(losses, 1)),
-                                   "val_loss": _finite_or_none(val_loss), "val_error": _finite_or_none(val_error),
-                                   "metrics": {k: _finite_or_none(v) for k, v in metrics.items()},
-                                   "wall_time": time.monotonic() - start, "data": data,
-                                   "executor": _executor_record()}})
+            try:
+                until = order["go"]
+                while step < until:
+                    for group, ratio in zip(opt.param_groups, ratios):
+                        group["lr"] = lrs[step] * ratio
+                    t0 = time.monotonic()
+                    x, y = _split(_to(next(batches), device))
+                    t1 = time.monotonic()
+                    opt.zero_grad(set_to_none=True)
+                    loss = task.loss(module(x), y)
+                    loss.backward()
+                    opt.step()
+                    value = float(loss.detach())
+                    stepped += time.monotonic() - t0
+                    waited += t1 - t0
+                    step += 1
+                    data["wait_fraction"] = waited / stepped if stepped > 0 else None
+                    now = time.monotonic() - start
+                    if not math.isfinite(value):
+                        send("diverged", {"step": step, "wall_time": now, "data": data,
+                                          "executor": _executor_record()})
+                        return
+                    loss_sum += value
+                    losses += 1
+                    if now - last_report > 0.5 or step == budget:
+                        last_report = now
+                        send("progress", {"step": step, "loss": value, "steps_per_second": step / max(now, 1e-9)})
+                evaluating = hasattr(opt, "eval") and callable(opt.eval)  # Schedule-Free's evaluation point
+                if evaluating:
+                    opt.eval()
+                val_loss, val_error, metrics = _evaluate(task, module, device)
+                if evaluating:
+                    opt.train()
+            except Exception as e:  # noqa: BLE001 - the user's code: the trial fails with its message, the sweep goes on
+                send("error", _error_line(e))
+                return
+            send("eval", {"step": step, "train_loss": _finite_or_none(loss_sum / max(losses, 1)),
+                          "val_loss": _finite_or_none(val_loss), "val_error": _finite_or_none(val_error),
+                          "metrics": {k: _finite_or_none(v) for k, v in metrics.items()},
+                          "wall_time": time.monotonic() - start, "data": data, "executor": _executor_record()})
             loss_sum, losses = 0.0, 0
-    except Exception as e:  # noqa: BLE001 - the user's code: the trial fails with its message, the sweep goes on
-        line = str(e).splitlines()[0] if str(e) else ""
-        channel.send({"error": f"{type(e).__name__}: {line}" if line else type(e).__name__})
     finally:
+        # The loader's workers go now, whatever ended the trial: forked, they
+        # hold the pipe to the program, which would wait for them.
+        del batches, loader
         torch.set_num_threads(threads)
 
 

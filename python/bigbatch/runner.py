@@ -70,6 +70,10 @@ def _run(args, task=None):
             proc = subprocess.Popen([cli()] + args + ["--executor", f"{to_program},{from_program}"],
                                     env=_environment(), stderr=subprocess.PIPE, text=True,
                                     pass_fds=(to_program, from_program))
+        except BaseException:
+            os.close(to_here)
+            os.close(from_here)
+            raise
         finally:
             os.close(to_program)
             os.close(from_program)
@@ -78,9 +82,15 @@ def _run(args, task=None):
         reader.start()
         try:
             executor.serve(channel, task)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the program ended first: its exit code and last lines say why, below
         except BaseException:
             channel.close()  # the program gives the trial back and ends
-            proc.wait()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # (something still holds the pipe open)
+                proc.kill()
+                proc.wait()
             raise
         channel.close()
         proc.wait()

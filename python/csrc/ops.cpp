@@ -11,6 +11,7 @@
 // archive names) and their state fields are the library's own description of
 // each optimizer (optimizers/kind.h): nothing here names one but Muon, for
 // its update_rms().
+#include "../../kernels/cpu/isa.h"
 #include "../../optimizers/kind.h"
 #include "../../optimizers/muon.h"
 
@@ -410,6 +411,23 @@ void load(std::int64_t handle, const std::string& path) {
 }  // namespace
 }  // namespace bigbatch::python
 
+/// The vector instructions of the CPU element loops (kernels/cpu/isa.h):
+/// "baseline", "avx2" or "avx512".
+std::string cpu_isa() { return bigbatch::kernels::cpu::isa_name(bigbatch::kernels::cpu::cpu_isa()); }
+
+/// Runs the CPU element loops with `isa` from now on; a ValueError for a name
+/// that is none of the three, or one this CPU cannot run.
+void set_cpu_isa(const std::string& isa) {
+  namespace kc = bigbatch::kernels::cpu;
+  for (const kc::Isa i : {kc::Isa::kBaseline, kc::Isa::kAvx2, kc::Isa::kAvx512}) {
+    if (isa != kc::isa_name(i)) continue;
+    TORCH_CHECK_VALUE(kc::cpu_has(i), "bigbatch.set_cpu_isa: this CPU cannot run '", isa, "'");
+    kc::set_cpu_isa(i);
+    return;
+  }
+  TORCH_CHECK_VALUE(false, "bigbatch.set_cpu_isa: expected 'baseline', 'avx2' or 'avx512', got '", isa, "'");
+}
+
 TORCH_LIBRARY(bigbatch, m) {
   using namespace bigbatch::python;
   m.def("create(str kind, Tensor[] params, int[] group_sizes, str defaults, str group_options) -> int", &create);
@@ -440,4 +458,6 @@ TORCH_LIBRARY(bigbatch, m) {
   m.def("is_training(int handle) -> bool", &is_training);
   m.def("save(int handle, str path) -> ()", &save);
   m.def("load(int handle, str path) -> ()", &load);
+  m.def("cpu_isa() -> str", &cpu_isa);
+  m.def("set_cpu_isa(str isa) -> ()", &set_cpu_isa);
 }

@@ -5,6 +5,7 @@
 // without a rebuild. The optimizer tests cover the four plans end to end.
 #include "host_tensors.h"
 
+#include "../../kernels/cpu/isa.h"
 #include "../../kernels/engine.h"
 
 #include <ATen/Parallel.h>
@@ -136,6 +137,62 @@ TEST(CpuEngine, SameBitsForAnyThreadCount) {
   for (std::size_t k = 0; k < sizes.size(); ++k) {
     EXPECT_EQ(std::memcmp(one.w[k].data(), many.w[k].data(), sizes[k] * sizeof(float)), 0) << "tensor " << k;
     EXPECT_EQ(std::memcmp(one.v[k].data(), many.v[k].data(), sizes[k] * sizeof(float)), 0) << "tensor " << k;
+  }
+}
+
+// The element loops' AVX2 and AVX-512 variants (kernels/cpu/isa.h) against
+// the baseline loop: three LAMB steps and three LARS steps over tensors of
+// several chunks and ragged ends, bit for bit, for each variant this CPU runs.
+TEST(CpuEngine, EveryIsaGivesTheBaselinesBits) {
+  using bigbatch::kernels::cpu::Isa;
+  const std::vector<std::int64_t> sizes = {1 << 18, 5, 16385, 70001};
+  const Isa before = cpu::cpu_isa();
+  auto three_steps = [&](Isa isa, bool lamb) {
+    cpu::set_cpu_isa(isa);
+    Tensors t(sizes, 7);
+    if (lamb) {
+      auto step = make_cpu_step<LambPlan>();
+      for (int s = 0; s < 3; ++s) {
+        step->bind(t.slots(), {lamb_group(true, 1.0)}, nullptr);
+        step->run(nullptr);
+      }
+    } else {
+      auto step = make_cpu_step<LarsPlan>();
+      for (int s = 0; s < 3; ++s) {
+        step->bind(t.slots(), {lars_group(0.1, 1e-4)}, nullptr);
+        step->run(nullptr);
+      }
+    }
+    return t;
+  };
+  int variants = 0;
+  for (const bool lamb : {true, false}) {
+    const Tensors base = three_steps(Isa::kBaseline, lamb);
+    const Tensors start(sizes, 7);  // the steps moved every tensor: the comparison below is not of copies
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      EXPECT_NE(std::memcmp(base.w[k].data(), start.w[k].data(), sizes[k] * sizeof(float)), 0) << "tensor " << k;
+    }
+    for (const Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+      if (!cpu::cpu_has(isa)) continue;
+      ++variants;
+      const Tensors wide = three_steps(isa, lamb);
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        EXPECT_EQ(std::memcmp(base.w[k].data(), wide.w[k].data(), sizes[k] * sizeof(float)), 0)
+            << cpu::isa_name(isa) << (lamb ? " LAMB" : " LARS") << ", tensor " << k;
+        EXPECT_EQ(std::memcmp(base.m[k].data(), wide.m[k].data(), sizes[k] * sizeof(float)), 0)
+            << cpu::isa_name(isa) << (lamb ? " LAMB" : " LARS") << ", tensor " << k;
+      }
+    }
+  }
+  cpu::set_cpu_isa(before);
+  if (variants == 0) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512: only the baseline loop runs";
+}
+
+TEST(CpuEngine, AnIsaTheCpuLacksIsRefused) {
+  using bigbatch::kernels::cpu::Isa;
+  EXPECT_TRUE(cpu::cpu_has(Isa::kBaseline));
+  if (!cpu::cpu_has(Isa::kAvx512)) {
+    EXPECT_THROW(cpu::set_cpu_isa(Isa::kAvx512), c10::Error);
   }
 }
 

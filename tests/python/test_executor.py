@@ -174,8 +174,10 @@ def test_an_interrupted_sweep_goes_on_where_it_stopped(tmp_path, capfd):
             raise Stop()
         return ce(out, y)
 
+    # (Loader workers hold the pipe to the program: the stop must end them.)
+    workers = torch.utils.data.DataLoader(train, num_workers=1)
     with pytest.raises(Stop):
-        bigbatch.sweep(config(), model=net(), out=tmp_path / "a", train_data=train, val_data=val, loss=stopping,
+        bigbatch.sweep(config(), model=net(), out=tmp_path / "a", train_data=workers, val_data=val, loss=stopping,
                        error=wrong, plots=False)
     finished = summaries(tmp_path / "a" / "py_exec")
     assert sorted(finished) == ["b32_p0_s0", "b32_p1_s0"]
@@ -248,7 +250,25 @@ def test_the_users_errors_fail_their_trial_and_bad_requests_are_refused(tmp_path
                        error=None)
     with pytest.raises(ValueError, match="map-style dataset"):
         bigbatch.sweep(config(name="i"), model=net(), out=tmp_path, train_data=iter([]), val_data=val)
+    # An error in every trial's setup (LARS's momentum correction, refused here): each fails with it.
+    rows = bigbatch.sweep(config(name="m", optimizer={"name": "lars", "momentum_correction": True}), model=net(),
+                          out=tmp_path, train_data=train, val_data=val, loss=ce, error=wrong, plots=False)
+    done = summaries(tmp_path / "m")
+    assert len(done) == 4 and {s["status"] for s in done.values()} == {"failed"}
+    assert all("momentum_correction" in s["error"] for s in done.values()) and not any(r["reached"] for r in rows)
     # The program alone cannot train what only this process holds.
     python_only = config(name="p", dataset={"name": "python", "train_size": 2048, "val_size": 512, "id": "x"})
     with pytest.raises(ValueError, match=r"dataset \"python\": the user's own"):
         bigbatch.sweep(python_only, out=tmp_path)
+
+
+def test_the_configs_own_dataset_trains_a_module_of_the_users(tmp_path):
+    """bigbatch.datasets' splits keep the config's "dataset"; a plain module
+    (no TorchScript file) is recorded as "python"."""
+    c = config(dataset={"name": "gaussian_mixture", "train_size": 2048, "val_size": 512})
+    train, val = bigbatch.datasets(c)
+    rows = bigbatch.sweep(c, model=net(), out=tmp_path, train_data=train, val_data=val, loss=ce, error=wrong,
+                          plots=False)
+    resolved = json.loads((tmp_path / "py_exec" / "sweep.json").read_text())
+    assert resolved["dataset"]["name"] == "gaussian_mixture" and resolved["model"]["type"] == "python"
+    assert all(r["reached"] == 1 for r in rows)
