@@ -225,17 +225,29 @@ def lamb(args):
 
     print(f"device {args.device}: {torch.cuda.get_device_name() if args.device == 'cuda' else cpu_name()}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    best = bigbatch._ops.ops.cpu_isa()  # the widest the CPU has (kernels/cpu/isa.h)
+
+    def lamb_with(isa):
+        def make(p):
+            bigbatch._ops.ops.set_cpu_isa(isa)  # from here to the next peer's
+            return bigbatch.optim.LAMB(p, lr=1e-3)
+        return make
+
     peers = {
-        "bigbatch.optim.LAMB": lambda p: bigbatch.optim.LAMB(p, lr=1e-3),
+        "bigbatch.optim.LAMB": lamb_with(best),
         "torch AdamW(fused=True)": lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True),
         "torch AdamW(foreach=True)": lambda p: torch.optim.AdamW(p, lr=1e-3, foreach=True),
         "timm Lamb": lambda p: Lamb(p, lr=1e-3),
     }
     if Lamb is None:
         del peers["timm Lamb"]
+    if best != "baseline":  # the element loops for the baseline x86-64 ISA, as before the variants
+        peers["bigbatch.optim.LAMB, baseline loops"] = lamb_with("baseline")
     # A copy of the bytes LAMB's step must move (44 per fp32 parameter: kernels/lamb.h), and AdamW's 28.
+    print(f"bigbatch's CPU element loops: {best}")
     timed_against(args, peers, (("copy of LAMB's 44 B/param", 44), ("copy of AdamW's 28 B/param", 28)),
                   "bigbatch.optim.LAMB")
+    bigbatch._ops.ops.set_cpu_isa(best)
 
     # The Python call's overhead: the same step from Python and from C++.
     shapes = [(64,)] * 16

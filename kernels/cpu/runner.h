@@ -10,6 +10,7 @@
 #pragma once
 
 #include "../engine.h"
+#include "isa.h"
 #include "loops.h"
 
 #include <ATen/Parallel.h>
@@ -33,8 +34,8 @@ constexpr int kLanes = 8;  ///< partial sums of squares per element loop
 /// the first: the op's constants already fill the SIMD registers, and double
 /// accumulators beside them spill to the stack (a 1.5x slower LAMB step).
 template <unsigned kRead, unsigned kWrite, bool kReduce, bool kMaster, typename T, typename Op>
-void element_loop(const Slot& s, const void* grad_ptr, std::int64_t begin, std::int64_t end, const Op op,
-                  double (&out)[2]) {
+[[gnu::always_inline]] inline void element_body(const Slot& s, const void* grad_ptr, std::int64_t begin,
+                                                std::int64_t end, const Op& op, double (&out)[2]) {
   T* const param = static_cast<T*>(s.param);
   const T* const grad = static_cast<const T*>(grad_ptr);
   float* const master = s.master;
@@ -93,6 +94,37 @@ void element_loop(const Slot& s, const void* grad_ptr, std::int64_t begin, std::
     out[0] += lanes0[k];
     out[1] += lanes1[k];
   }
+}
+
+// The body compiled for each ISA (isa.h): the wider variants only add vector
+// instructions (no "arch=", so the op, compiled for the baseline, still
+// inlines into them; no FMA).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define BIGBATCH_ISA_VARIANTS 1
+template <unsigned kRead, unsigned kWrite, bool kReduce, bool kMaster, typename T, typename Op>
+__attribute__((target("avx2,f16c"))) void element_loop_avx2(const Slot& s, const void* grad_ptr,
+                                                             std::int64_t begin, std::int64_t end, const Op& op,
+                                                             double (&out)[2]) {
+  element_body<kRead, kWrite, kReduce, kMaster, T>(s, grad_ptr, begin, end, op, out);
+}
+template <unsigned kRead, unsigned kWrite, bool kReduce, bool kMaster, typename T, typename Op>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,f16c"))) void element_loop_avx512(
+    const Slot& s, const void* grad_ptr, std::int64_t begin, std::int64_t end, const Op& op, double (&out)[2]) {
+  element_body<kRead, kWrite, kReduce, kMaster, T>(s, grad_ptr, begin, end, op, out);
+}
+#endif
+
+template <unsigned kRead, unsigned kWrite, bool kReduce, bool kMaster, typename T, typename Op>
+void element_loop(const Slot& s, const void* grad_ptr, std::int64_t begin, std::int64_t end, const Op op,
+                  double (&out)[2]) {
+#ifdef BIGBATCH_ISA_VARIANTS
+  switch (cpu_isa()) {
+    case Isa::kAvx512: return element_loop_avx512<kRead, kWrite, kReduce, kMaster, T>(s, grad_ptr, begin, end, op, out);
+    case Isa::kAvx2: return element_loop_avx2<kRead, kWrite, kReduce, kMaster, T>(s, grad_ptr, begin, end, op, out);
+    case Isa::kBaseline: break;
+  }
+#endif
+  element_body<kRead, kWrite, kReduce, kMaster, T>(s, grad_ptr, begin, end, op, out);
 }
 
 /// Runs a plan on host memory: pass() over every chunk in parallel,
