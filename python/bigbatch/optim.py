@@ -220,10 +220,19 @@ class _Optimizer(torch.optim.Optimizer):
         params = self._params()
         if not params:  # (empty groups: nothing to step, and no tensor to dispatch on)
             return loss
-        lrs = [float(g["lr"]) for g in self.param_groups]
         with torch.no_grad():
-            _ops.ops.step(self._handle, params, lrs)
+            _ops.ops.step(self._handle, params, self._rates())
         return loss
+
+    def _rates(self):
+        """The groups' rates as one float64 tensor. A rate that is a tensor
+        (lr=torch.tensor(0.01), which LR schedulers update in place) stays
+        one: torch.compile(opt.step) then takes each new rate as an input, and
+        a scheduler's every step does not compile the step again."""
+        rates = [g["lr"] for g in self.param_groups]
+        if any(isinstance(r, torch.Tensor) for r in rates):
+            return torch.stack([torch.as_tensor(r).to(device="cpu", dtype=torch.float64).reshape(()) for r in rates])
+        return torch.tensor([float(r) for r in rates], dtype=torch.float64)
 
     # ------------------------------------------------------------- state ----
 

@@ -173,10 +173,16 @@ void add_group(std::int64_t handle, const std::vector<at::Tensor>& params, const
 /// parameters, in group order: the schema declares them written, which is
 /// what a traced or compiled caller needs to know, and the check refuses a
 /// call on copies (which the step would not write).
-void step(std::int64_t handle, const std::vector<at::Tensor>& params, c10::ArrayRef<double> lrs) {
+void step(std::int64_t handle, const std::vector<at::Tensor>& params, const at::Tensor& rates) {
   const auto h = held(handle);
   std::lock_guard<std::mutex> lock(h->step_mutex);
   auto& groups = h->opt->param_groups();
+  // A tensor, so that torch.compile takes a new rate as an input rather than
+  // a constant to recompile for (a CUDA tensor costs a copy to the host).
+  TORCH_CHECK_VALUE(rates.dim() == 1 && rates.is_floating_point(), "bigbatch::step: the rates must be a 1-D float ",
+                    "tensor, one per parameter group, got ", rates.dim(), "-D ", rates.scalar_type());
+  const at::Tensor host = rates.to(at::kCPU, at::kDouble).contiguous();
+  const c10::ArrayRef<double> lrs(host.data_ptr<double>(), static_cast<std::size_t>(host.numel()));
   TORCH_CHECK_VALUE(lrs.size() == groups.size(), "bigbatch::step: ", lrs.size(), " learning rates for ",
                     groups.size(), " parameter groups");
   std::size_t i = 0;
@@ -441,7 +447,7 @@ TORCH_LIBRARY(bigbatch, m) {
   // The step: a kernel for the CPU and CUDA keys only (not a composite one),
   // so that tracing and torch.compile keep it as one opaque call; its fake
   // implementation (python/bigbatch/_ops.py) writes nothing.
-  m.def("step(int handle, Tensor(a!)[] params, float[] lrs) -> ()");
+  m.def("step(int handle, Tensor(a!)[] params, Tensor lrs) -> ()");
   m.impl("step", c10::DispatchKey::CPU, TORCH_FN(step));
   m.impl("step", c10::DispatchKey::CUDA, TORCH_FN(step));
   m.def("state(int handle, int index) -> (str[], Tensor[])", &state);

@@ -599,10 +599,35 @@ def test_the_step_is_one_opaque_operator_under_torch_compile():
             x.grad = y.grad = None if g is None else g.clone()
         opt_a.step()
         with torch.no_grad():
-            compiled_step(b, [1e-2])
+            compiled_step(b, torch.tensor([1e-2], dtype=torch.float64))
     assert_same_bits(a, b)
     with pytest.raises(ValueError, match="not the optimizer's own"):
-        torch.ops.bigbatch.step(opt_a._handle, [p.detach().clone() for p in a], [1e-2])
+        torch.ops.bigbatch.step(opt_a._handle, [p.detach().clone() for p in a], torch.tensor([1e-2]))
+    with pytest.raises(ValueError, match="1-D float tensor"):
+        torch.ops.bigbatch.step(opt_a._handle, a, torch.tensor(1e-2))
+
+
+def test_a_compiled_step_under_a_scheduler_with_a_tensor_rate_compiles_once():
+    """torch.compile(opt.step) with LambdaLR changing a tensor rate every
+    step: after two warm-up steps no recompilation (an error here), and the
+    same bits as the eager step under the same schedule."""
+    params, grads = tensors()
+    a, b = leaves(params), leaves(params)
+    opt_a, opt_b = LAMB(a, lr=torch.tensor(1e-2)), LAMB(b, lr=torch.tensor(1e-2))
+    sched_a = torch.optim.lr_scheduler.LambdaLR(opt_a, lambda s: 0.8 ** s)
+    sched_b = torch.optim.lr_scheduler.LambdaLR(opt_b, lambda s: 0.8 ** s)
+    torch._dynamo.reset()
+    compiled = torch.compile(opt_b.step)
+    for i, step in enumerate(grads * 3):
+        for x, y, g in zip(a, b, step):
+            x.grad = y.grad = None if g is None else g.clone()
+        opt_a.step()
+        sched_a.step()
+        with torch._dynamo.config.patch(error_on_recompile=i >= 2):
+            compiled()
+        sched_b.step()
+    assert float(opt_b.param_groups[0]["lr"]) == pytest.approx(1e-2 * 0.8 ** (3 * len(grads)))
+    assert_same_bits(a, b)
 
 
 def test_the_step_shows_in_the_profiler():
