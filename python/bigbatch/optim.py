@@ -116,6 +116,23 @@ class _StateView(collections.abc.MutableMapping):
         return sum(1 for _ in self)
 
 
+def _refuse_sharded(kind, params):
+    """A ValueError for a parameter that is a shard of a larger tensor: an
+    FSDP1 flat parameter (many tensors flattened, then split across ranks)
+    or a DTensor (FSDP2). Stepped as it is, each rank would compute the
+    trust ratios and orthogonalizations of its shard alone: a wrong step
+    without a word. Until the norms are combined across the mesh (issue 64
+    item 2), it is refused."""
+    for p in params:
+        if getattr(p, "_is_flat_param", False):
+            raise ValueError(f"bigbatch.optim.{kind}: FSDP1's flat parameters are refused: each holds many "
+                             "tensors' elements, split across ranks, and the per-tensor norms of a layer-wise "
+                             "optimizer cannot be taken from a shard (use_orig_params does not change that)")
+        if type(p).__name__ == "DTensor" or type(getattr(p, "data", None)).__name__ == "DTensor":
+            raise ValueError(f"bigbatch.optim.{kind}: DTensor parameters (FSDP2, tensor parallelism) are not "
+                             "supported yet: each rank would take the per-tensor norms of its shard alone")
+
+
 class _Optimizer(torch.optim.Optimizer):
     """What the classes share; a subclass names its C++ kind."""
 
@@ -131,6 +148,8 @@ class _Optimizer(torch.optim.Optimizer):
             if key not in options:
                 defaults[key] = _REQUIRED
         super().__init__(params, defaults)
+        for group in self.param_groups:
+            _refuse_sharded(self._kind, group["params"])
         groups = self.param_groups
         sent_defaults = {k: v for k, v in defaults.items() if v is not _REQUIRED}
         self._handle = _ops.ops.create(self._kind, self._params(), [len(g["params"]) for g in groups],
@@ -190,6 +209,11 @@ class _Optimizer(torch.optim.Optimizer):
         # A key that is not an option (timm's lr_scale, a scheduler's own) is
         # kept in the group as torch.optim keeps it, and not sent to C++.
         super().add_param_group(param_group)
+        try:
+            _refuse_sharded(self._kind, self.param_groups[-1]["params"])
+        except ValueError:
+            self.param_groups.pop()
+            raise
         if self._handle is None:  # during __init__: the groups go to the C++ optimizer together
             return
         group = self.param_groups[-1]

@@ -1013,3 +1013,32 @@ def test_zero_redundancy_optimizer_over_two_gloo_ranks_saves_and_loads():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert 0 < result["local_params"] < result["all_params"], result  # each rank holds a part
     assert result["loaded_continues"] and result["equals_one_process"], result
+
+
+def test_sharded_parameters_are_refused_not_stepped_per_shard():
+    """An FSDP1 flat parameter, or a DTensor (FSDP2) on a one-rank mesh: the
+    per-tensor norms would be a shard's; refused, naming what (docs/python.md)."""
+    flat = torch.nn.Parameter(torch.randn(10))
+    flat._is_flat_param = True  # what FSDP1 marks its FlatParameter with (FlatParameter's isinstance reads it)
+    from torch.distributed.fsdp._flat_param import FlatParameter
+    assert isinstance(flat, FlatParameter)
+    with pytest.raises(ValueError, match="FSDP1's flat parameters are refused"):
+        LAMB([flat], lr=1e-3)
+    opt = LAMB([torch.nn.Parameter(torch.randn(3))], lr=1e-3)
+    with pytest.raises(ValueError, match="FSDP1's flat parameters are refused"):
+        opt.add_param_group({"params": [flat]})
+    assert len(opt.param_groups) == 1
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        shard = torch.nn.Parameter(distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)]))
+        with pytest.raises(ValueError, match="DTensor parameters .* are not supported yet"):
+            bigbatch.optim.LARS([shard], lr=0.1)
+    finally:
+        if started:
+            dist.destroy_process_group()
