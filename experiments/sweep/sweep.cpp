@@ -732,11 +732,7 @@ void write_sweep_events(const SweepConfig& sweep, const fs::path& dir) {
 External external_trials(const SweepConfig& sweep, const SweepOptions& options, distributed::ProcessGroup* group) {
   const bool python = sweep.base.data.name == "python" || sweep.base.model.name == "python";
   if (options.executor == nullptr) {
-    if (python) {
-      throw ConfigError(std::string(sweep.base.data.name == "python" ? "dataset" : "model") +
-                        " \"python\": the user's own, held by the Python process that trains this sweep's trials "
-                        "(bigbatch.sweep with train_data=...); this program alone cannot train it");
-    }
+    if (python) refuse_python_part(sweep.base.data.name == "python" ? "dataset" : "model");
     return {};
   }
   if (group != nullptr) throw ConfigError("--executor: a data-parallel sweep trains its own trials");

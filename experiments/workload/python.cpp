@@ -6,14 +6,10 @@
 #include <string>
 
 namespace bigbatch::experiments {
-namespace {
-
-[[noreturn]] void runs_in_python(const std::string& what) {
+void refuse_python_part(const std::string& what) {
   throw ConfigError(what + " \"python\": the user's own, held by the Python process that trains this sweep's "
                            "trials (bigbatch.sweep with train_data=...); this program alone cannot train it");
 }
-
-}  // namespace
 
 DatasetRegistration python_dataset() {
   DatasetRegistration d;
@@ -27,7 +23,7 @@ DatasetRegistration python_dataset() {
     if (val < 1) throw ConfigError("dataset.val_size: must be >= 1, got " + std::to_string(val));
     return nlohmann::json{{"train_size", train}, {"val_size", val}, {"id", id}};
   };
-  d.load = [](const nlohmann::json&) -> WorkloadData { runs_in_python("dataset"); };
+  d.load = [](const nlohmann::json&) -> WorkloadData { refuse_python_part("dataset"); };
   return d;
 }
 
@@ -40,7 +36,7 @@ ModelRegistration python_model() {
     r.finish();
     return nlohmann::json{{"class", cls}, {"digest", digest}};
   };
-  m.build = [](const nlohmann::json&, const ModelInput&) -> Model { runs_in_python("model"); };
+  m.build = [](const nlohmann::json&, const ModelInput&) -> Model { refuse_python_part("model"); };
   return m;
 }
 

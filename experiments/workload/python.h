@@ -9,6 +9,7 @@
 #include "workload.h"
 
 #include <cstdint>
+#include <string>
 
 namespace bigbatch::experiments {
 
@@ -19,6 +20,10 @@ DatasetRegistration python_dataset();
 /// "model": {"type": "python", "class": TEXT, "digest": HEX}: the module's
 /// class and a digest of its initial weights.
 ModelRegistration python_model();
+
+/// The ConfigError for loading a "python" dataset or building a "python"
+/// model (`what`: "dataset", "model") here: it says where they run.
+[[noreturn]] void refuse_python_part(const std::string& what);
 
 /// The training set's size a "python" dataset part records (resolved).
 std::int64_t python_train_size(const WorkloadPart& data);

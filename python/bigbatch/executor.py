@@ -142,7 +142,6 @@ def make_optimizer(spec, module, lr):
     if keys.pop("momentum_correction", False):
         raise ValueError("optimizer.momentum_correction: the Python executor's LARS has no momentum correction; "
                          "leave it out or run the sweep with the C++ trainer")
-    keys.pop("momentum_correction", None)
     defaults = _ops.loads(_ops.ops.default_options(classes[name]._kind))
     keys = {k: _ops.decode(v, defaults.get(k)) for k, v in keys.items()}
     if name == "muon":

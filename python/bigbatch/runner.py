@@ -140,6 +140,18 @@ def _weights_digest(scripted):
     return h.hexdigest()[:12]
 
 
+def _read_config(config, who):
+    """A config given as a dict (copied, and so checked to be JSON) or as a
+    JSON file's path (FileNotFoundError naming it and the system's reason)."""
+    if isinstance(config, (str, os.PathLike)):
+        path = pathlib.Path(config)
+        try:
+            return json.loads(path.read_text())
+        except OSError as e:
+            raise FileNotFoundError(f"{who}: cannot read {path}: {e.strerror}") from e
+    return json.loads(json.dumps(config))
+
+
 def _same_weights(module, part):
     """Whether `part` (a config's "model") is a TorchScript file whose
     parameters and buffers are `module`'s, by name and value."""
@@ -161,12 +173,7 @@ def datasets(config):
     torch.utils.data.TensorDataset: for training the same data here, in a
     sweep whose other workers are the bigbatch program (docs/python.md).
     Each knows the config's "dataset", which bigbatch.sweep then keeps."""
-    if isinstance(config, (str, os.PathLike)):
-        path = pathlib.Path(config)
-        try:
-            config = json.loads(path.read_text())
-        except OSError as e:
-            raise FileNotFoundError(f"bigbatch.datasets: cannot read {path}: {e.strerror}") from e
+    config = _read_config(config, "bigbatch.datasets")
     with tempfile.TemporaryDirectory() as tmp:
         (pathlib.Path(tmp) / "config.json").write_text(json.dumps(config))
         _run(["data", str(pathlib.Path(tmp) / "config.json"), "--save", str(pathlib.Path(tmp) / "data.pt")])
@@ -216,14 +223,7 @@ def sweep(config, model=None, out="runs", plots=True, args=(), *, train_data=Non
     Without train_data, `model` (scripted here; a ScriptModule as it is)
     replaces the config's model for the C++ runner, on the config's
     dataset. Either way its weights are every trial's starting point."""
-    if isinstance(config, (str, os.PathLike)):
-        path = pathlib.Path(config)
-        try:
-            config = json.loads(path.read_text())
-        except OSError as e:
-            raise FileNotFoundError(f"bigbatch.sweep: cannot read {path}: {e.strerror}") from e
-    else:
-        config = json.loads(json.dumps(config))  # a copy, and a check that it is JSON
+    config = _read_config(config, "bigbatch.sweep")
     if not isinstance(config, dict) or not isinstance(config.get("name"), str):
         raise ValueError("bigbatch.sweep: the config needs a \"name\" (string): its folder is OUT/<name>/")
     name = config["name"]
