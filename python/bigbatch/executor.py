@@ -126,15 +126,12 @@ def make_optimizer(spec, module, lr):
     keys = {k: v for k, v in spec.items() if k != "name"}
     name = spec["name"]
     plain = _plain_rule(module)
-    if name in ("sgd", "adam", "adamw"):
+    torch_classes = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    if name in torch_classes:  # the runner's keys are torch's own (experiments/optim/sgd.cpp, adam.cpp)
         decayed = [p for p in module.parameters() if p.requires_grad and not plain(p)]
         others = [p for p in module.parameters() if p.requires_grad and plain(p)]
         groups = [g for g in ({"params": decayed}, {"params": others, "weight_decay": 0.0}) if g["params"]]
-        if name == "sgd":
-            return torch.optim.SGD(groups, lr=lr, momentum=keys["momentum"], nesterov=keys["nesterov"],
-                                   weight_decay=keys["weight_decay"])
-        cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
-        return cls(groups, lr=lr, betas=tuple(keys["betas"]), eps=keys["eps"], weight_decay=keys["weight_decay"])
+        return torch_classes[name](groups, lr=lr, **keys)
     classes = {kind.lower(): getattr(_optim, kind) for kind in _ops.ops.kinds()}
     if name not in classes:
         raise ValueError(f"optimizer.name: '{name}' is not one the Python executor knows "

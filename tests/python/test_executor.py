@@ -117,31 +117,36 @@ def test_a_model_torchscript_refuses_sweeps_resumes_and_plots(tmp_path):
     assert (folder / "plots" / "steps_to_target.png").stat().st_size > 0
 
 
-def test_a_trial_trains_as_the_loop_written_out_here(tmp_path):
-    """LAMB's two groups (the biases without decay or trust ratio), the
+@pytest.mark.parametrize("name", ["lamb", "adamw"])
+def test_a_trial_trains_as_the_loop_written_out_here(tmp_path, name):
+    """LAMB's two groups (the biases without decay or trust ratio; torch's
+    AdamW's without decay), the
     rate of the schedule (linear scaling from base_batch 16: twice the base
     at 32, reached by a linear warmup over 40 steps from the unscaled rate,
     Goyal et al.), batches drawn in order from one permutation per epoch
     seeded by the trial's seed: the validation loss at each evaluation."""
     train, val = mixture()
-    c = config(batch_sizes=[32], search={"lr": [0.004]}, seeds=[3], budget={"steps": 80},
+    c = config(optimizer={"name": name}, batch_sizes=[32], search={"lr": [0.004]}, seeds=[3], budget={"steps": 80},
                schedule={"base_batch": 16, "scaling": "linear", "warmup": {"length": 40}},
-               target={"metric": "val_error", "threshold": 1e-6, "eval_every": 40})
+               target={"metric": "val_loss", "threshold": 1e-9, "eval_every": 40})
     bigbatch.sweep(c, model=net(), out=tmp_path, train_data=train, val_data=val, loss=ce, error=wrong,
                    plots=False, args=["--no-prune"])
     trial = tmp_path / "py_exec" / "b32_p0_s3"
     with open(trial / "metrics.csv", newline="") as f:
         got = [float(r["val_loss"]) for r in csv.DictReader(f)]
     options = json.loads((trial / "config.json").read_text())["optimizer"]  # the runner's defaults, written out
-    assert options.pop("name") == "lamb" and options["weight_decay"] > 0
+    assert options.pop("name") == name and options["weight_decay"] > 0
     options = {k: bigbatch._ops.decode(v, 0.0) for k, v in options.items()}
 
     torch.manual_seed(3)
     model = copy.deepcopy(net())
     weights = [p for p in model.parameters() if p.dim() >= 2]
     biases = [p for p in model.parameters() if p.dim() < 2]
-    opt = bigbatch.optim.LAMB([{"params": weights}, {"params": biases, "weight_decay": 0.0, "adapt": False}],
-                              lr=0.008, **options)
+    if name == "lamb":
+        opt = bigbatch.optim.LAMB([{"params": weights}, {"params": biases, "weight_decay": 0.0, "adapt": False}],
+                                  lr=0.008, **options)
+    else:
+        opt = torch.optim.AdamW([{"params": weights}, {"params": biases, "weight_decay": 0.0}], lr=0.008, **options)
     g = torch.Generator().manual_seed(3)
     order, at, want = torch.randperm(2048, generator=g), 0, []
     x_val, y_val = val.tensors
