@@ -26,7 +26,7 @@ import collections.abc
 import torch
 from torch.optim.optimizer import required as _REQUIRED  # torch.optim's marker of an option without a default
 
-from . import _ops
+from . import _dtensor, _ops
 
 
 
@@ -116,23 +116,6 @@ class _StateView(collections.abc.MutableMapping):
         return sum(1 for _ in self)
 
 
-def _refuse_sharded(kind, params):
-    """A ValueError for a parameter that is a shard of a larger tensor: an
-    FSDP1 flat parameter (many tensors flattened, then split across ranks)
-    or a DTensor (FSDP2). Stepped as it is, each rank would compute the
-    trust ratios and orthogonalizations of its shard alone: a wrong step
-    without a word. Until the norms are combined across the mesh (issue 64
-    item 2), it is refused."""
-    for p in params:
-        if getattr(p, "_is_flat_param", False):
-            raise ValueError(f"bigbatch.optim.{kind}: FSDP1's flat parameters are refused: each holds many "
-                             "tensors' elements, split across ranks, and the per-tensor norms of a layer-wise "
-                             "optimizer cannot be taken from a shard (use_orig_params does not change that)")
-        if type(p).__name__ == "DTensor" or type(getattr(p, "data", None)).__name__ == "DTensor":
-            raise ValueError(f"bigbatch.optim.{kind}: DTensor parameters (FSDP2, tensor parallelism) are not "
-                             "supported yet: each rank would take the per-tensor norms of its shard alone")
-
-
 class _Optimizer(torch.optim.Optimizer):
     """What the classes share; a subclass names its C++ kind."""
 
@@ -147,14 +130,20 @@ class _Optimizer(torch.optim.Optimizer):
         for key in _ops.ops.required_options(self._kind):  # torch.optim's own check, group by group
             if key not in options:
                 defaults[key] = _REQUIRED
+        self._shards = None
         super().__init__(params, defaults)
-        for group in self.param_groups:
-            _refuse_sharded(self._kind, group["params"])
         groups = self.param_groups
+        # DTensor parameters (FSDP2): the C++ optimizer steps tensors of
+        # _dtensor's, sharded so that the norms are the whole tensors'.
+        self._shards = _dtensor.plan(self._kind, self._params(), _ops.ops.whole_tensors(self._kind))
+        tensors = self._params() if self._shards is None else self._shards.tensors
         sent_defaults = {k: v for k, v in defaults.items() if v is not _REQUIRED}
-        self._handle = _ops.ops.create(self._kind, self._params(), [len(g["params"]) for g in groups],
+        self._handle = _ops.ops.create(self._kind, tensors, [len(g["params"]) for g in groups],
                                        _ops.dumps(sent_defaults),
                                        "[" + ",".join(self._options_json(g) for g in groups) + "]")
+        if self._shards is not None:
+            _ops.ops.shard(self._handle, self._shards.tensor_chunks, self._shards.first_chunk,
+                           self._shards.group_name)
         self._sent = [self._options_sent(g) for g in groups]
 
     # torch.optim.Optimizer.__init__ assigns self.state; the state is the C++ optimizer's.
@@ -209,14 +198,18 @@ class _Optimizer(torch.optim.Optimizer):
         # A key that is not an option (timm's lr_scale, a scheduler's own) is
         # kept in the group as torch.optim keeps it, and not sent to C++.
         super().add_param_group(param_group)
-        try:
-            _refuse_sharded(self._kind, self.param_groups[-1]["params"])
-        except ValueError:
-            self.param_groups.pop()
-            raise
         if self._handle is None:  # during __init__: the groups go to the C++ optimizer together
             return
         group = self.param_groups[-1]
+        try:
+            _dtensor.refuse_flat(self._kind, group["params"])
+            if self._shards is not None or any(_dtensor.is_dtensor(p) for p in group["params"]):
+                raise ValueError(f"bigbatch.optim.{self._kind}: a group of DTensor parameters (or a group "
+                                 "added to an optimizer of them) must be given when the optimizer is made: "
+                                 "its sharding is planned over all of them")
+        except ValueError:
+            self.param_groups.pop()
+            raise
         try:
             _ops.ops.add_group(self._handle, group["params"], self._options_json(group))
         except Exception:
@@ -245,7 +238,13 @@ class _Optimizer(torch.optim.Optimizer):
         if not params:  # (empty groups: nothing to step, and no tensor to dispatch on)
             return loss
         with torch.no_grad():
-            _ops.ops.step(self._handle, params, self._rates())
+            if self._shards is None:
+                _ops.ops.step(self._handle, params, self._rates())
+            else:
+                try:
+                    _ops.ops.step(self._handle, self._shards.before_step(), self._rates())
+                finally:
+                    self._shards.after_step()
         return loss
 
     def _rates(self):
@@ -265,8 +264,12 @@ class _Optimizer(torch.optim.Optimizer):
         copy of each tensor on the parameter's device; an integer as a 0-dim
         int64 tensor)."""
         names, values = [], []
+        if self._shards is not None:
+            param = self._shards.tensors[index]
         for name, v in state.items():
             names.append(name)
+            if self._shards is not None:
+                v = self._shards.local_value(index, v)
             if isinstance(v, torch.Tensor):
                 values.append(v.detach().to(device=param.device, copy=True, memory_format=torch.contiguous_format))
             elif isinstance(v, int) or (hasattr(v, "dtype") and hasattr(v, "item") and isinstance(v.item(), int)):
@@ -289,6 +292,8 @@ class _Optimizer(torch.optim.Optimizer):
         names, values = _ops.ops.state(self._handle, index)
         if not names:
             return None
+        if self._shards is not None:
+            values = [self._shards.global_value(index, v) for v in values]
         return {n: _plain(v) for n, v in zip(names, values)}
 
     def state_dict(self):
@@ -303,6 +308,8 @@ class _Optimizer(torch.optim.Optimizer):
         state = {}
         for index in range(len(self._params())):
             s = self._state_at(index)
+            if self._shards is not None:  # (a collective for whole tensors: every rank, every index)
+                s = self._shards.export_state(index, s)
             if s is not None:
                 state[index] = s
         groups = []
@@ -355,6 +362,8 @@ class _Optimizer(torch.optim.Optimizer):
         states = []
         for index, param in enumerate(params):
             s = state_dict["state"].get(old_index[index])
+            if self._shards is not None:
+                s = self._shards.import_state(index, s)
             names, values = [], []
             if s is not None:
                 names, values = self._state_entries(index, param, s)

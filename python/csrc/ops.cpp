@@ -19,6 +19,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/library.h>
 #include <torch/serialize/archive.h>
 
@@ -209,6 +211,49 @@ void step(std::int64_t handle, const std::vector<at::Tensor>& params, const at::
   // through a graph that saved a parameter before the step refuses, as
   // torch.optim's steps make it.
   for (const auto& p : params) torch::autograd::impl::bump_version(p);
+}
+
+/// From now on each parameter is a piece of a tensor cut across the ranks of
+/// the c10d process group named `group` (a DTensor's local shard, FSDP2's
+/// Shard(0)): parameter i starts in chunk first_chunk[i] of a tensor of
+/// tensor_chunks[i] chunks (16384 elements each), and the norms, trust ratios
+/// and skip decision of each step are the whole tensors' (OptimizerSharding).
+/// A piece may start inside a chunk: the chunk's sum then comes from two
+/// ranks, added by the all-reduce. No tensors end the sharding.
+void shard(std::int64_t handle, const std::vector<std::int64_t>& tensor_chunks,
+           const std::vector<std::int64_t>& first_chunk, const std::string& group) {
+  const auto h = held(handle);
+  std::lock_guard<std::mutex> lock(h->step_mutex);
+  if (tensor_chunks.empty() && first_chunk.empty()) {
+    h->opt->shard(nullptr);
+    return;
+  }
+  const auto params = flat_params(*h->opt);
+  TORCH_CHECK_VALUE(tensor_chunks.size() == params.size() && first_chunk.size() == params.size(),
+                    "bigbatch::shard: places for ", tensor_chunks.size(), " and ", first_chunk.size(),
+                    " parameters, the optimizer has ", params.size());
+  const c10::intrusive_ptr<c10d::ProcessGroup> pg = c10d::resolve_process_group(group);
+  auto sharding = std::make_shared<optim::OptimizerSharding>();
+  at::Device device(at::kCPU);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    sharding->shards[params[i].unsafeGetTensorImpl()] = optim::ParamShard{tensor_chunks[i], first_chunk[i]};
+    device = params[i].device();
+  }
+  sharding->allreduce_sum = [pg, device](double* data, std::int64_t count, cudaStream_t) {
+    if (count == 0) return;
+    std::vector<at::Tensor> sums{at::from_blob(data, {count}, at::TensorOptions().dtype(at::kDouble).device(device))};
+    pg->allreduce(sums)->wait();
+  };
+  h->opt->shard(std::move(sharding));
+}
+
+/// Whether a sharded `kind` takes whole tensors (Muon, SOAP, Shampoo: each
+/// tensor whole on one rank) rather than pieces.
+bool whole_tensors(const std::string& kind) {
+  const Kind& k = optim::optimizer_kind(kind);
+  json options = k.defaults;  // an optimizer over no parameters to ask, with any valid value where none is given
+  for (const auto& key : k.required) options[key] = 1.0;
+  return k.make({}, k.check(k.defaults, options))->shards_whole_tensors();
 }
 
 /// The state of parameter `index` as names and tensors (an integer field,
@@ -450,6 +495,8 @@ TORCH_LIBRARY(bigbatch, m) {
   m.def("step(int handle, Tensor(a!)[] params, Tensor lrs) -> ()");
   m.impl("step", c10::DispatchKey::CPU, TORCH_FN(step));
   m.impl("step", c10::DispatchKey::CUDA, TORCH_FN(step));
+  m.def("shard(int handle, int[] tensor_chunks, int[] first_chunk, str group) -> ()", &shard);
+  m.def("whole_tensors(str kind) -> bool", &whole_tensors);
   m.def("state(int handle, int index) -> (str[], Tensor[])", &state);
   m.def("set_state(int handle, int index, str[] names, Tensor[] values) -> ()", &set_state);
   m.def("check_state(int handle, int index, str[] names, Tensor[] values) -> ()", &check_state);

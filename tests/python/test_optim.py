@@ -1015,9 +1015,47 @@ def test_zero_redundancy_optimizer_over_two_gloo_ranks_saves_and_loads():
     assert result["loaded_continues"] and result["equals_one_process"], result
 
 
-def test_sharded_parameters_are_refused_not_stepped_per_shard():
-    """An FSDP1 flat parameter, or a DTensor (FSDP2) on a one-rank mesh: the
-    per-tensor norms would be a shard's; refused, naming what (docs/python.md)."""
+def _fsdp_ranks(world, *kinds):
+    import json
+    import pathlib
+    import subprocess
+    import sys
+    script = pathlib.Path(__file__).resolve().parent / "fsdp_ranks.py"
+    proc = subprocess.run([sys.executable, str(script), str(world), *kinds], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# FSDP2 (fully_shard) on 2 and 4 Gloo ranks (tests/python/fsdp_ranks.py):
+# each kind's sharded step against the same kind stepping the unsharded
+# model with the same gradients. The pieces' norms are the whole tensors'
+# (a weight's rank pieces start inside a chunk; a layer of 3 rows has an
+# empty shard at 4 ranks): the parameters equal bit for bit, the trust
+# ratios to the last bits of a double (a chunk split between two ranks is
+# summed in two parts). Muon and SOAP step each matrix whole on its owner.
+# Then the state (LAMB's or LARS's, and Muon's, whose owners hold whole
+# matrices) goes through torch.distributed.checkpoint (DTensor fields) into
+# a fresh sharded optimizer, which goes on as the saved one.
+@pytest.mark.parametrize("world,kinds", [(2, ("LAMB", "LARS", "LARC", "NovoGrad", "Lion", "Muon", "SOAP", "Shampoo")),
+                                         (4, ("LARS", "LAMB", "LARC", "NovoGrad", "Muon"))])
+def test_fsdp2_steps_equal_the_unsharded_step(world, kinds):
+    result = _fsdp_ranks(world, *kinds)
+    for kind in kinds:
+        r = result[kind]
+        assert r["max_abs"] == 0.0, (kind, r)
+        assert r["ratio_rel"] <= 1e-14, (kind, r)  # a few units in the last place of a double
+        assert r["ratios"] == (2 if kind in ("LAMB", "LARS", "LARC") else 0), (kind, r)
+    assert set(result["dcp"]) == {kinds[0], "Muon"}, result["dcp"]
+    for kind, r in result["dcp"].items():
+        assert r["continues"] and "DTensor" in r["field_types"], (kind, r)
+
+
+def test_sharded_parameters_are_refused_where_they_cannot_be_stepped():
+    """An FSDP1 flat parameter; a DTensor placed otherwise than FSDP2 places
+    it, a plain parameter among DTensors, a DTensor group added later, the
+    reference path: refused, naming what (docs/python.md). On a one-rank
+    mesh a DTensor steps as its plain tensor does."""
     flat = torch.nn.Parameter(torch.randn(10))
     flat._is_flat_param = True  # what FSDP1 marks its FlatParameter with (FlatParameter's isinstance reads it)
     from torch.distributed.fsdp._flat_param import FlatParameter
@@ -1036,9 +1074,32 @@ def test_sharded_parameters_are_refused_not_stepped_per_shard():
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
-        shard = torch.nn.Parameter(distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)]))
-        with pytest.raises(ValueError, match="DTensor parameters .* are not supported yet"):
-            bigbatch.optim.LARS([shard], lr=0.1)
+        torch.manual_seed(0)
+        whole = torch.randn(8, 4)
+        shard = torch.nn.Parameter(distribute_tensor(whole, mesh, [Shard(0)]))
+        plain = torch.nn.Parameter(whole.clone())
+        with pytest.raises(ValueError, match=r"parameter 0 is a DTensor placed \(Shard\(dim=1\),\)"):
+            bigbatch.optim.LARS([torch.nn.Parameter(distribute_tensor(whole, mesh, [Shard(1)]))], lr=0.1)
+        with pytest.raises(ValueError, match="parameter 1 is a plain tensor among DTensor parameters"):
+            bigbatch.optim.LARS([shard, torch.nn.Parameter(torch.randn(3))], lr=0.1)
+        opt = bigbatch.optim.LARS([shard], lr=0.1, weight_decay=0.01)
+        with pytest.raises(ValueError, match="must be given when the optimizer is made"):
+            opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(3))]})
+        assert len(opt.param_groups) == 1
+        twin = bigbatch.optim.LARS([plain], lr=0.1, weight_decay=0.01)
+        for _ in range(2):
+            g = torch.randn(8, 4)
+            shard.grad = distribute_tensor(g, mesh, [Shard(0)])
+            plain.grad = g
+            opt.step()
+            twin.step()
+        assert torch.equal(shard.full_tensor(), plain)
+        assert torch.equal(opt.state[shard]["momentum_buffer"].full_tensor(), twin.state[plain]["momentum_buffer"])
+        reference = bigbatch.optim.LAMB([torch.nn.Parameter(distribute_tensor(whole, mesh, [Shard(0)]))], lr=1e-3,
+                                        fused=False)
+        reference.param_groups[0]["params"][0].grad = distribute_tensor(whole, mesh, [Shard(0)])
+        with pytest.raises(RuntimeError, match="a sharded step runs on the fused engine only"):
+            reference.step()
     finally:
         if started:
             dist.destroy_process_group()
