@@ -39,6 +39,7 @@ OPTIONS = {
     "Muon": {"lr": 2e-2, "weight_decay": 0.01},
     "SOAP": {"lr": 3e-3, "weight_decay": 0.01},
     "Shampoo": {"lr": 1e-2, "weight_decay": 0.01},
+    "AdamWScheduleFree": {"lr": 1e-2, "weight_decay": 0.01},
 }
 
 

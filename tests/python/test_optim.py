@@ -1037,7 +1037,8 @@ def _fsdp_ranks(world, *kinds):
 # Then the state (LAMB's or LARS's, and Muon's, whose owners hold whole
 # matrices) goes through torch.distributed.checkpoint (DTensor fields) into
 # a fresh sharded optimizer, which goes on as the saved one.
-@pytest.mark.parametrize("world,kinds", [(2, ("LAMB", "LARS", "LARC", "NovoGrad", "Lion", "Muon", "SOAP", "Shampoo")),
+@pytest.mark.parametrize("world,kinds", [(2, ("LAMB", "LARS", "LARC", "NovoGrad", "Lion", "AdamWScheduleFree", "Muon", "SOAP",
+                                              "Shampoo")),
                                          (4, ("LARS", "LAMB", "LARC", "NovoGrad", "Muon"))])
 def test_fsdp2_steps_equal_the_unsharded_step(world, kinds):
     result = _fsdp_ranks(world, *kinds)
