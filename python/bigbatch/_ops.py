@@ -39,6 +39,11 @@ def _step_fake(handle, params, lrs):  # noqa: ARG001 - the schema's arguments
     return None
 
 
+@torch.library.register_fake("bigbatch::step_with")
+def _step_with_fake(handle, params, grads, state, fields, owners, lrs):  # noqa: ARG001 - the schema's arguments
+    return None
+
+
 def encode(value):
     """An option's value as ops.cpp reads it: tuples as lists, a non-finite
     float as "inf", "-inf" or "nan" (JSON has no such numbers)."""

@@ -247,6 +247,49 @@ class _Optimizer(torch.optim.Optimizer):
                     self._shards.after_step()
         return loss
 
+    def state_tensors(self):
+        """Each parameter's state (in group order) as a dict of tensors that
+        step_with() takes: copies of the moments, buffers and master copies,
+        a count ("step") as a 0-dim int64 tensor, a number carried in double
+        as a 0-dim float64 one; {} for a parameter without state."""
+        out = []
+        for index in range(len(self._params())):
+            names, values = _ops.ops.state(self._handle, index)
+            out.append({n: v.clone() for n, v in zip(names, values)})
+        return out
+
+    def step_with(self, params, grads, states):
+        """One step of this optimizer's kind, with its groups' options and
+        rates, on tensors the caller holds: `params` (written in place),
+        `grads` (None for a parameter without a gradient) and `states` (one
+        dict per parameter as state_tensors() gives it, written in place),
+        each in the order of the optimizer's parameters. The optimizer's own
+        parameters and state do not change. It is the operator
+        bigbatch::step_with, whose schema names every tensor the step reads
+        or writes: functionalization (torch.compile with any backend) and
+        torch.library.opcheck see all of it (docs/python.md)."""
+        if self._shards is not None:
+            raise ValueError(f"bigbatch.optim.{self._kind}.step_with: an optimizer of DTensor parameters steps "
+                             "with step() (its sharding is over its own parameters)")
+        params, grads, states = list(params), list(grads), list(states)
+        n = len(self._params())
+        if not len(params) == len(grads) == len(states) == n:
+            raise ValueError(f"bigbatch.optim.{self._kind}.step_with: {len(params)} parameters, {len(grads)} "
+                             f"gradients and {len(states)} states for an optimizer of {n} parameters")
+        self._sync_options()
+        tensors, fields, owners = [], [], []
+        for index, state in enumerate(states):
+            for name, value in state.items():
+                if not isinstance(value, torch.Tensor):
+                    raise ValueError(f"bigbatch.optim.{self._kind}.step_with: field '{name}' of parameter {index} "
+                                     f"is a {type(value).__name__}; the step writes it in place, so it must be a "
+                                     "tensor (a count a 0-dim int64 one), as state_tensors() gives it")
+                tensors.append(value)
+                fields.append(name)
+                owners.append(index)
+        with torch.no_grad():
+            _ops.ops.step_with(self._handle, params, grads, tensors, fields, owners, self._rates())
+
     def _rates(self):
         """The groups' rates as one float64 tensor. A rate that is a tensor
         (lr=torch.tensor(0.01), which LR schedulers update in place) stays

@@ -357,6 +357,131 @@ void set_state(std::int64_t handle, std::int64_t index, const std::vector<std::s
   h->opt->set_named_state(param, checked_state(*h->kind, h->opt->kind(), index, param, names, values));
 }
 
+/// A tensor of its own over `t`'s elements: what step_with's optimizer
+/// steps, so that neither the caller's tensors nor the handle's change but
+/// through their elements.
+at::Tensor alias_of(const at::Tensor& t) {
+  at::Tensor out = at::empty({0}, t.options());
+  out.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+  return out;
+}
+
+/// One step of every group of the optimizer `handle` names, on tensors the
+/// caller holds: `params` (written), their gradients `grads` (read; None
+/// for a parameter without one, which the step leaves alone), and their
+/// whole state in `state` (written): state[k] is field fields[k] of
+/// parameter owners[k], a count ("step") as a 0-dim int64 tensor, a number
+/// carried in double as a 0-dim float64 one, every other field a float32
+/// tensor as state() gives it; each parameter with a gradient must have its
+/// state (take its first step with step(), or make it as state() would show
+/// it). Every tensor the step reads or writes is an argument, and the rates
+/// are a tensor, so that torch.library.opcheck, functionalization (which
+/// passes copies) and torch.compile see all of it, as torch._fused_adamw_
+/// does. The handle gives the kind and each group's options only: its own
+/// parameters and state do not change (nor its skipped-step count or trust
+/// ratios, which this step does not report).
+void step_with(std::int64_t handle, const std::vector<at::Tensor>& params,
+               const std::vector<std::optional<at::Tensor>>& grads, const std::vector<at::Tensor>& state,
+               const std::vector<std::string>& fields, const std::vector<std::int64_t>& owners,
+               const at::Tensor& rates) {
+  const auto h = held(handle);
+  std::lock_guard<std::mutex> lock(h->step_mutex);
+  const Kind& kind = *h->kind;
+  const auto& groups = h->opt->param_groups();
+  const auto own = flat_params(*h->opt);
+  TORCH_CHECK_VALUE(params.size() == own.size() && grads.size() == own.size(), "bigbatch::step_with: ",
+                    params.size(), " parameters and ", grads.size(), " gradients for an optimizer of ", own.size());
+  TORCH_CHECK_VALUE(fields.size() == state.size() && owners.size() == state.size(), "bigbatch::step_with: ",
+                    state.size(), " state tensors, ", fields.size(), " field names and ", owners.size(), " owners");
+  TORCH_CHECK_VALUE(rates.dim() == 1 && rates.is_floating_point() &&
+                        rates.numel() == static_cast<std::int64_t>(groups.size()),
+                    "bigbatch::step_with: the rates must be a 1-D float tensor of ", groups.size(), " (one per group), got ",
+                    rates.dim(), "-D ", rates.scalar_type(), " of ", rates.numel());
+  const at::Tensor host = rates.to(at::kCPU, at::kDouble).contiguous();
+  std::vector<std::vector<std::string>> names(params.size());
+  std::vector<std::vector<at::Tensor>> values(params.size());
+  for (std::size_t k = 0; k < state.size(); ++k) {
+    TORCH_CHECK_INDEX(owners[k] >= 0 && owners[k] < static_cast<std::int64_t>(params.size()), "bigbatch::step_with: ",
+                      "state tensor ", k, " ('", fields[k], "') belongs to parameter ", owners[k], " of ", params.size());
+    names[owners[k]].push_back(fields[k]);
+    values[owners[k]].push_back(state[k]);
+  }
+  // The same groups and options as the handle's, over aliases of the given tensors.
+  std::vector<std::pair<std::vector<at::Tensor>, json>> made;
+  std::vector<at::Tensor> proxies;
+  std::vector<optim::NamedState> states(params.size());
+  std::size_t i = 0;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    json options = kind.group_options(*h->opt, g);
+    const double lr = host.data_ptr<double>()[g];
+    TORCH_CHECK_VALUE(std::isfinite(lr) && lr >= 0, "Invalid ", h->opt->kind(), " option lr: ", lr,
+                      " (must be >= 0) in parameter group ", g);
+    options["lr"] = lr;
+    std::vector<at::Tensor> members;
+    for (std::size_t j = 0; j < groups[g].params().size(); ++j, ++i) {
+      const at::Tensor& p = params[i];
+      TORCH_CHECK_VALUE(p.sizes() == own[i].sizes() && p.scalar_type() == own[i].scalar_type() &&
+                            p.device() == own[i].device(),
+                        "bigbatch::step_with: parameter ", i, " is ", p.scalar_type(), " ", p.sizes(), " on ",
+                        p.device(), "; the optimizer's is ", own[i].scalar_type(), " ", own[i].sizes(), " on ",
+                        own[i].device());
+      at::Tensor proxy = alias_of(p);
+      const auto& grad = grads[i];
+      if (grad.has_value() && grad->defined()) {
+        TORCH_CHECK_VALUE(grad->sizes() == p.sizes() && grad->device() == p.device(), "bigbatch::step_with: ",
+                          "gradient ", i, " is ", grad->sizes(), " on ", grad->device(), " for a parameter ",
+                          p.sizes(), " on ", p.device());
+        proxy.mutable_grad() = alias_of(*grad);
+        TORCH_CHECK_VALUE(!names[i].empty(), "bigbatch::step_with: parameter ", i, " has a gradient and no ",
+                          "state; take its first step with step(), or give its state as state() shows it");
+      }
+      for (const auto& v : values[i]) {
+        TORCH_CHECK_VALUE(v.dim() == 0 || v.is_contiguous(), "bigbatch::step_with: a state tensor of parameter ",
+                          i, " is not contiguous; the step writes its elements in place");
+      }
+      if (!names[i].empty()) {
+        states[i] = checked_state(kind, h->opt->kind(), static_cast<std::int64_t>(i), proxy, names[i], values[i]);
+      }
+      members.push_back(proxy);
+      proxies.push_back(proxy);
+    }
+    made.emplace_back(std::move(members), std::move(options));
+  }
+  const std::unique_ptr<LayerwiseOptimizerBase> opt = kind.make(made, h->defaults);
+  for (std::size_t k = 0; k < proxies.size(); ++k) {
+    if (!names[k].empty()) opt->set_named_state(proxies[k], states[k]);
+  }
+  {
+    at::NoGradGuard no_grad;
+    opt->step();
+  }
+  // The counts and numbers back into their tensors; a tensor field the step
+  // replaced (a layout conformed, a factor recomputed) copied into the given one.
+  for (std::size_t k = 0; k < proxies.size(); ++k) {
+    if (names[k].empty()) continue;
+    const auto now = opt->named_state(proxies[k]);
+    TORCH_INTERNAL_ASSERT(now.has_value());
+    for (const auto& [name, value] : *now) {
+      const auto at = std::find(names[k].begin(), names[k].end(), name);
+      TORCH_CHECK_VALUE(at != names[k].end(), "bigbatch::step_with: the step gave parameter ", k, " a field '", name,
+                        "' it was not given; give its whole state as state() shows it");
+      at::Tensor given = values[k][static_cast<std::size_t>(at - names[k].begin())];
+      if (value.isInt()) {
+        given.fill_(value.toInt());
+      } else if (value.isDouble()) {
+        given.fill_(value.toDouble());
+      } else if (value.toTensor().unsafeGetTensorImpl() != given.unsafeGetTensorImpl() &&
+                 !value.toTensor().is_same(given)) {
+        const at::Tensor t = value.toTensor();
+        TORCH_CHECK_VALUE(t.sizes() == given.sizes(), "bigbatch::step_with: field '", name, "' of parameter ", k,
+                          " is now ", t.sizes(), ", given ", given.sizes());
+        if (t.data_ptr() != given.data_ptr()) given.copy_(t);
+      }
+    }
+  }
+  for (const auto& p : params) torch::autograd::impl::bump_version(p);
+}
+
 /// The options `options` would be for a group of `kind` (every option, the
 /// kind's defaults where not given), checked as set_group_options checks them.
 std::string check_options(const std::string& kind, const std::string& options) {
@@ -495,6 +620,12 @@ TORCH_LIBRARY(bigbatch, m) {
   m.def("step(int handle, Tensor(a!)[] params, Tensor lrs) -> ()");
   m.impl("step", c10::DispatchKey::CPU, TORCH_FN(step));
   m.impl("step", c10::DispatchKey::CUDA, TORCH_FN(step));
+  // step_with: every tensor it reads or writes in its schema (the state
+  // included), for torch.library.opcheck and functionalization.
+  m.def("step_with(int handle, Tensor(a!)[] params, Tensor?[] grads, Tensor(b!)[] state, str[] fields, "
+        "int[] owners, Tensor lrs) -> ()");
+  m.impl("step_with", c10::DispatchKey::CPU, TORCH_FN(step_with));
+  m.impl("step_with", c10::DispatchKey::CUDA, TORCH_FN(step_with));
   m.def("shard(int handle, int[] tensor_chunks, int[] first_chunk, str group) -> ()", &shard);
   m.def("whole_tensors(str kind) -> bool", &whole_tensors);
   m.def("state(int handle, int index) -> (str[], Tensor[])", &state);

@@ -630,6 +630,116 @@ def test_a_compiled_step_under_a_scheduler_with_a_tensor_rate_compiles_once():
     assert_same_bits(a, b)
 
 
+def _held_model(kind, **options):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Linear(8, 3))
+    groups = (bigbatch.optim.muon_param_groups(model, **options) if kind == "Muon"
+              else bigbatch.optim.layerwise_param_groups(model, **options))
+    return model, getattr(bigbatch.optim, kind)(groups)
+
+
+def _backward(model, seed, opt):
+    """A backward pass on seed's batch; the gradients in `opt`'s order."""
+    torch.manual_seed(seed)
+    model.zero_grad()
+    model(torch.randn(5, 6)).square().mean().backward()
+    return [p.grad.clone() for p in opt._params()]
+
+
+# bigbatch::step_with: the step on tensors the caller holds, every one in
+# the schema. From the state of one eager step, 3 steps on copies equal 3
+# steps of the optimizer itself, bit for bit, state included, for kinds with
+# each sort of field: moments (LAMB), Muon's two sorts of groups, SOAP's
+# factors of their own shape, Schedule-Free's weight sum carried in double.
+@pytest.mark.parametrize("kind,options", [("LAMB", {"lr": 1e-2, "weight_decay": 0.01}),
+                                          ("Muon", {"lr": 2e-2, "weight_decay": 0.01}),
+                                          ("SOAP", {"lr": 3e-3, "precondition_frequency": 2}),
+                                          ("AdamWScheduleFree", {"lr": 1e-2, "warmup_steps": 2})])
+def test_step_with_on_held_tensors_equals_the_optimizers_own_steps(kind, options):
+    model, opt = _held_model(kind, **options)
+    _backward(model, 0, opt)
+    opt.step()
+    params = [p.detach().clone() for p in opt._params()]
+    states = opt.state_tensors()
+    own_before = opt.state_tensors()
+    twin, twin_opt = _held_model(kind, **options)  # the same kind and options, never stepped
+    twin_opt.load_state_dict(opt.state_dict())
+    with torch.no_grad():
+        for p, q in zip(twin.parameters(), model.parameters()):
+            p.copy_(q)
+    for seed in (1, 2, 3):
+        grads = _backward(model, seed, opt)
+        opt.step()
+        opt.step_with(params, grads, states)  # (opt's rates and options; its own tensors untouched by it)
+    assert_same_bits(params, list(opt._params()))
+    for mine, theirs in zip(states, opt.state_tensors()):
+        assert mine.keys() == theirs.keys()
+        for k in mine:
+            assert torch.equal(mine[k], theirs[k]), k
+    # The handle's own parameters and state are what its own steps made.
+    for seed in (1, 2, 3):
+        _backward(twin, seed, twin_opt)
+        twin_opt.step()
+    assert_same_bits(list(twin_opt._params()), list(opt._params()))
+    assert own_before[0].keys() == states[0].keys()
+
+
+def test_step_with_passes_opcheck_and_compiles_with_any_backend():
+    """torch.library.opcheck: the schema (what is written, what is read),
+    the fake implementation, autograd's registration, and functionalization
+    (aot_dispatch, which passes copies: the old step refuses those). Then
+    torch.compile(fullgraph=True) with aot_eager and inductor, bit for bit
+    with eager."""
+    model, opt = _held_model("LAMB", lr=1e-2, weight_decay=0.01)
+    _backward(model, 0, opt)
+    opt.step()
+    grads = _backward(model, 1, opt)
+    states = opt.state_tensors()
+    tensors = [t for s in states for t in s.values()]
+    fields = [k for s in states for k in s]
+    owners = [i for i, s in enumerate(states) for _ in s]
+    lrs = opt._rates().clone().requires_grad_(True)  # (opcheck's autograd test needs an input that requires grad)
+    params = [p.detach().clone() for p in opt._params()]
+    result = torch.library.opcheck(torch.ops.bigbatch.step_with.default,
+                                   (opt._handle, params, grads, tensors, fields, owners, lrs))
+    assert set(result.values()) == {"SUCCESS"} and len(result) == 4, result
+
+    def step(params, grads, tensors, lrs):
+        torch.ops.bigbatch.step_with(opt._handle, params, grads, tensors, fields, owners, lrs)
+
+    eager = ([p.detach().clone() for p in opt._params()], [t.clone() for t in tensors])
+    step(*eager[:1], grads, eager[1], opt._rates())
+    for backend in ("aot_eager", "inductor"):
+        torch._dynamo.reset()
+        mine = ([p.detach().clone() for p in opt._params()], [t.clone() for t in tensors])
+        torch.compile(step, backend=backend, fullgraph=True)(mine[0], grads, mine[1], opt._rates())
+        assert_same_bits(mine[0], eager[0])
+        assert_same_bits(mine[1], eager[1])
+
+
+def test_step_with_refuses_what_it_cannot_step():
+    model, opt = _held_model("LAMB", lr=1e-2)
+    grads = _backward(model, 0, opt)
+    params = [p.detach().clone() for p in opt._params()]
+    with pytest.raises(ValueError, match="parameter 0 has a gradient and no state"):
+        opt.step_with(params, grads, [{} for _ in params])
+    opt.step()
+    states = opt.state_tensors()
+    with pytest.raises(ValueError, match="3 parameters, 6 gradients and 6 states"):
+        opt.step_with(params[:3], grads, states)
+    states[0]["step"] = 1
+    with pytest.raises(ValueError, match="field 'step' of parameter 0 is a int"):
+        opt.step_with(params, grads, states)
+    states = opt.state_tensors()
+    states[1]["exp_avg"] = states[1]["exp_avg"].t()
+    with pytest.raises(ValueError, match="is not contiguous"):
+        opt.step_with(params, grads, states)
+    before = [p.clone() for p in params]
+    with pytest.raises(ValueError, match="parameter 2 is Float \\[7\\]"):
+        opt.step_with(params[:2] + [torch.zeros(7)] + params[3:], grads, opt.state_tensors())
+    assert_same_bits(params, before)
+
+
 def test_the_step_shows_in_the_profiler():
     p = [torch.randn(64, 64, requires_grad=True)]
     opt = LAMB(p, lr=1e-3)
