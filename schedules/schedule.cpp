@@ -35,7 +35,9 @@ constexpr EnumName<Unit> kUnits[] = {{Unit::kSteps, "steps"}, {Unit::kEpochs, "e
 constexpr EnumName<DecayType> kDecays[] = {
     {DecayType::kConstant, "constant"}, {DecayType::kStep, "step"},
     {DecayType::kExponential, "exponential"}, {DecayType::kPolynomial, "polynomial"},
-    {DecayType::kCosine, "cosine"}, {DecayType::kLinear, "linear"}};
+    {DecayType::kCosine, "cosine"}, {DecayType::kLinear, "linear"}, {DecayType::kWsd, "wsd"}};
+constexpr EnumName<CooldownShape> kShapes[] = {
+    {CooldownShape::kLinear, "linear"}, {CooldownShape::kOneMinusSqrt, "1-sqrt"}, {CooldownShape::kCosine, "cosine"}};
 
 bool uses_length(DecayType d) {
   return d == DecayType::kPolynomial || d == DecayType::kCosine || d == DecayType::kLinear;
@@ -46,6 +48,7 @@ bool uses_length(DecayType d) {
 std::string to_string(Scaling s) { return enum_name(kScalings, s); }
 std::string to_string(Unit u) { return enum_name(kUnits, u); }
 std::string to_string(DecayType d) { return enum_name(kDecays, d); }
+std::string to_string(CooldownShape c) { return enum_name(kShapes, c); }
 
 double scale_lr(double lr0, Scaling rule, std::int64_t batch, std::int64_t base_batch) {
   TORCH_CHECK(batch > 0, "scale_lr: batch must be > 0, got ", batch);
@@ -93,6 +96,16 @@ void ScheduleSpec::validate() const {
   if (d.type == DecayType::kPolynomial) {
     TORCH_CHECK(d.power > 0, "schedule.decay.power: must be > 0, got ", d.power);
   }
+  if (d.type == DecayType::kWsd) {
+    TORCH_CHECK(d.length == 0, "schedule.decay.length: a wsd decay is given by stable and cooldown, got length ",
+                d.length);
+    TORCH_CHECK(d.stable >= 0, "schedule.decay.stable: must be >= 0, got ", d.stable);
+    TORCH_CHECK(d.cooldown > 0, "schedule.decay.cooldown: must be > 0 for a wsd decay, got ", d.cooldown);
+    TORCH_CHECK(d.end_lr >= 0, "schedule.decay.end_lr: must be >= 0, got ", d.end_lr);
+  } else {
+    TORCH_CHECK(d.stable == 0 && d.cooldown == 0, "schedule.decay.", d.stable != 0 ? "stable" : "cooldown",
+                ": only a wsd decay has a stable phase and a cooldown (decay type is ", to_string(d.type), ")");
+  }
   if (batch_increase) {
     TORCH_CHECK(d.type == DecayType::kStep,
                 "schedule.batch_increase: replaces the milestones of a step decay; decay type is ",
@@ -102,6 +115,10 @@ void ScheduleSpec::validate() const {
     const double factor = batch_increase->factor.value_or(1 / d.gamma);
     TORCH_CHECK(factor > 1, "schedule.batch_increase.factor: must be > 1, got ", factor,
                 batch_increase->factor ? "" : " (1 / schedule.decay.gamma)");
+    if (batch_increase->lr_factor) {
+      TORCH_CHECK(*batch_increase->lr_factor > 0 && *batch_increase->lr_factor <= 1,
+                  "schedule.batch_increase.lr_factor: must be in (0, 1], got ", *batch_increase->lr_factor);
+    }
   }
   for (std::size_t i = 0; i < batch_warmup.size(); ++i) {
     const auto& st = batch_warmup[i];
@@ -139,6 +156,8 @@ Schedule::Schedule(ScheduleSpec spec, std::int64_t batch_size, std::int64_t exam
   warmup_steps_ = steps_for_examples(spec_.warmup.length, batch_);
   const double r = static_cast<double>(regime_factor_);
   decay_length_ = steps_for_examples(spec_.decay.length * r, batch_);
+  stable_steps_ = steps_for_examples(spec_.decay.stable * r, batch_);
+  cooldown_steps_ = steps_for_examples(spec_.decay.cooldown * r, batch_);
   steps_per_unit_ = r * (spec_.unit == Unit::kSteps
                              ? 1.0
                              : static_cast<double>(examples_per_epoch_) / static_cast<double>(batch_));
@@ -163,6 +182,8 @@ Schedule::Schedule(ScheduleSpec spec, std::int64_t batch_size, std::int64_t exam
   if (spec_.decay.type != DecayType::kStep) return;
   if (spec_.batch_increase) {
     batch_factor_ = spec_.batch_increase->factor.value_or(1 / spec_.decay.gamma);
+    lr_factor_ = spec_.batch_increase->lr_factor.value_or(spec_.batch_increase->seesaw ? 1 / std::sqrt(batch_factor_)
+                                                                                         : 1.0);
   }
   std::int64_t step = 0;     // decay time
   double position = 0;       // in units, decay time
@@ -199,8 +220,21 @@ double Schedule::lr(std::int64_t step) const {
     case DecayType::kConstant: return peak;
     case DecayType::kStep: {
       int decays = 0;
-      for (const auto& e : events_) decays += (e.step <= step && !e.batch) ? 1 : 0;
-      return peak * std::pow(d.gamma, decays);
+      int grown = 0;
+      for (const auto& e : events_) {
+        if (e.step > step) continue;
+        (e.batch ? grown : decays) += 1;
+      }
+      return peak * std::pow(d.gamma, decays) * std::pow(lr_factor_, grown);
+    }
+    case DecayType::kWsd: {
+      if (s < static_cast<double>(stable_steps_)) return peak;
+      const double u = std::min(s - static_cast<double>(stable_steps_), static_cast<double>(cooldown_steps_)) /
+                       static_cast<double>(cooldown_steps_);
+      const double left = d.shape == CooldownShape::kLinear         ? 1 - u
+                          : d.shape == CooldownShape::kOneMinusSqrt ? 1 - std::sqrt(u)
+                                                                    : 0.5 * (1 + std::cos(kPi * u));
+      return d.end_lr + (peak - d.end_lr) * left;
     }
     case DecayType::kExponential: return peak * std::pow(d.gamma, s / steps_per_unit_);
     case DecayType::kPolynomial:
@@ -279,11 +313,19 @@ nlohmann::json to_json(const ScheduleSpec& spec) {
     case DecayType::kPolynomial: d["power"] = spec.decay.power; [[fallthrough]];
     case DecayType::kCosine:
     case DecayType::kLinear: d["length"] = spec.decay.length; d["end_lr"] = spec.decay.end_lr; break;
+    case DecayType::kWsd:
+      d["stable"] = spec.decay.stable;
+      d["cooldown"] = spec.decay.cooldown;
+      d["shape"] = to_string(spec.decay.shape);
+      d["end_lr"] = spec.decay.end_lr;
+      break;
   }
   j["decay"] = d;
   if (spec.batch_increase) {
     j["batch_increase"] = {{"max_batch", spec.batch_increase->max_batch}};
     if (spec.batch_increase->factor) j["batch_increase"]["factor"] = *spec.batch_increase->factor;
+    if (spec.batch_increase->lr_factor) j["batch_increase"]["lr_factor"] = *spec.batch_increase->lr_factor;
+    if (spec.batch_increase->seesaw) j["batch_increase"]["seesaw"] = true;
   }
   if (!spec.batch_warmup.empty()) {
     j["batch_warmup"] = nlohmann::json::array();
@@ -313,12 +355,20 @@ ScheduleSpec schedule_from_json(const nlohmann::json& j) {
   s.decay.power = d.number("power", s.decay.power);
   s.decay.end_lr = d.number("end_lr", s.decay.end_lr);
   s.decay.length = d.number("length", s.decay.length);
+  s.decay.stable = d.number("stable", s.decay.stable);
+  s.decay.cooldown = d.number("cooldown", s.decay.cooldown);
+  if (d.has("shape") && s.decay.type != DecayType::kWsd) {
+    config_error(d.path_of("shape"), "only a wsd decay has a cooldown shape (decay type is " + to_string(s.decay.type) + ")");
+  }
+  s.decay.shape = d.choice("shape", kShapes, s.decay.shape);
   d.finish();
   if (r.has("batch_increase") && !j.at("batch_increase").is_null()) {
     JsonReader b = r.object("batch_increase");
     BatchIncreaseSpec bi;
     bi.max_batch = b.integer("max_batch");
     bi.factor = b.optional_number("factor");
+    bi.lr_factor = b.optional_number("lr_factor");
+    bi.seesaw = b.boolean("seesaw", false);
     b.finish();
     s.batch_increase = bi;
   } else {

@@ -22,7 +22,11 @@ double scale_lr(double lr0, Scaling rule, std::int64_t batch, std::int64_t base_
 /// budgets): optimizer steps, or epochs of `examples_per_epoch` examples.
 enum class Unit { kSteps, kEpochs };
 
-enum class DecayType { kConstant, kStep, kExponential, kPolynomial, kCosine, kLinear };
+enum class DecayType { kConstant, kStep, kExponential, kPolynomial, kCosine, kLinear, kWsd };
+
+/// The shape of a warmup-stable-decay cooldown: "linear", "1-sqrt"
+/// (Hägele et al. 2024's best) or "cosine".
+enum class CooldownShape { kLinear, kOneMinusSqrt, kCosine };
 
 /// Gradual warmup: over `length` units the rate rises linearly from
 /// `start_lr` (default: the unscaled lr0; 0 allowed) to the scaled rate.
@@ -37,21 +41,34 @@ struct WarmupSpec {
 ///   polynomial:  end_lr + (lr - end_lr) * (1 - s/T)^power, s <= T = length
 ///   cosine:      end_lr + (lr - end_lr) * (1 + cos(pi s/T)) / 2
 ///   linear:      polynomial with power 1
+///   wsd:         lr for s < S (stable), then over the cooldown C with u = (s - S)/C:
+///                end_lr + (lr - end_lr) * (1 - u)             linear
+///                end_lr + (lr - end_lr) * (1 - sqrt(u))       1-sqrt
+///                end_lr + (lr - end_lr) * (1 + cos(pi u)) / 2 cosine
+///                and end_lr past S + C
 struct DecaySpec {
   DecayType type = DecayType::kConstant;
   std::vector<double> milestones;  ///< step: increasing positions
   double gamma = 0.1;              ///< step, exponential: factor in (0, 1]
   double power = 2;                ///< polynomial
-  double end_lr = 0;               ///< polynomial, cosine, linear
+  double end_lr = 0;               ///< polynomial, cosine, linear, wsd
   double length = 0;               ///< polynomial, cosine, linear: T > 0
+  double stable = 0;               ///< wsd: S >= 0, the constant phase after warmup
+  double cooldown = 0;             ///< wsd: C > 0
+  CooldownShape shape = CooldownShape::kOneMinusSqrt;  ///< wsd
 };
 
 /// Batch-size increase instead of decay: at each step-decay milestone the
-/// batch is multiplied by `factor` (default 1/gamma) while it stays <= max_batch;
-/// past that the rate decays as usual.
+/// batch is multiplied by `factor` (default 1/gamma) and the rate by
+/// `lr_factor` (default 1: Smith et al. 2017) while the batch stays <=
+/// max_batch; past that the rate decays as usual. `seesaw` makes lr_factor's
+/// default 1/sqrt(factor) (Seesaw, arXiv 2510.14717: each halving of the
+/// rate becomes rate / sqrt(2) and batch x 2, keeping lr / sqrt(B) the decay's).
 struct BatchIncreaseSpec {
   std::int64_t max_batch = 0;
   std::optional<double> factor;
+  std::optional<double> lr_factor;
+  bool seesaw = false;
 };
 
 /// One stage of a batch-size warmup: train at `batch` until `until_examples`
@@ -130,8 +147,11 @@ class Schedule {
   double start_lr_ = 0;
   std::int64_t warmup_steps_ = 0;
   std::int64_t decay_length_ = 0;  // polynomial, cosine, linear
+  std::int64_t stable_steps_ = 0;  // wsd
+  std::int64_t cooldown_steps_ = 0;  // wsd
   double steps_per_unit_ = 1;      // exponential
   double batch_factor_ = 1;
+  double lr_factor_ = 1;           // at each batch increase
   std::vector<Event> events_;      // step decay, in order
 };
 
@@ -143,5 +163,6 @@ ScheduleSpec schedule_from_json(const nlohmann::json& j);
 std::string to_string(Scaling s);
 std::string to_string(Unit u);
 std::string to_string(DecayType d);
+std::string to_string(CooldownShape c);
 
 }  // namespace bigbatch::schedules

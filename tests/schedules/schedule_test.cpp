@@ -137,6 +137,86 @@ TEST(Schedule, BatchIncreaseReplacesDecaysUntilMaxBatch) {
   }
 }
 
+// Warmup-stable-decay (Hu et al. 2024; Hägele et al. 2024): the peak through
+// warmup's end plus `stable`, then each cooldown shape by its closed form.
+TEST(Schedule, WarmupStableDecayCooldownShapes) {
+  ScheduleSpec spec;
+  spec.base_lr = 0.4;
+  spec.warmup.length = 10;
+  spec.decay.type = DecayType::kWsd;
+  spec.decay.stable = 60;
+  spec.decay.cooldown = 40;
+  spec.decay.end_lr = 0.004;
+  const double span = 0.4 - 0.004;
+  spec.decay.shape = CooldownShape::kOneMinusSqrt;
+  const Schedule sqrt_shape(spec, 256);
+  EXPECT_DOUBLE_EQ(sqrt_shape.lr(5), 0.4);  // warmup from lr0 = the peak (no scaling)
+  EXPECT_DOUBLE_EQ(sqrt_shape.lr(10), 0.4);
+  EXPECT_DOUBLE_EQ(sqrt_shape.lr(69), 0.4);   // the last stable step
+  EXPECT_DOUBLE_EQ(sqrt_shape.lr(70), 0.4);   // cooldown's u = 0
+  EXPECT_DOUBLE_EQ(sqrt_shape.lr(80), 0.004 + span * 0.5);  // u = 1/4: 1 - sqrt(1/4)
+  EXPECT_NEAR(sqrt_shape.lr(100), 0.004 + span * (1 - std::sqrt(0.75)), 1e-15);
+  EXPECT_DOUBLE_EQ(sqrt_shape.lr(110), 0.004);
+  EXPECT_DOUBLE_EQ(sqrt_shape.lr(500), 0.004);
+  spec.decay.shape = CooldownShape::kLinear;
+  const Schedule linear(spec, 256);
+  EXPECT_DOUBLE_EQ(linear.lr(80), 0.004 + span * 0.75);
+  EXPECT_DOUBLE_EQ(linear.lr(100), 0.004 + span * 0.25);
+  spec.decay.shape = CooldownShape::kCosine;
+  const Schedule cosine(spec, 256);
+  EXPECT_DOUBLE_EQ(cosine.lr(90), (0.4 + 0.004) / 2);
+  EXPECT_NEAR(cosine.lr(80), 0.004 + span * (1 + std::sqrt(0.5)) / 2, 1e-15);
+  // In epochs, scaled: 1000 examples an epoch at batch 100 is 10 steps; the
+  // peak 0.4 * 100/50.
+  ScheduleSpec epochs = spec;
+  epochs.unit = Unit::kEpochs;
+  epochs.base_batch = 50;
+  epochs.scaling = Scaling::kLinear;
+  epochs.warmup.length = 1;
+  epochs.decay.stable = 2;
+  epochs.decay.cooldown = 2;
+  epochs.decay.shape = CooldownShape::kLinear;
+  const Schedule e(epochs, 100, 1000);
+  EXPECT_DOUBLE_EQ(e.lr(29), 0.8);
+  EXPECT_DOUBLE_EQ(e.lr(40), 0.004 + (0.8 - 0.004) * 0.5);
+  EXPECT_DOUBLE_EQ(e.lr(50), 0.004);
+}
+
+// Seesaw (arXiv 2510.14717): at each milestone the batch doubles and the
+// rate falls by sqrt(2) where the step decay would halve it, which keeps
+// lr / sqrt(B) the decayed schedule's; past max_batch the rate decays.
+TEST(Schedule, SeesawTradesEachHalvingForDoubleBatchAndRootTwo) {
+  ScheduleSpec spec;
+  spec.base_lr = 0.1;
+  spec.decay.type = DecayType::kStep;
+  spec.decay.milestones = {10, 20, 30};
+  spec.decay.gamma = 0.5;
+  BatchIncreaseSpec seesaw;
+  seesaw.max_batch = 128;
+  seesaw.seesaw = true;
+  spec.batch_increase = seesaw;
+  const Schedule s(spec, 32);
+  EXPECT_EQ(s.batch_size(9), 32);
+  EXPECT_EQ(s.batch_size(10), 64);
+  EXPECT_EQ(s.batch_size(20), 128);
+  EXPECT_EQ(s.batch_size(30), 128);
+  EXPECT_DOUBLE_EQ(s.lr(9), 0.1);
+  EXPECT_NEAR(s.lr(10), 0.1 / std::sqrt(2.0), 1e-15);
+  EXPECT_NEAR(s.lr(20), 0.05, 1e-15);
+  EXPECT_NEAR(s.lr(30), 0.025, 1e-15);  // 256 > 128: the plain halving
+  ScheduleSpec decay = spec;
+  decay.batch_increase.reset();
+  const Schedule d(decay, 32);
+  for (const std::int64_t t : {0, 10, 20}) {
+    EXPECT_NEAR(s.lr(t) / std::sqrt(static_cast<double>(s.batch_size(t))),
+                d.lr(t) / std::sqrt(static_cast<double>(d.batch_size(t))), 1e-15)
+        << "step " << t;
+  }
+  // An explicit lr_factor wins over seesaw's default.
+  spec.batch_increase->lr_factor = 0.9;
+  EXPECT_NEAR(Schedule(spec, 32).lr(10), 0.09, 1e-15);
+}
+
 TEST(Schedule, BatchIncreaseInEpochsCountsExamplesAtEachBatch) {
   ScheduleSpec spec;
   spec.base_lr = 0.1;
@@ -226,6 +306,18 @@ TEST(Schedule, JsonRoundTrip) {
   EXPECT_TRUE(spec.regime_adaptation);
   EXPECT_EQ(to_json(spec), j);
   EXPECT_EQ(to_json(schedule_from_json(to_json(spec))), j);
+  const nlohmann::json wsd = nlohmann::json::parse(R"({
+    "base_lr": 0.1, "base_batch": 256, "scaling": "none", "unit": "steps", "warmup": {"length": 0},
+    "decay": {"type": "wsd", "stable": 80, "cooldown": 20, "shape": "cosine", "end_lr": 0.0},
+    "batch_increase": null, "regime_adaptation": false})");
+  nlohmann::json wsd_out = wsd;
+  wsd_out.erase("batch_increase");
+  EXPECT_EQ(to_json(schedule_from_json(wsd)), wsd_out);
+  const nlohmann::json seesaw = nlohmann::json::parse(R"({
+    "base_lr": 0.1, "base_batch": 256, "scaling": "none", "unit": "steps", "warmup": {"length": 0},
+    "decay": {"type": "step", "milestones": [10], "gamma": 0.5},
+    "batch_increase": {"max_batch": 1024, "lr_factor": 0.8, "seesaw": true}, "regime_adaptation": false})");
+  EXPECT_EQ(to_json(schedule_from_json(seesaw)), seesaw);
   for (const char* type : {"constant", "exponential", "polynomial", "cosine", "linear"}) {
     nlohmann::json k = {{"base_lr", 0.5}, {"decay", {{"type", type}, {"length", 10}}}};
     if (std::string(type) == "constant" || std::string(type) == "exponential") k["decay"].erase("length");
@@ -274,6 +366,21 @@ TEST(Schedule, BadParametersNameTheParameter) {
             "change with the batch");
   EXPECT_EQ(parse(R"({"base_lr": 0.1, "batch_warmup": {"batch": 8}})"),
             "schedule.batch_warmup: must be an array of {batch, until_examples}");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "wsd", "stable": 10}})"),
+            "schedule.decay.cooldown: must be > 0 for a wsd decay, got 0");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "wsd", "stable": 10, "cooldown": 5, "length": 15}})"),
+            "schedule.decay.length: a wsd decay is given by stable and cooldown, got length 15");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "wsd", "stable": -1, "cooldown": 5}})"),
+            "schedule.decay.stable: must be >= 0, got -1");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "cosine", "length": 10, "cooldown": 5}})"),
+            "schedule.decay.cooldown: only a wsd decay has a stable phase and a cooldown (decay type is cosine)");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "cosine", "length": 10, "shape": "1-sqrt"}})"),
+            "schedule.decay.shape: only a wsd decay has a cooldown shape (decay type is cosine)");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "wsd", "cooldown": 5, "shape": "sqrt"}})"),
+            "schedule.decay.shape: unknown value \"sqrt\" (one of: linear, 1-sqrt, cosine)");
+  EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "step", "milestones": [1]},
+                      "batch_increase": {"max_batch": 1024, "lr_factor": 1.5}})"),
+            "schedule.batch_increase.lr_factor: must be in (0, 1], got 1.5");
   ScheduleSpec epochs;
   epochs.unit = Unit::kEpochs;
   EXPECT_EQ(error_of([&] { Schedule(epochs, 32); }),
