@@ -30,7 +30,7 @@ std::int64_t whole_steps(double steps) {
 constexpr double kPi = 3.14159265358979323846;
 
 constexpr EnumName<Scaling> kScalings[] = {
-    {Scaling::kNone, "none"}, {Scaling::kLinear, "linear"}, {Scaling::kSqrt, "sqrt"}};
+    {Scaling::kNone, "none"}, {Scaling::kLinear, "linear"}, {Scaling::kSqrt, "sqrt"}, {Scaling::kSde, "sde"}};
 constexpr EnumName<Unit> kUnits[] = {{Unit::kSteps, "steps"}, {Unit::kEpochs, "epochs"}};
 constexpr EnumName<DecayType> kDecays[] = {
     {DecayType::kConstant, "constant"}, {DecayType::kStep, "step"},
@@ -57,7 +57,8 @@ double scale_lr(double lr0, Scaling rule, std::int64_t batch, std::int64_t base_
   switch (rule) {
     case Scaling::kNone: return lr0;
     case Scaling::kLinear: return lr0 * k;
-    case Scaling::kSqrt: return lr0 * std::sqrt(k);
+    case Scaling::kSqrt:
+    case Scaling::kSde: return lr0 * std::sqrt(k);
   }
   TORCH_INTERNAL_ASSERT(false, "unknown scaling rule");
 }
@@ -119,6 +120,16 @@ void ScheduleSpec::validate() const {
       TORCH_CHECK(*batch_increase->lr_factor > 0 && *batch_increase->lr_factor <= 1,
                   "schedule.batch_increase.lr_factor: must be in (0, 1], got ", *batch_increase->lr_factor);
     }
+  }
+  if (weight_decay_timescale) {
+    TORCH_CHECK(*weight_decay_timescale > 0 && std::isfinite(*weight_decay_timescale),
+                "schedule.weight_decay_timescale: must be > 0 (examples), got ", *weight_decay_timescale);
+  }
+  if (beta2_half_life) {
+    TORCH_CHECK(*beta2_half_life > 0 && std::isfinite(*beta2_half_life),
+                "schedule.beta2_half_life: must be > 0 (examples), got ", *beta2_half_life);
+    TORCH_CHECK(scaling != Scaling::kSde, "schedule.beta2_half_life: sets beta2, which scaling \"sde\" sets too; "
+                "give one of them");
   }
   for (std::size_t i = 0; i < batch_warmup.size(); ++i) {
     const auto& st = batch_warmup[i];
@@ -334,6 +345,8 @@ nlohmann::json to_json(const ScheduleSpec& spec) {
     }
   }
   j["regime_adaptation"] = spec.regime_adaptation;
+  if (spec.weight_decay_timescale) j["weight_decay_timescale"] = *spec.weight_decay_timescale;
+  if (spec.beta2_half_life) j["beta2_half_life"] = *spec.beta2_half_life;
   return j;
 }
 
@@ -386,6 +399,8 @@ ScheduleSpec schedule_from_json(const nlohmann::json& j) {
     }
   }
   s.regime_adaptation = r.boolean("regime_adaptation", false);
+  s.weight_decay_timescale = r.optional_number("weight_decay_timescale");
+  s.beta2_half_life = r.optional_number("beta2_half_life");
   r.finish();
   s.validate();
   return s;

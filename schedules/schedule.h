@@ -12,10 +12,12 @@
 
 namespace bigbatch::schedules {
 
-/// How the base rate lr0 (tuned at base_batch B0) scales to batch B.
-enum class Scaling { kNone, kLinear, kSqrt };
+/// How the base rate lr0 (tuned at base_batch B0) scales to batch B. kSde
+/// scales the rate as kSqrt and the optimizer's betas and eps with it
+/// (Malladi et al. 2022; option_rules.h).
+enum class Scaling { kNone, kLinear, kSqrt, kSde };
 
-/// lr0, lr0 * B/B0 or lr0 * sqrt(B/B0).
+/// lr0, lr0 * B/B0 or lr0 * sqrt(B/B0) (kSqrt and kSde).
 double scale_lr(double lr0, Scaling rule, std::int64_t batch, std::int64_t base_batch);
 
 /// The unit of every length in a spec (warmup, milestones, decay length,
@@ -99,6 +101,11 @@ struct ScheduleSpec {
   /// Hoffer et al.: milestones, decay length (and budgets through
   /// Schedule::steps()) multiplied by ceil(B / B0).
   bool regime_adaptation = false;
+  /// Rules for options beyond the rate (option_rules.h), in examples: the
+  /// AdamW timescale B / (eta * weight_decay) held at this many examples,
+  /// and beta2 set by its half-life in examples.
+  std::optional<double> weight_decay_timescale;
+  std::optional<double> beta2_half_life;
 
   /// Throws c10::Error naming the parameter and its value.
   void validate() const;

@@ -11,6 +11,7 @@
 #include "../workload/workload.h"
 #include "../../compat/autocast.h"
 #include "../../config/fields.h"
+#include "../../schedules/option_rules.h"
 
 #include <c10/util/Exception.h>
 
@@ -334,6 +335,12 @@ void sweep_fields(Io& io, Spec& s) {
     io.check(key, t.noise.type != NoiseType::kMultiplicative || b >= t.noise.base_batch,
              std::to_string(b) + " is smaller than noise.base_batch " + std::to_string(t.noise.base_batch));
   }
+  if constexpr (Io::kReading) {
+    // The schedule's option rules at every batch size (the rate only scales
+    // the timescale's decay): an optimizer without the option, or a beta the
+    // rule pushes out of [0, 1), is refused here, before any trial runs.
+    for (const auto b : s.batch_sizes) schedules::ruled_options(t.schedule, b, 1.0, t.optimizer.name, t.optimizer.params);
+  }
   need(io, "search", true, "an object with lr or lr_range");
   io.object("search", s.search, [](auto& q, auto& x) { search_fields(q, x); });
   // The search's momentum is the optimizer's "momentum" key.
@@ -630,6 +637,11 @@ TrialConfig make_trial(const SweepConfig& sweep, std::int64_t batch, double lr, 
   t.seed = seed;
   t.schedule.base_lr = lr;
   if (momentum) t.optimizer.params["momentum"] = *momentum;
+  // The options the schedule's rules give this batch (SDE, timescale,
+  // half-life), written into the trial's keys: its config holds what it trains with.
+  if (schedules::has_option_rules(t.schedule)) {
+    t.optimizer.params = schedules::ruled_options(t.schedule, batch, lr, t.optimizer.name, t.optimizer.params);
+  }
   std::ostringstream name;  // (not string +: GCC 12 warns falsely about it, PR 105651)
   name << 'b' << batch << '_' << kind << k << "_s" << seed;
   t.name = name.str();
@@ -768,6 +780,13 @@ CbsConfig parse_cbs(const json& j) {
   }
   workload["batch_sizes"] = c.cbs.branch_batches;
   workload["search"] = {{"lr", {c.cbs.reference_lr}}};
+  // (before the sweep's own reading, which would apply them to the branches' batches)
+  const json& rules = workload["schedule"];
+  if (rules.is_object() && (rules.value("scaling", json()) == "sde" || rules.contains("weight_decay_timescale") ||
+      rules.contains("beta2_half_life"))) {
+    throw ConfigError("schedule: a cbs config's branches scale the rate only; scaling \"sde\", "
+                      "weight_decay_timescale and beta2_half_life are for sweeps");
+  }
   c.sweep = parse_sweep(workload);
   const schedules::ScheduleSpec& s = c.sweep.base.schedule;
   if (s.warmup.length != 0 || s.decay.type != schedules::DecayType::kConstant || s.batch_increase ||

@@ -311,9 +311,13 @@ json.dump(c, open("bad_key.json", "w"))
 c = json.load(open(sys.argv[1]))
 c["cbs"]["reference_lr"] = 0.02
 json.dump(c, open("other.json", "w"))
+c = json.load(open(sys.argv[1]))
+c.setdefault("schedule", {})["scaling"] = "sde"
+json.dump(c, open("bad_sde.json", "w"))
 PY
   expect_error 2 "cbs.window: must be a multiple of every branch batch" "$bigbatch" cbs bad_window.json --out bad
   expect_error 2 "cbs.tolerence: unknown key" "$bigbatch" cbs bad_key.json --out bad
+  expect_error 2 "schedule: a cbs config's branches scale the rate only" "$bigbatch" cbs bad_sde.json --out bad
   [ ! -e bad ] || fail "a refused config wrote a folder"
   expect_error 2 "holds a different cbs config \"e2e_cbs\" (first difference at /cbs/reference_lr)" \
     "$bigbatch" cbs other.json --out reference

@@ -60,6 +60,31 @@ TEST(SweepConfig, DefaultsAndExpansion) {
   }
 }
 
+// The schedule's option rules set each trial's optimizer keys at its batch
+// (and search rate), which its config then holds; what they cannot set is
+// refused when the config is read.
+TEST(SweepConfig, OptionRulesSetEachTrialsKeys) {
+  json j = minimal();
+  j["optimizer"] = {{"name", "adamw"}, {"betas", {0.9, 0.99}}, {"eps", 1e-8}, {"weight_decay", 0.1}};
+  j["schedule"] = {{"base_batch", 32}, {"scaling", "sde"}, {"weight_decay_timescale", 1000}};
+  j["seeds"] = {0};
+  const auto trials = expand(parse_sweep(j));
+  ASSERT_EQ(trials.size(), 4u);
+  EXPECT_EQ(trials[0].optimizer.params["betas"], json({0.9, 0.99}));  // batch 32 = base_batch: k = 1
+  EXPECT_DOUBLE_EQ(trials[0].optimizer.params["weight_decay"].get<double>(), 32 / (0.1 * 1000));
+  const json& four = trials[2].optimizer.params;  // batch 128, rate 0.1: k = 4, peak 0.2
+  EXPECT_NEAR(four["betas"][0].get<double>(), 0.6, 1e-15);
+  EXPECT_NEAR(four["betas"][1].get<double>(), 0.96, 1e-15);
+  EXPECT_NEAR(four["eps"].get<double>(), 5e-9, 1e-24);
+  EXPECT_DOUBLE_EQ(four["weight_decay"].get<double>(), 128 / (0.2 * 1000));
+  EXPECT_DOUBLE_EQ(trials[3].optimizer.params["weight_decay"].get<double>(), 128 / (0.6 * 1000));  // rate 0.3
+  j["batch_sizes"] = {32, 512};  // k = 16: 1 - 16 * 0.1 < 0
+  EXPECT_NE(error_of(j).find("schedule.scaling: at batch 512 beta1 = "), std::string::npos) << error_of(j);
+  j["batch_sizes"] = {32};
+  j["optimizer"] = {{"name", "sgd"}};
+  EXPECT_EQ(error_of(j), "schedule.scaling: sets the optimizer's betas, and sgd has none");
+}
+
 TEST(SweepConfig, QuasiRandomSearchIsLogUniformInRange) {
   json j = minimal();
   j["search"] = {{"lr_range", {{"min", 1e-3}, {"max", 1.0}, {"trials", 16}}},

@@ -337,7 +337,7 @@ TEST(Schedule, BadParametersNameTheParameter) {
   EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "step", "gama": 0.5}})"),
             "schedule.decay.gama: unknown key");
   EXPECT_EQ(parse(R"({"base_lr": 0.1, "scaling": "quadratic"})"),
-            "schedule.scaling: unknown value \"quadratic\" (one of: none, linear, sqrt)");
+            "schedule.scaling: unknown value \"quadratic\" (one of: none, linear, sqrt, sde)");
   EXPECT_EQ(parse(R"({"base_lr": 0.1, "decay": {"type": "step", "milestones": [30, 20]}})"),
             "schedule.decay.milestones: must be strictly increasing, got 30 then 20");
   EXPECT_EQ(parse(R"({"base_lr": 0.1, "warmup": {"start_lr": 0.01}})"),
