@@ -22,6 +22,7 @@
 #include "optimizers/soap.h"
 #include "optimizers/shampoo.h"
 #include "schedules/lr_adapter.h"
+#include "schedules/option_rules.h"
 #include "schedules/schedule.h"
 #include "normalization/ghost_batch_norm.h"
 #include "noise/critical_batch.h"

@@ -717,4 +717,13 @@ void GradientExchange::apply_state() {
   steps_ = steps;
 }
 
+GradientNorms allreduce_gradients(ProcessGroup& group, const std::vector<at::Tensor>& params,
+                                  std::int64_t bucket_bytes) {
+  TORCH_CHECK(bucket_bytes > 0, "allreduce_gradients: bucket_bytes must be > 0, got ", bucket_bytes);
+  CompressionSpec spec;
+  spec.bucket_bytes = bucket_bytes;
+  GradientExchange exchange(spec);
+  return exchange.exchange(group, params);
+}
+
 }  // namespace bigbatch::distributed

@@ -1,5 +1,6 @@
-// Gradient compression for data-parallel training: the gradient exchange of
-// allreduce_gradients with a compressor in it. Each step the ranks' gradients
+// The gradient exchange of data-parallel training: allreduce_gradients (fp32,
+// in buckets) and the same exchange with a compressor in it (GradientExchange),
+// of which allreduce_gradients is the uncompressed case. Each step the ranks' gradients
 // (flattened into fp32 buckets, as allreduce_gradients does) are compressed,
 // exchanged in compressed form, decompressed and averaged, so that every rank
 // ends the step with the same averaged gradient. The math of each compressor,
@@ -46,6 +47,21 @@
 #include <vector>
 
 namespace bigbatch::distributed {
+
+/// Squared L2 norms of the gradient before and after averaging: the per-rank
+/// (small batch b) and the global (batch b x world) norms the gradient noise
+/// scale needs, at no extra cost.
+struct GradientNorms {
+  double local_sq = 0;
+  double global_sq = 0;
+};
+
+/// Averages the gradients of `params` over the ranks: flattened into fp32
+/// buckets of at most `bucket_bytes`, one all-reduce per bucket, divided by
+/// the world size and copied back. Parameters without a gradient on every rank
+/// must be the same parameters (as with DDP).
+GradientNorms allreduce_gradients(ProcessGroup& group, const std::vector<at::Tensor>& params,
+                                  std::int64_t bucket_bytes = 25 << 20);
 
 enum class Compression { kNone, kFp16, kBf16, kTopK, kRandomK, kDgc, kSign, kTernGrad, kQsgd, kPowerSgd };
 

@@ -5,7 +5,6 @@
 // which is why Impl keeps each backend's own pointer.
 #include "process_group.h"
 
-#include "compression.h"
 #include "slurm_env.h"
 
 #include <ATen/core/grad_mode.h>
@@ -261,15 +260,6 @@ void broadcast_module(ProcessGroup& group, torch::nn::Module& module) {
     std::vector<at::Tensor> one{t};
     group.broadcast(one, 0);
   }
-}
-
-GradientNorms allreduce_gradients(ProcessGroup& group, const std::vector<at::Tensor>& params,
-                                  std::int64_t bucket_bytes) {
-  TORCH_CHECK(bucket_bytes > 0, "allreduce_gradients: bucket_bytes must be > 0, got ", bucket_bytes);
-  CompressionSpec spec;
-  spec.bucket_bytes = bucket_bytes;
-  GradientExchange exchange(spec);
-  return exchange.exchange(group, params);
 }
 
 at::Tensor epoch_partition(std::int64_t n, std::int64_t batch_per_rank, int rank, int world, std::uint64_t seed,

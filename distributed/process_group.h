@@ -103,21 +103,6 @@ std::string broadcast_bytes(ProcessGroup& group, const std::string& bytes, int r
 /// Copies rank 0's parameters and buffers to every rank.
 void broadcast_module(ProcessGroup& group, torch::nn::Module& module);
 
-/// Squared L2 norms of the gradient before and after averaging: the per-rank
-/// (small batch b) and the global (batch b x world) norms the gradient noise
-/// scale needs, at no extra cost.
-struct GradientNorms {
-  double local_sq = 0;
-  double global_sq = 0;
-};
-
-/// Averages the gradients of `params` over the ranks: flattened into fp32
-/// buckets of at most `bucket_bytes`, one all-reduce per bucket, divided by
-/// the world size and copied back. Parameters without a gradient on every rank
-/// must be the same parameters (as with DDP).
-GradientNorms allreduce_gradients(ProcessGroup& group, const std::vector<at::Tensor>& params,
-                                  std::int64_t bucket_bytes = 25 << 20);
-
 /// The rows of one epoch for `rank`: a permutation of [0, n) shared by every
 /// rank (from seed and epoch), cut to a whole number of global batches
 /// (batch_per_rank x world), and rank's interleaved share of each batch, so

@@ -1,6 +1,7 @@
 // Data parallelism on c10d/Gloo with 2 processes on 127.0.0.1: the test binary
 // re-executes itself as the workers (BIGBATCH_DIST_WORKER=scenario), so each
 // rank is a fresh process, as under torchrun.
+#include "../../distributed/compression.h"
 #include "../../distributed/process_group.h"
 #include "../../optimizers/lamb.h"
 #include "../../optimizers/lars.h"
