@@ -58,12 +58,16 @@ def _local(p):
     return p._local_tensor
 
 
+def _point(a, t):
+    """Points `a` at t's elements (storage, offset, sizes and strides)."""
+    with torch.no_grad():
+        return a.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+
+
 def _alias(t):
     """A tensor of its own over t's elements (the C++ optimizer keys its
     state by it), which _Pieces.refresh can point at new storage later."""
-    with torch.no_grad():
-        return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(),
-                                                                   t.size(), t.stride())
+    return _point(torch.empty(0, dtype=t.dtype, device=t.device), t)
 
 
 class _Sharding:
@@ -130,18 +134,17 @@ class _Pieces(_Sharding):
     def refresh(self):
         """Points each alias at its DTensor's local tensor, which FSDP2 may
         have replaced (a load_state_dict, a module's _apply)."""
-        with torch.no_grad():
-            for i, (p, a) in enumerate(zip(self.params, self.tensors)):
-                t = _local(p)
-                if (a.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() and
-                        a.storage_offset() == t.storage_offset() and a.size() == t.size() and
-                        a.stride() == t.stride()):
-                    continue
-                if t.size() != a.size() or t.dtype != a.dtype or t.device != a.device:
-                    raise ValueError(f"bigbatch.optim.{self.kind}: parameter {i}'s local shard is now {t.dtype} "
-                                     f"{tuple(t.size())} on {t.device}, it was {a.dtype} {tuple(a.size())} on "
-                                     f"{a.device}; build the optimizer after sharding and moving the model")
-                a.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+        for i, (p, a) in enumerate(zip(self.params, self.tensors)):
+            t = _local(p)
+            if (a.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() and
+                    a.storage_offset() == t.storage_offset() and a.size() == t.size() and
+                    a.stride() == t.stride()):
+                continue
+            if t.size() != a.size() or t.dtype != a.dtype or t.device != a.device:
+                raise ValueError(f"bigbatch.optim.{self.kind}: parameter {i}'s local shard is now {t.dtype} "
+                                 f"{tuple(t.size())} on {t.device}, it was {a.dtype} {tuple(a.size())} on "
+                                 f"{a.device}; build the optimizer after sharding and moving the model")
+            _point(a, t)
 
     def before_step(self):
         self.refresh()

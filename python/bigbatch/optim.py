@@ -136,9 +136,8 @@ class _Optimizer(torch.optim.Optimizer):
         # DTensor parameters (FSDP2): the C++ optimizer steps tensors of
         # _dtensor's, sharded so that the norms are the whole tensors'.
         self._shards = _dtensor.plan(self._kind, self._params(), _ops.ops.whole_tensors(self._kind))
-        tensors = self._params() if self._shards is None else self._shards.tensors
         sent_defaults = {k: v for k, v in defaults.items() if v is not _REQUIRED}
-        self._handle = _ops.ops.create(self._kind, tensors, [len(g["params"]) for g in groups],
+        self._handle = _ops.ops.create(self._kind, self._stepped(), [len(g["params"]) for g in groups],
                                        _ops.dumps(sent_defaults),
                                        "[" + ",".join(self._options_json(g) for g in groups) + "]")
         if self._shards is not None:
@@ -180,6 +179,11 @@ class _Optimizer(torch.optim.Optimizer):
 
     def _params(self):
         return [p for g in self.param_groups for p in g["params"]]
+
+    def _stepped(self):
+        """The tensors the C++ optimizer steps, one per parameter: the
+        parameters themselves, or _dtensor's for DTensor parameters."""
+        return self._params() if self._shards is None else self._shards.tensors
 
     def _index_of(self, param):
         for index, p in enumerate(self._params()):
@@ -302,13 +306,12 @@ class _Optimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------- state ----
 
-    def _state_entries(self, index, param, state):
+    def _state_entries(self, index, state):
         """A state mapping as the operators take it: names, and values (a
         copy of each tensor on the parameter's device; an integer as a 0-dim
         int64 tensor)."""
         names, values = [], []
-        if self._shards is not None:
-            param = self._shards.tensors[index]
+        param = self._stepped()[index]
         for name, v in state.items():
             names.append(name)
             if self._shards is not None:
@@ -327,7 +330,7 @@ class _Optimizer(torch.optim.Optimizer):
     def _set_state_at(self, index, state):
         """Replaces parameter `index`'s whole state by `state`, checked first
         (ValueError naming the field; nothing changes then)."""
-        names, values = self._state_entries(index, self._params()[index], state)
+        names, values = self._state_entries(index, state)
         _ops.ops.check_state(self._handle, index, names, values)
         _ops.ops.set_state(self._handle, index, names, values)
 
@@ -400,16 +403,15 @@ class _Optimizer(torch.optim.Optimizer):
         # Check: every group's options, every parameter's state.
         for entry in saved:
             _ops.ops.check_options(self._kind, _ops.dumps({k: v for k, v in entry.items() if k in self.defaults}))
-        params = self._params()
         old_index = [i for g in saved for i in g["params"]]
         states = []
-        for index, param in enumerate(params):
+        for index in range(len(self._params())):
             s = state_dict["state"].get(old_index[index])
             if self._shards is not None:
                 s = self._shards.import_state(index, s)
             names, values = [], []
             if s is not None:
-                names, values = self._state_entries(index, param, s)
+                names, values = self._state_entries(index, s)
                 _ops.ops.check_state(self._handle, index, names, values)
             states.append((names, values))
         # Apply.

@@ -170,6 +170,24 @@ void add_group(std::int64_t handle, const std::vector<at::Tensor>& params, const
   h->kind->add_group(*h->opt, params, h->kind->check(h->defaults, parse(options, "the group options")));
 }
 
+/// The groups' rates from `rates`, a 1-D float tensor of one per group of
+/// `opt` (a tensor, so that torch.compile takes a new rate as an input rather
+/// than a constant to recompile for; a CUDA tensor costs a copy to the host),
+/// each checked as the options' own check of lr checks it.
+std::vector<double> checked_rates(const at::Tensor& rates, const LayerwiseOptimizerBase& opt, const char* op) {
+  TORCH_CHECK_VALUE(rates.dim() == 1 && rates.is_floating_point(), op, ": the rates must be a 1-D float ",
+                    "tensor, one per parameter group, got ", rates.dim(), "-D ", rates.scalar_type());
+  const at::Tensor host = rates.to(at::kCPU, at::kDouble).contiguous();
+  std::vector<double> lrs(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+  TORCH_CHECK_VALUE(lrs.size() == opt.param_groups().size(), op, ": ", lrs.size(), " learning rates for ",
+                    opt.param_groups().size(), " parameter groups");
+  for (std::size_t g = 0; g < lrs.size(); ++g) {
+    TORCH_CHECK_VALUE(std::isfinite(lrs[g]) && lrs[g] >= 0, "Invalid ", opt.kind(), " option lr: ", lrs[g],
+                      " (must be >= 0) in parameter group ", g);
+  }
+  return lrs;
+}
+
 /// One step of every group, each at its rate in `lrs` (the schedulers' rates
 /// live in Python's param_groups). `params` must be the optimizer's own
 /// parameters, in group order: the schema declares them written, which is
@@ -179,14 +197,7 @@ void step(std::int64_t handle, const std::vector<at::Tensor>& params, const at::
   const auto h = held(handle);
   std::lock_guard<std::mutex> lock(h->step_mutex);
   auto& groups = h->opt->param_groups();
-  // A tensor, so that torch.compile takes a new rate as an input rather than
-  // a constant to recompile for (a CUDA tensor costs a copy to the host).
-  TORCH_CHECK_VALUE(rates.dim() == 1 && rates.is_floating_point(), "bigbatch::step: the rates must be a 1-D float ",
-                    "tensor, one per parameter group, got ", rates.dim(), "-D ", rates.scalar_type());
-  const at::Tensor host = rates.to(at::kCPU, at::kDouble).contiguous();
-  const c10::ArrayRef<double> lrs(host.data_ptr<double>(), static_cast<std::size_t>(host.numel()));
-  TORCH_CHECK_VALUE(lrs.size() == groups.size(), "bigbatch::step: ", lrs.size(), " learning rates for ",
-                    groups.size(), " parameter groups");
+  const std::vector<double> lrs = checked_rates(rates, *h->opt, "bigbatch::step");
   std::size_t i = 0;
   for (const auto& g : groups) {
     for (const auto& p : g.params()) {
@@ -197,10 +208,6 @@ void step(std::int64_t handle, const std::vector<at::Tensor>& params, const at::
     }
   }
   TORCH_CHECK_VALUE(i == params.size(), "bigbatch::step: ", params.size(), " parameters for an optimizer of ", i);
-  for (std::size_t g = 0; g < groups.size(); ++g) {  // as the options' own check of lr
-    TORCH_CHECK_VALUE(std::isfinite(lrs[g]) && lrs[g] >= 0, "Invalid ", h->opt->kind(), " option lr: ", lrs[g],
-                      " (must be >= 0) in parameter group ", g);
-  }
   for (std::size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(lrs[g]);
   {
     at::NoGradGuard no_grad;
@@ -393,11 +400,7 @@ void step_with(std::int64_t handle, const std::vector<at::Tensor>& params,
                     params.size(), " parameters and ", grads.size(), " gradients for an optimizer of ", own.size());
   TORCH_CHECK_VALUE(fields.size() == state.size() && owners.size() == state.size(), "bigbatch::step_with: ",
                     state.size(), " state tensors, ", fields.size(), " field names and ", owners.size(), " owners");
-  TORCH_CHECK_VALUE(rates.dim() == 1 && rates.is_floating_point() &&
-                        rates.numel() == static_cast<std::int64_t>(groups.size()),
-                    "bigbatch::step_with: the rates must be a 1-D float tensor of ", groups.size(), " (one per group), got ",
-                    rates.dim(), "-D ", rates.scalar_type(), " of ", rates.numel());
-  const at::Tensor host = rates.to(at::kCPU, at::kDouble).contiguous();
+  const std::vector<double> lrs = checked_rates(rates, *h->opt, "bigbatch::step_with");
   std::vector<std::vector<std::string>> names(params.size());
   std::vector<std::vector<at::Tensor>> values(params.size());
   for (std::size_t k = 0; k < state.size(); ++k) {
@@ -413,10 +416,7 @@ void step_with(std::int64_t handle, const std::vector<at::Tensor>& params,
   std::size_t i = 0;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     json options = kind.group_options(*h->opt, g);
-    const double lr = host.data_ptr<double>()[g];
-    TORCH_CHECK_VALUE(std::isfinite(lr) && lr >= 0, "Invalid ", h->opt->kind(), " option lr: ", lr,
-                      " (must be >= 0) in parameter group ", g);
-    options["lr"] = lr;
+    options["lr"] = lrs[g];
     std::vector<at::Tensor> members;
     for (std::size_t j = 0; j < groups[g].params().size(); ++j, ++i) {
       const at::Tensor& p = params[i];
@@ -470,9 +470,7 @@ void step_with(std::int64_t handle, const std::vector<at::Tensor>& params,
         given.fill_(value.toInt());
       } else if (value.isDouble()) {
         given.fill_(value.toDouble());
-      } else if (value.toTensor().unsafeGetTensorImpl() != given.unsafeGetTensorImpl() &&
-                 !value.toTensor().is_same(given)) {
-        const at::Tensor t = value.toTensor();
+      } else if (const at::Tensor& t = value.toTensor(); !t.is_same(given)) {
         TORCH_CHECK_VALUE(t.sizes() == given.sizes(), "bigbatch::step_with: field '", name, "' of parameter ", k,
                           " is now ", t.sizes(), ", given ", given.sizes());
         if (t.data_ptr() != given.data_ptr()) given.copy_(t);
