@@ -780,12 +780,20 @@ CbsConfig parse_cbs(const json& j) {
   }
   workload["batch_sizes"] = c.cbs.branch_batches;
   workload["search"] = {{"lr", {c.cbs.reference_lr}}};
-  // (before the sweep's own reading, which would apply them to the branches' batches)
-  const json& rules = workload["schedule"];
-  if (rules.is_object() && (rules.value("scaling", json()) == "sde" || rules.contains("weight_decay_timescale") ||
-      rules.contains("beta2_half_life"))) {
-    throw ConfigError("schedule: a cbs config's branches scale the rate only; scaling \"sde\", "
-                      "weight_decay_timescale and beta2_half_life are for sweeps");
+  // Asked before the sweep's own reading, which would apply the rules to the
+  // branches' batches (a schedule that does not read is refused by it, below).
+  if (workload["schedule"].is_object()) {
+    json spec = workload["schedule"];
+    spec["base_lr"] = 1.0;
+    bool rules = false;
+    try {
+      rules = schedules::has_option_rules(schedules::schedule_from_json(spec));
+    } catch (const c10::Error&) {
+    }
+    if (rules) {
+      throw ConfigError("schedule: a cbs config's branches scale the rate only; scaling \"sde\", "
+                        "weight_decay_timescale and beta2_half_life are for sweeps");
+    }
   }
   c.sweep = parse_sweep(workload);
   const schedules::ScheduleSpec& s = c.sweep.base.schedule;
