@@ -3,6 +3,8 @@
 // timescale, and their refusals.
 #include "../../schedules/option_rules.h"
 
+#include "error_of.h"
+
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
@@ -14,15 +16,7 @@ namespace {
 using namespace bigbatch::schedules;
 using nlohmann::json;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
-}
+using bigbatch::testing_support::error_of;
 
 json adam_keys() { return json{{"betas", {0.9, 0.999}}, {"eps", 1e-8}, {"weight_decay", 0.1}, {"amsgrad", false}}; }
 

@@ -2,10 +2,13 @@
 // warmup, decays, batch-size increase, regime adaptation) and their JSON form.
 #include "../../schedules/schedule.h"
 
+#include "error_of.h"
+
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <string>
 
@@ -13,16 +16,7 @@ namespace {
 
 using namespace bigbatch::schedules;
 
-// The message of the c10::Error that f throws, without LibTorch's backtrace.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
-}
+using bigbatch::testing_support::error_of;
 
 ScheduleSpec goyal_like() {
   ScheduleSpec s;
@@ -35,6 +29,22 @@ ScheduleSpec goyal_like() {
   s.decay.milestones = {3, 5};  // epochs after warmup
   s.decay.gamma = 0.1;
   return s;
+}
+
+// At each of `steps`, lr / B^power of `spec` at batch `batch` (a batch
+// increase) equals that of the plain step decay it replaces: the noise scale
+// lr / B (Smith et al., power 1) or the Adam-type lr / sqrt(B) (Seesaw, 1/2).
+void expect_decays_path(const ScheduleSpec& spec, std::int64_t batch, std::initializer_list<std::int64_t> steps,
+                        double power) {
+  ScheduleSpec decay = spec;
+  decay.batch_increase.reset();
+  const Schedule s(spec, batch);
+  const Schedule d(decay, batch);
+  for (const std::int64_t t : steps) {
+    EXPECT_NEAR(s.lr(t) / std::pow(static_cast<double>(s.batch_size(t)), power),
+                d.lr(t) / std::pow(static_cast<double>(d.batch_size(t)), power), 1e-15)
+        << "step " << t;
+  }
 }
 
 TEST(Scaling, LinearSqrtNone) {
@@ -127,14 +137,7 @@ TEST(Schedule, BatchIncreaseReplacesDecaysUntilMaxBatch) {
   EXPECT_NEAR(s.lr(6), 0.02, 1e-15);
   // The noise scale lr * N / B falls by the decay factor at each milestone,
   // as it would under the plain step decay.
-  ScheduleSpec decay = spec;
-  decay.batch_increase.reset();
-  const Schedule d(decay, 10);
-  for (const std::int64_t t : {0, 2, 4, 6}) {
-    EXPECT_NEAR(s.lr(t) / static_cast<double>(s.batch_size(t)),
-                d.lr(t) / static_cast<double>(d.batch_size(t)), 1e-15)
-        << "step " << t;
-  }
+  expect_decays_path(spec, 10, {0, 2, 4, 6}, 1.0);
 }
 
 // Warmup-stable-decay (Hu et al. 2024; Hägele et al. 2024): the peak through
@@ -204,14 +207,7 @@ TEST(Schedule, SeesawTradesEachHalvingForDoubleBatchAndRootTwo) {
   EXPECT_NEAR(s.lr(10), 0.1 / std::sqrt(2.0), 1e-15);
   EXPECT_NEAR(s.lr(20), 0.05, 1e-15);
   EXPECT_NEAR(s.lr(30), 0.025, 1e-15);  // 256 > 128: the plain halving
-  ScheduleSpec decay = spec;
-  decay.batch_increase.reset();
-  const Schedule d(decay, 32);
-  for (const std::int64_t t : {0, 10, 20}) {
-    EXPECT_NEAR(s.lr(t) / std::sqrt(static_cast<double>(s.batch_size(t))),
-                d.lr(t) / std::sqrt(static_cast<double>(d.batch_size(t))), 1e-15)
-        << "step " << t;
-  }
+  expect_decays_path(spec, 32, {0, 10, 20}, 0.5);
   // An explicit lr_factor wins over seesaw's default.
   spec.batch_increase->lr_factor = 0.9;
   EXPECT_NEAR(Schedule(spec, 32).lr(10), 0.09, 1e-15);
