@@ -95,6 +95,35 @@ void gns_fields(Io& io, Spec& g) {
   io.check("beta", g.beta >= 0 && g.beta < 1, "must be in [0, 1), got " + num(g.beta));
 }
 
+// "average": EMA by exactly one of decay (per step) and half_life (in
+// examples), or LAWA's k snapshots every `every` steps; and which weights the
+// target is read on.
+template <typename Io, typename Spec>
+void average_fields(Io& io, Spec& a) {
+  auto& o = a.options;
+  io.choice("type", o.type, kAverageTypes);
+  if (o.type == optim::AverageType::kEma) {
+    const bool by_decay = io.given("decay", o.half_life == 0);
+    io.check("decay", by_decay != io.given("half_life", o.half_life > 0),
+             "give exactly one of average.decay, average.half_life");
+    if (by_decay) {
+      io.required("decay", o.decay);
+      io.check("decay", o.decay >= 0 && o.decay < 1, "must be in [0, 1), got " + num(o.decay));
+    } else {
+      io.required("half_life", o.half_life);
+      io.check("half_life", o.half_life > 0 && std::isfinite(o.half_life),
+               "must be > 0 (examples), got " + num(o.half_life));
+    }
+  }
+  if (o.type == optim::AverageType::kLawa) {
+    io.required("k", o.k);
+    io.check("k", o.k >= 1, "must be >= 1 (snapshots), got " + std::to_string(o.k));
+    io.required("every", o.every);
+    io.check("every", o.every >= 1, "must be >= 1 (steps), got " + std::to_string(o.every));
+  }
+  io.choice("target_on", a.target_on, kTargetOns);
+}
+
 // One compressor's parameters: only those it uses (distributed/compression.h).
 template <typename Io, typename Spec>
 void compression_fields(Io& io, Spec& c) {
@@ -296,6 +325,12 @@ void common_fields(Io& io, Spec& t, bool with_rate) {
   if (io.given("distributed", !t.distributed.is_default())) {
     nested("distributed", t.distributed, [](auto& q, auto& d) { distributed_fields(q, d); });
   }
+  if (io.given("average", t.average.on())) {
+    nested("average", t.average, [](auto& q, auto& a) { average_fields(q, a); });
+  }
+  io.check("average", !t.average.on() || !optimizer_entry(t.optimizer.name).evaluation_point,
+           t.optimizer.name + " is evaluated at an average of its own (Schedule-Free's x); averaging its training "
+                              "point y is not that");
   io.choice("device", t.device, kDeviceTypes);
   if (io.given("precision", t.precision != Precision::kFp32)) io.choice("precision", t.precision, kPrecisions);
   check_precision(io, t);
@@ -801,6 +836,10 @@ CbsConfig parse_cbs(const json& j) {
       !s.batch_warmup.empty() || s.regime_adaptation) {
     throw ConfigError("schedule: a cbs reference and its branches train at a constant rate (the scaling rule sets "
                       "each branch's), so no warmup, decay, batch_increase, batch_warmup or regime_adaptation");
+  }
+  if (c.sweep.base.average.on()) {
+    throw ConfigError("average: not a key of a cbs config (its branches start from the reference's weights, "
+                      "not from an average)");
   }
   if (c.sweep.base.checkpoint_every != 0) {
     throw ConfigError("checkpoint_every: not a key of a cbs config (cbs.checkpoints says where the reference saves)");

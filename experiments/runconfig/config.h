@@ -9,6 +9,7 @@
 #include "../workload/models.h"
 #include "../../distributed/compression.h"
 #include "../../distributed/sharded.h"
+#include "../../optimizers/weight_average.h"
 #include "../../config/json_reader.h"
 #include "../../schedules/schedule.h"
 
@@ -40,6 +41,13 @@ inline constexpr config::EnumName<DeviceType> kDeviceTypes[] = {{DeviceType::kCp
                                                                    {DeviceType::kCuda, "cuda"}};
 inline constexpr config::EnumName<Precision> kPrecisions[] = {
     {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}};
+
+/// Which weights a trial's target is read on (AverageSpec::target_on).
+enum class TargetOn { kRaw, kAveraged };
+inline constexpr config::EnumName<optim::AverageType> kAverageTypes[] = {
+    {optim::AverageType::kNone, "none"}, {optim::AverageType::kEma, "ema"}, {optim::AverageType::kLawa, "lawa"}};
+inline constexpr config::EnumName<TargetOn> kTargetOns[] = {{TargetOn::kRaw, "raw"},
+                                                            {TargetOn::kAveraged, "averaged"}};
 
 std::string to_string(NoiseType type);
 std::string to_string(Metric metric);
@@ -85,6 +93,19 @@ struct DistributedSpec {
   bool is_default() const;
 };
 
+/// "average": a copy of the weights averaged over the run
+/// (optimizers/weight_average.h), evaluated at each evaluation beside the
+/// trained ones (metrics.csv's avg_val_loss, avg_val_error). Left out of
+/// resolved configs when off, so that folders written before it existed
+/// keep their identity.
+struct AverageSpec {
+  optim::AverageOptions options;
+  /// "raw": steps to target are read on the trained weights' metric;
+  /// "averaged": on the averaged weights' (Zhang et al. 2024's measurement).
+  TargetOn target_on = TargetOn::kRaw;
+  bool on() const { return options.type != optim::AverageType::kNone; }
+};
+
 /// How a trial's batches are fetched (loader.h), not what they hold: the
 /// batches are the same whatever these are.
 struct LoaderSpec {
@@ -109,6 +130,7 @@ struct TrialConfig {
   BudgetSpec budget;
   GnsSpec gns;
   DistributedSpec distributed;
+  AverageSpec average;
   std::int64_t batch_size = 0;
   std::uint64_t seed = 0;
   DeviceType device = DeviceType::kCpu;  ///< cuda: each rank its cuda:LOCAL_RANK

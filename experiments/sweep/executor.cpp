@@ -250,6 +250,8 @@ TrialResult run_external(const TrialConfig& trial, std::int64_t train_size, std:
       row.train_loss = number_or_nan(*e, "train_loss");
       row.val_loss = number_or_nan(*e, "val_loss");
       row.val_error = number_or_nan(*e, "val_error");
+      row.avg_val_loss = number_or_nan(*e, "avg_val_loss");  // absent without "average"
+      row.avg_val_error = number_or_nan(*e, "avg_val_error");
       row.lr = schedule.lr(step - 1);
       row.batch_size = schedule.batch_size(step - 1);
       row.wall_time = seconds;
@@ -263,8 +265,8 @@ TrialResult run_external(const TrialConfig& trial, std::int64_t train_size, std:
       r.rows.push_back(row);
       if (events) events->scalars(row.step, eval_scalars(row, metric_names, {}));
       if (!std::isfinite(row.val_loss)) return end(TrialStatus::kDiverged, seconds);
-      const double metric = trial.target.metric == Metric::kValError ? row.val_error : row.val_loss;
-      r.best_metric = std::min(r.best_metric, metric);
+      const double metric = target_metric(trial, row);
+      if (!std::isnan(metric)) r.best_metric = std::min(r.best_metric, metric);
       if (metric <= trial.target.threshold) {
         r.steps_to_target = step;
         r.examples_to_target = row.examples;

@@ -42,6 +42,8 @@ std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const s
   add("train/loss", row.train_loss);
   add("val/loss", row.val_loss);
   add("val/error", row.val_error);
+  add("val_averaged/loss", row.avg_val_loss);
+  add("val_averaged/error", row.avg_val_error);
   add("lr", row.lr);
   add("batch_size", static_cast<double>(row.batch_size));
   add("examples", static_cast<double>(row.examples));

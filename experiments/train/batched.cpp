@@ -47,6 +47,9 @@ std::string batch_refusal(const TrialConfig& t) {
   // Each lane would move to its own point to evaluate and recompute its
   // BatchNorm statistics there: the stacked model evaluates all at once.
   if (optimizer_entry(t.optimizer.name).evaluation_point) return "an evaluation point of its own (Schedule-Free)";
+  // Each lane's average would be evaluated with BatchNorm statistics
+  // recomputed there, which the stacked model does not do.
+  if (t.average.on()) return "weight averaging";
   // One loss scale per lane would need each lane's loss scaled apart before
   // the one backward; bf16 needs no scale and batches.
   if (t.precision == Precision::kFp16) return "fp16's loss scale";

@@ -208,6 +208,11 @@ std::string Trainer::checkpoint() const {
   put(archive, "gns/correction", g.correction);
   put(archive, "gns/updates", g.updates);
   put_rows(archive, lane.rows);
+  if (lane.average) {  // "average": its count and tensors (WeightAverage::state)
+    const std::vector<at::Tensor> state = lane.average->state();
+    put(archive, "average/count", static_cast<std::int64_t>(state.size()));
+    for (std::size_t k = 0; k < state.size(); ++k) archive.write("average/" + std::to_string(k), state[k]);
+  }
   if (lane.scaler) {  // fp16: the loss scale, its run of finite steps, the steps it skipped
     const auto s = lane.scaler->state();
     put(archive, "loss_scaler/scale", s.scale);
@@ -249,6 +254,14 @@ void Trainer::restore(const std::string& bytes) {
   get(archive, "gns/updates", g.updates);
   lane.gns.restore(g);
   lane.rows = get_rows(archive);
+  if (lane.average) {
+    at::Tensor count;
+    TORCH_CHECK(archive.try_read("average/count", count),
+                "checkpoint: holds no weight average, and this trial averages its weights (average)");
+    std::vector<at::Tensor> state(static_cast<std::size_t>(count.item<std::int64_t>()));
+    for (std::size_t k = 0; k < state.size(); ++k) archive.read("average/" + std::to_string(k), state[k]);
+    lane.average->load_state(state);
+  }
   at::Tensor skipped;
   if (lane.scaler && archive.try_read("loss_scaler/skipped", skipped)) {
     auto s = lane.scaler->state();

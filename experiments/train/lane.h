@@ -7,6 +7,7 @@
 #include "../optim/optimizer.h"
 #include "../../distributed/sharded.h"
 #include "../../optimizers/loss_scaler.h"
+#include "../../optimizers/weight_average.h"
 
 #include <limits>
 #include <memory>
@@ -32,6 +33,7 @@ struct Trainer::Lane {
   std::optional<noise::MultiplicativeNoise> multiplicative;
   noise::GradientNoiseScale gns;
   std::optional<optim::LossScaler> scaler;  // precision fp16
+  std::optional<optim::WeightAverage> average;  // "average": over params, after each step
   std::vector<at::Tensor> params;
   bool active = true;
   double last_lr = 0;    // the rate of the last step (first group)

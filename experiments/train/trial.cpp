@@ -394,6 +394,7 @@ void Trainer::add_lanes(const std::vector<TrialConfig>& configs) {
       lane->multiplicative.emplace(c.noise.base_batch, c.seed);
     }
     if (c.precision == Precision::kFp16) lane->scaler.emplace();
+    if (c.average.on()) lane->average.emplace(c.average.options, lane->params);
     lane->result.budget = budget_;
     lane->result.peak_lr = lane->adapter->schedule().peak_lr();
     lanes_.push_back(std::move(lane));
@@ -467,6 +468,7 @@ std::vector<double> Trainer::train_step() {
       lane.optimizer->step();
     }
     if (lane.scaler) lane.scaler->update(finite);
+    if (lane.average) lane.average->update(step_ + 1, b.size);
     lane.loss = losses[i] = gradients[i].loss;
   }
   ++step_;
@@ -641,6 +643,25 @@ void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& 
     model_->restore_norm_statistics();
     for (auto* o : moved) o->train();
   }
+  // The averaged weights (weight_average.h) in a second pass, with BatchNorm
+  // statistics recomputed at them as at Schedule-Free's x; the trained
+  // weights go back bit for bit when the swaps end.
+  std::vector<ValidationMetrics> averaged;
+  std::vector<bool> has_average(lanes_.size(), false);
+  {
+    std::vector<std::unique_ptr<optim::WeightAverage::Swap>> swaps;
+    for (std::size_t i = 0; i < lanes_.size(); ++i) {
+      const Lane& lane = *lanes_[i];
+      if (!lane.active || !lane.average || !lane.average->ready()) continue;
+      swaps.push_back(std::make_unique<optim::WeightAverage::Swap>(*lane.average));
+      has_average[i] = true;
+    }
+    if (!swaps.empty()) {
+      model_->recompute_norm_statistics(kNormStatisticsRows);
+      averaged = evaluate();
+      model_->restore_norm_statistics();
+    }
+  }
   for (auto& lane : lanes_) {  // every rank evaluates together: the place for a collective
     if (lane->sharded != nullptr) {
       lane->shard_report = shard_report(*group_, *lane->sharded);
@@ -677,6 +698,10 @@ void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& 
       row.loss_scale = lane.scaler->scale();
       row.skipped_steps = static_cast<double>(lane.scaler->skipped_steps());
     }
+    if (has_average[i]) {
+      row.avg_val_loss = averaged[i].loss;
+      row.avg_val_error = averaged[i].error;
+    }
     row.extra = metrics[i].extra;
     lane.rows.push_back(row);
     if (hooks.on_eval) hooks.on_eval(i, row);
@@ -686,10 +711,9 @@ void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& 
       leave(i, TrialStatus::kDiverged, seconds(), hooks);
       continue;
     }
-    const TargetSpec& target = lane.config.target;
-    const double metric = target.metric == Metric::kValError ? val_error : val_loss;
-    lane.best_metric = std::min(lane.best_metric, metric);
-    if (metric <= target.threshold) {
+    const double metric = target_metric(lane.config, row);
+    if (!std::isnan(metric)) lane.best_metric = std::min(lane.best_metric, metric);
+    if (metric <= lane.config.target.threshold) {
       lane.result.steps_to_target = step_;
       lane.result.examples_to_target = examples_;
       leave(i, TrialStatus::kReached, seconds(), hooks);

@@ -65,6 +65,10 @@ struct EvalRow {
   /// far (summary.json's "shard" has each rank's); NaN for the others.
   double state_bytes = kNaN;
   double peak_rss_bytes = kNaN;
+  /// A trial with "average": the validation loss and error of its averaged
+  /// weights (NaN for the others, and before there is an average).
+  double avg_val_loss = kNaN;
+  double avg_val_error = kNaN;
   /// The workload's further validation metrics (WorkloadData::metrics, in
   /// its order): metrics.csv's columns after the fields below.
   std::vector<double> extra;
@@ -102,6 +106,17 @@ void for_each_field(Row&& row, Visit&& visit) {
   visit("skipped_steps", row.skipped_steps);
   visit("state_bytes", row.state_bytes);
   visit("peak_rss_bytes", row.peak_rss_bytes);
+  visit("avg_val_loss", row.avg_val_loss);
+  visit("avg_val_error", row.avg_val_error);
+}
+
+/// What a trial's target is read on at an evaluation: target.metric of the
+/// trained weights, or of the averaged ones (average.target_on "averaged";
+/// NaN before there is an average: never reached).
+inline double target_metric(const TrialConfig& t, const EvalRow& row) {
+  const bool averaged = t.average.on() && t.average.target_on == TargetOn::kAveraged;
+  if (t.target.metric == Metric::kValError) return averaged ? row.avg_val_error : row.val_error;
+  return averaged ? row.avg_val_loss : row.val_loss;
 }
 
 /// kFailed: the workload (its data, model or loss) threw during the run;

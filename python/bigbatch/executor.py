@@ -6,6 +6,7 @@ trial with its rates and batch sizes per step, says how far to train before
 each evaluation, and decides from each evaluation whether the trial goes on.
 The protocol is in experiments/sweep/executor.h. No TorchScript: any module
 that trains in eager PyTorch sweeps."""
+import collections
 import copy
 import json
 import math
@@ -175,6 +176,11 @@ class _Batches(torch.utils.data.Sampler):
             at += b
 
 
+def _batch_at(sizes, step):
+    """The batch size of step `step` (from 0) of a trial's [[first step, size], ...]."""
+    return next(b for first, b in reversed(sizes) if first <= step)
+
+
 def _to(batch, device):
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
@@ -217,6 +223,73 @@ def _evaluate(task, module, device):
     return loss / n, (error / n if task.error is not None else None), {k: v / n for k, v in metrics.items()}
 
 
+# Training rows BatchNorm statistics are recomputed from at an average,
+# in batches of _NORM_ROWS: the C++ trainer's kNormStatisticsRows, kNormRows.
+_NORM_STATISTICS_ROWS, _NORM_ROWS = 2048, 256
+
+
+class _Average:
+    """A trial's "average" (docs/experiments.md "Weight averaging"): EMA
+    through torch.optim.swa_utils.AveragedModel (buffers following the
+    trained module's, its use_buffers=False), with d = 2^(-B/h) per step for
+    a half-life h in examples; or LAWA, the mean of the last k snapshots
+    taken every `every` steps, summed oldest first and divided by their
+    count, as the C++ trainer's optim::WeightAverage. Evaluated with
+    BatchNorm statistics recomputed at the average by swa_utils.update_bn
+    over the first 2048 training examples, as the C++ trainer does."""
+
+    def __init__(self, spec, module, task, device):
+        self.spec, self.module, self.task, self.device = spec, module, task, device
+        self.decay = spec.get("decay")
+        if spec["type"] == "ema":
+            self.holder = torch.optim.swa_utils.AveragedModel(
+                module, multi_avg_fn=lambda a, c, n: torch.optim.swa_utils.get_ema_multi_avg_fn(self.decay)(a, c, n))
+        else:
+            self.holder = torch.optim.swa_utils.AveragedModel(module)  # its parameters set from the snapshots
+            self.snapshots = collections.deque(maxlen=int(spec["k"]))
+        self.ready = False
+
+    def update(self, step, batch):
+        """After optimizer step `step` (from 1) of `batch` examples."""
+        if self.spec["type"] == "ema":
+            if "half_life" in self.spec:
+                self.decay = 2.0 ** (-batch / self.spec["half_life"])
+            self.holder.update_parameters(self.module)
+            self.ready = True
+        elif step % int(self.spec["every"]) == 0:
+            self.snapshots.append([p.detach().clone() for p in self.module.parameters()])
+            self.ready = True
+
+    def averaged(self):
+        """The averaged tensors, in the module's parameter order."""
+        if self.spec["type"] == "ema":
+            return [p.detach() for p in self.holder.module.parameters()]
+        out = []
+        for i in range(len(self.snapshots[0])):
+            total = self.snapshots[0][i].clone()
+            for s in list(self.snapshots)[1:]:
+                total.add_(s[i])
+            out.append(total.div_(len(self.snapshots)))
+        return out
+
+    def evaluate(self):
+        """(loss, error) of the averaged weights on the validation split."""
+        model = self.holder.module
+        with torch.no_grad():
+            if self.spec["type"] == "lawa":
+                for p, a in zip(model.parameters(), self.averaged()):
+                    p.copy_(a)
+                for b, t in zip(model.buffers(), self.module.buffers()):
+                    b.copy_(t)
+        if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            rows = torch.utils.data.Subset(self.task.dataset, range(min(_NORM_STATISTICS_ROWS, self.task.train_size)))
+            collate = self.task.loader_options.get("collate_fn")
+            loader = torch.utils.data.DataLoader(rows, batch_size=_NORM_ROWS, collate_fn=collate)
+            torch.optim.swa_utils.update_bn((_to(_split(b)[0], self.device) for b in loader), model)
+        loss, error, _ = _evaluate(self.task, model, self.device)
+        return loss, error
+
+
 def _executor_record():
     return {"name": "python", "torch": torch.__version__, "python": platform.python_version()}
 
@@ -250,6 +323,7 @@ def run_trial(spec, channel, task):
             module.train()
             base = config["schedule"]["base_lr"]  # each group's rate over it: its ratio, as the C++ LRAdapter's
             opt = make_optimizer(config["optimizer"], module, base)
+            average = _Average(config["average"], module, task, device) if "average" in config else None
             ratios = [g["lr"] / base for g in opt.param_groups]
             sampler = _Batches(task.train_size, sizes, budget, config["seed"])
             loader = torch.utils.data.DataLoader(task.dataset, batch_sampler=sampler, **task.loader_options)
@@ -278,6 +352,8 @@ def run_trial(spec, channel, task):
                     loss = task.loss(module(x), y)
                     loss.backward()
                     opt.step()
+                    if average is not None:
+                        average.update(step + 1, _batch_at(sizes, step))
                     value = float(loss.detach())
                     stepped += time.monotonic() - t0
                     waited += t1 - t0
@@ -299,13 +375,17 @@ def run_trial(spec, channel, task):
                 val_loss, val_error, metrics = _evaluate(task, module, device)
                 if evaluating:
                     opt.train()
+                averaged = average.evaluate() if average is not None and average.ready else None
             except Exception as e:  # noqa: BLE001 - the user's code: the trial fails with its message, the sweep goes on
                 send("error", _error_line(e))
                 return
-            send("eval", {"step": step, "train_loss": _finite_or_none(loss_sum / max(losses, 1)),
-                          "val_loss": _finite_or_none(val_loss), "val_error": _finite_or_none(val_error),
-                          "metrics": {k: _finite_or_none(v) for k, v in metrics.items()},
-                          "wall_time": time.monotonic() - start, "data": data, "executor": _executor_record()})
+            result = {"step": step, "train_loss": _finite_or_none(loss_sum / max(losses, 1)),
+                      "val_loss": _finite_or_none(val_loss), "val_error": _finite_or_none(val_error),
+                      "metrics": {k: _finite_or_none(v) for k, v in metrics.items()},
+                      "wall_time": time.monotonic() - start, "data": data, "executor": _executor_record()}
+            if averaged is not None:
+                result["avg_val_loss"], result["avg_val_error"] = (_finite_or_none(v) for v in averaged)
+            send("eval", result)
             loss_sum, losses = 0.0, 0
     finally:
         # The loader's workers go now, whatever ended the trial: forked, they

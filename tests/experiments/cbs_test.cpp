@@ -111,6 +111,9 @@ TEST(Cbs, BadConfigsNameTheKey) {
   j["schedule"]["decay"] = {{"type", "cosine"}, {"length", 10}};
   EXPECT_EQ(error_of(j).rfind("schedule: a cbs reference and its branches train at a constant rate", 0), 0u);
   j = linreg_config();
+  j["average"] = {{"type", "ema"}, {"decay", 0.9}};
+  EXPECT_EQ(error_of(j).rfind("average: not a key of a cbs config", 0), 0u) << error_of(j);
+  j = linreg_config();
   j["schedule"]["base_lr"] = 0.1;
   EXPECT_EQ(error_of(j), "schedule.base_lr: set by search.lr, not here");
   j = linreg_config();

@@ -362,6 +362,47 @@ TEST(SweepConfig, ShardIsLeftOutWhenNoneAndRefusedWhereItCannotApply) {
   EXPECT_EQ(parse_sweep(j).base.distributed.shard, bigbatch::distributed::ShardStage::kStates);
 }
 
+// "average": EMA by decay or half-life (exactly one), LAWA's k and every,
+// target_on; written out only when on, each trial carrying it; refused
+// where it cannot apply.
+TEST(SweepConfig, AverageIsReadWrittenAndRefusedByName) {
+  json j = minimal();
+  EXPECT_FALSE(to_json(parse_sweep(j)).contains("average"));
+  j["average"] = {{"type", "ema"}, {"half_life", 20000}, {"target_on", "averaged"}};
+  const SweepConfig s = parse_sweep(j);
+  EXPECT_EQ(s.base.average.options.type, bigbatch::optim::AverageType::kEma);
+  EXPECT_EQ(s.base.average.options.half_life, 20000);
+  EXPECT_EQ(s.base.average.target_on, TargetOn::kAveraged);
+  EXPECT_EQ(to_json(s)["average"], json({{"type", "ema"}, {"half_life", 20000.0}, {"target_on", "averaged"}}));
+  EXPECT_EQ(to_json(parse_sweep(to_json(s))), to_json(s));
+  for (const auto& t : expand(s)) EXPECT_EQ(to_json(t)["average"], to_json(s)["average"]);
+  j["average"] = {{"type", "lawa"}, {"k", 5}, {"every", 100}};
+  EXPECT_EQ(to_json(parse_sweep(j))["average"], json({{"type", "lawa"}, {"k", 5}, {"every", 100}, {"target_on", "raw"}}));
+  j["average"] = {{"type", "none"}};
+  EXPECT_FALSE(to_json(parse_sweep(j)).contains("average"));
+
+  j["average"] = {{"type", "ema"}, {"decay", 0.99}, {"half_life", 100}};
+  EXPECT_EQ(error_of(j), "average.decay: give exactly one of average.decay, average.half_life");
+  j["average"] = {{"type", "ema"}};
+  EXPECT_EQ(error_of(j), "average.decay: give exactly one of average.decay, average.half_life");
+  j["average"] = {{"type", "ema"}, {"decay", 1.0}};
+  EXPECT_EQ(error_of(j), "average.decay: must be in [0, 1), got 1");
+  j["average"] = {{"type", "ema"}, {"half_life", -5}};
+  EXPECT_EQ(error_of(j), "average.half_life: must be > 0 (examples), got -5");
+  j["average"] = {{"type", "lawa"}, {"k", 0}, {"every", 10}};
+  EXPECT_EQ(error_of(j), "average.k: must be >= 1 (snapshots), got 0");
+  j["average"] = {{"type", "lawa"}, {"k", 2}};
+  EXPECT_NE(error_of(j).find("average.every"), std::string::npos) << error_of(j);
+  j["average"] = {{"type", "swa"}};
+  EXPECT_EQ(error_of(j), "average.type: unknown value \"swa\" (one of: none, ema, lawa)");
+  j["average"] = {{"type", "ema"}, {"decay", 0.9}, {"target_on", "both"}};
+  EXPECT_EQ(error_of(j), "average.target_on: unknown value \"both\" (one of: raw, averaged)");
+  j["average"] = {{"type", "ema"}, {"decay", 0.9}};
+  j["optimizer"] = {{"name", "adamwschedulefree"}};
+  EXPECT_NE(error_of(j).find("average: adamwschedulefree is evaluated at an average of its own"), std::string::npos)
+      << error_of(j);
+}
+
 // A folder written before "resnet" had a depth (its depth was 8) is the
 // same sweep as one with "depth": 8; another depth is not.
 TEST(SweepConfig, ResnetDepthEightMatchesFoldersFromBeforeDepth) {

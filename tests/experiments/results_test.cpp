@@ -33,8 +33,8 @@ TEST(Results, MetricsCsvHasTheDocumentedColumnsAndEmptyCellsForNaN) {
   row.gns = std::numeric_limits<double>::infinity();
   EXPECT_EQ(metrics_csv({row}),
             "step,epoch,examples,train_loss,val_loss,val_error,lr,batch_size,wall_time,gns,bytes_sent,bytes_received,"
-            "compress_seconds,comm_seconds,loss_scale,skipped_steps,state_bytes,peak_rss_bytes\n"
-            "50,0.5,3200,1.25,1.5,,0.1,64,2,,,,,,,,,\n");
+            "compress_seconds,comm_seconds,loss_scale,skipped_steps,state_bytes,peak_rss_bytes,avg_val_loss,avg_val_error\n"
+            "50,0.5,3200,1.25,1.5,,0.1,64,2,,,,,,,,,,,\n");
 }
 
 // A sweep folder with summaries of four trials at two batch sizes.

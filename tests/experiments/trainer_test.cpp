@@ -13,12 +13,15 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <set>
 #include <sstream>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -161,6 +164,82 @@ TEST(Trainer, ScheduleFreeIsEvaluatedAtItsAverageWithBatchNormRecomputed) {
   EXPECT_GT(std::abs(x_metrics.loss - y_metrics.loss), 1e-4 * x_metrics.loss) << "x and y evaluate alike: no check";
 }
 
+// "average": the trainer keeps an EMA of the weights after every step and
+// evaluates it beside the trained weights, which training goes on from. The
+// weights after each step are read before the next (the prune hook runs
+// there), averaged here in float64, put into the model and evaluated: the
+// row's avg_val_loss. With BatchNorm, its statistics are recomputed at the
+// average (the first 2,048 training examples, their plain average).
+TEST(Trainer, AveragedWeightsAreEvaluatedBesideTheTrainedOnes) {
+  TrialConfig c = mixture_trial(0.05, 1e-9);
+  c.model.params["norm"] = "batch";
+  c.average.options.type = bigbatch::optim::AverageType::kEma;
+  c.average.options.half_life = 64 * 4;  // d = 2^(-1/4) per step of 64
+  c.target.eval_every = 10;
+  c.budget = {10, bigbatch::schedules::Unit::kSteps};
+  const WorkloadData d = load_dataset(c.data);
+  Trainer runner(c, d);
+  std::vector<std::vector<at::Tensor>> after;  // the weights after steps 1..10, float64
+  const auto snapshot = [&] {
+    std::vector<at::Tensor> now;
+    for (const auto& p : runner.model()->parameters()) now.push_back(p.detach().to(at::kDouble));
+    return now;
+  };
+  Trainer::Hooks hooks;
+  hooks.prune = [&](std::size_t, std::int64_t) {
+    if (runner.step() > 0) after.push_back(snapshot());
+    return false;
+  };
+  const TrialResult r = runner.run(hooks).front();
+  after.push_back(snapshot());
+  ASSERT_EQ(after.size(), 10u);
+  ASSERT_EQ(r.rows.size(), 1u);
+  const double decay = std::pow(2.0, -0.25);
+  std::vector<at::Tensor> ema = after[0];
+  for (std::size_t t = 1; t < after.size(); ++t) {
+    for (std::size_t i = 0; i < ema.size(); ++i) ema[i] = decay * ema[i] + (1 - decay) * after[t][i];
+  }
+  const auto raw = runner.evaluate().front();  // the trained weights are back
+  EXPECT_EQ(r.rows[0].val_loss, raw.loss);
+  auto& model = runner.model();
+  {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < ema.size(); ++i) model->parameters()[i].copy_(ema[i]);
+    for (const auto& m : model->modules()) {
+      if (auto* bn = dynamic_cast<torch::nn::BatchNorm1dImpl*>(m.get())) {
+        bn->running_mean.zero_();
+        bn->running_var.fill_(1);
+        bn->num_batches_tracked.zero_();
+        bn->options.momentum({});
+      }
+    }
+    for (std::int64_t b = 0; b < 2048; b += 256) model->forward(d.train->range(b, b + 256).input);
+  }
+  const auto by_hand = runner.evaluate().front();
+  EXPECT_NEAR(r.rows[0].avg_val_loss, by_hand.loss, 1e-5 * by_hand.loss);
+  EXPECT_NEAR(r.rows[0].avg_val_error, by_hand.error, 1.5 / 512);
+  EXPECT_GT(std::abs(r.rows[0].avg_val_loss - r.rows[0].val_loss), 1e-3 * by_hand.loss) << "no check: alike";
+
+  // target_on "averaged": the target is read on the averaged loss.
+  TrialConfig on_average = mixture_trial(0.05, 1e-9);
+  on_average.target = {Metric::kValLoss, r.rows[0].avg_val_loss * 1.0000001, 10};
+  on_average.model.params["norm"] = "batch";
+  on_average.average = c.average;
+  on_average.budget = {20, bigbatch::schedules::Unit::kSteps};
+  TrialConfig on_raw = on_average;
+  on_average.average.target_on = TargetOn::kAveraged;
+  const bool raw_is_lower = r.rows[0].val_loss < r.rows[0].avg_val_loss;
+  Trainer averaged_target(on_average, d), raw_target(on_raw, d);
+  const TrialResult a = averaged_target.run().front(), b = raw_target.run().front();
+  EXPECT_EQ(a.status, TrialStatus::kReached);
+  EXPECT_EQ(a.steps_to_target, std::optional<std::int64_t>(10));
+  EXPECT_EQ(a.best_metric, a.rows[0].avg_val_loss);
+  double lowest_raw = b.rows[0].val_loss;
+  for (const EvalRow& row : b.rows) lowest_raw = std::min(lowest_raw, row.val_loss);
+  EXPECT_EQ(b.best_metric, lowest_raw);
+  if (!raw_is_lower) EXPECT_NE(b.steps_to_target, std::optional<std::int64_t>(10));
+}
+
 TEST(Trainer, SameSeedSameRun) {
   const TrialConfig c = mixture_trial(0.05, 0.001);
   const WorkloadData d = load_dataset(c.data);
@@ -189,7 +268,8 @@ TEST(Trainer, AWorldOfOneMeasuresTheNoiseScaleInMicroBatches) {
 // An interrupted run resumed from its last checkpoint ends exactly as the
 // uninterrupted run: same evaluations, same parameters, bit for bit. With the
 // state that must survive: LAMB's moments and step counts, the sampler in the
-// middle of an epoch, the noise-scale averages, and a warmup schedule.
+// middle of an epoch, the noise-scale averages, a warmup schedule, and the
+// weight average.
 TEST(Trainer, ResumedFromACheckpointEqualsUninterrupted) {
   for (const std::string optimizer : {"lamb", "sgd"}) {
     TrialConfig c = mixture_trial(0.05, 0.001);
@@ -201,6 +281,13 @@ TEST(Trainer, ResumedFromACheckpointEqualsUninterrupted) {
     c.noise.base_batch = 32;
     c.schedule.warmup.length = 30;
     c.budget = {90, bigbatch::schedules::Unit::kSteps};
+    // And the weight average: LAMB's LAWA window part full at the
+    // checkpoint, SGD's EMA.
+    c.average.options.type = optimizer == "lamb" ? bigbatch::optim::AverageType::kLawa
+                                                 : bigbatch::optim::AverageType::kEma;
+    c.average.options.k = 3;
+    c.average.options.every = 15;
+    c.average.options.decay = 0.9;
     const WorkloadData d = load_dataset(c.data);
 
     Trainer whole(c, d);
@@ -229,9 +316,12 @@ TEST(Trainer, ResumedFromACheckpointEqualsUninterrupted) {
       EXPECT_EQ(resumed.rows[i].step, full.rows[i].step);
       EXPECT_EQ(resumed.rows[i].train_loss, full.rows[i].train_loss) << optimizer << ", row " << i;
       EXPECT_EQ(resumed.rows[i].val_loss, full.rows[i].val_loss) << optimizer << ", row " << i;
+      const double ra = resumed.rows[i].avg_val_loss, fa = full.rows[i].avg_val_loss;
+      EXPECT_TRUE(ra == fa || (std::isnan(ra) && std::isnan(fa) && full.rows[i].step < 15)) << optimizer << ", row " << i;
       EXPECT_EQ(resumed.rows[i].lr, full.rows[i].lr);
       EXPECT_TRUE(resumed.rows[i].gns == full.rows[i].gns || (std::isnan(resumed.rows[i].gns) && std::isnan(full.rows[i].gns)));
     }
+    EXPECT_TRUE(std::isfinite(full.rows.back().avg_val_loss)) << optimizer << ": nothing averaged";
     EXPECT_EQ(resumed.status, full.status);
     EXPECT_EQ(resumed.best_metric, full.best_metric);
     const auto pw = whole.model()->parameters();

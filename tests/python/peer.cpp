@@ -18,6 +18,13 @@
 // gradients for MIN_SECONDS and prints {"median_s": ...}, the median of
 // blocks of steps (benchmarks/python/bench_optim.py: the Python call's
 // overhead against this).
+//
+//   python_peer average SPEC IN OUT
+// averages the weights of a run with optim::WeightAverage: SPEC is
+// "ema:DECAY", "ema_half_life:H" (examples) or "lawa:K:EVERY"; IN holds
+// "steps", a list of the parameters' values after each step, and "batches",
+// each step's batch size; OUT is {"averaged": the averaged tensors}
+// (tests/python/test_average.py: against torch.optim.swa_utils).
 #include "../../optimizers/lamb.h"
 #include "../../optimizers/larc.h"
 #include "../../optimizers/lars.h"
@@ -27,6 +34,7 @@
 #include "../../optimizers/novograd.h"
 #include "../../optimizers/shampoo.h"
 #include "../../optimizers/soap.h"
+#include "../../optimizers/weight_average.h"
 
 #include <ATen/ATen.h>
 #include <torch/serialize.h>
@@ -132,10 +140,62 @@ double bench(LayerwiseOptimizerBase& opt, double min_seconds) {
   return blocks[blocks.size() / 2];
 }
 
+// SPEC's fields split at ':'.
+std::vector<std::string> fields_of(const std::string& spec) {
+  std::vector<std::string> out(1);
+  for (const char c : spec) {
+    if (c == ':') {
+      out.emplace_back();
+    } else {
+      out.back().push_back(c);
+    }
+  }
+  return out;
+}
+
+// The average mode (see the top of this file).
+void average(const std::string& spec, const std::string& in, const std::string& out_path) {
+  const std::vector<std::string> f = fields_of(spec);
+  AverageOptions o;
+  if (f[0] == "ema" && f.size() == 2) {
+    o.type = AverageType::kEma;
+    o.decay = std::stod(f[1]);
+  } else if (f[0] == "ema_half_life" && f.size() == 2) {
+    o.type = AverageType::kEma;
+    o.half_life = std::stod(f[1]);
+  } else if (f[0] == "lawa" && f.size() == 3) {
+    o.type = AverageType::kLawa;
+    o.k = std::stoll(f[1]);
+    o.every = std::stoll(f[2]);
+  } else {
+    throw std::invalid_argument("no average " + spec);
+  }
+  const auto dict = torch::pickle_load(read_file(in)).toGenericDict();
+  const auto steps = dict.at("steps").toListRef();
+  const auto batches = dict.at("batches").toListRef();
+  std::vector<at::Tensor> params;
+  for (const auto& p : steps.at(0).toListRef()) params.push_back(at::empty_like(p.toTensor()));
+  WeightAverage avg(o, params);
+  for (std::size_t t = 0; t < steps.size(); ++t) {
+    for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(steps[t].toListRef()[i].toTensor());
+    avg.update(static_cast<std::int64_t>(t) + 1, batches.at(t).toInt());
+  }
+  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  c10::impl::GenericList averaged(c10::TensorType::get());
+  for (const auto& a : avg.averaged()) averaged.push_back(a);
+  out.insert("averaged", averaged);
+  const auto bytes = torch::pickle_save(out);
+  std::ofstream(out_path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
+    if (argc == 5 && std::string(argv[1]) == "average") {
+      average(argv[2], argv[3], argv[4]);
+      return 0;
+    }
     if (argc == 5 && std::string(argv[1]) == "bench") {
       const auto it = cases().find(argv[2]);
       if (it == cases().end()) throw std::invalid_argument(std::string("no case ") + argv[2]);
