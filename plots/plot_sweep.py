@@ -3,7 +3,8 @@
 
 One sweep, into SWEEP_DIR/plots/:
   1. validation metric and training loss of the best trial of each batch
-     size, against step and against examples seen (four panels)
+     size, against step and against examples seen (four panels); with
+     "average", the averaged weights' metric dashed
   2. steps to target against batch size (log2 axes), perfect scaling, fit S(B);
      with several seeds, each point (the best rate's median) carries its
      bootstrap interval over seeds as an error bar (an arrow where its high
@@ -12,6 +13,7 @@ One sweep, into SWEEP_DIR/plots/:
      rate on the edge of its search circled
   4. learning rate and batch size schedules against step (drawn as steps)
   5. the gradient noise scale B_simple over training
+  6. with "horizons", the final metric at each horizon (horizons.csv)
 
 Several sweeps (the variants of one config, or folders from different runs),
 compared on one set of figures in OUT_DIR:
@@ -22,8 +24,11 @@ compared on one set of figures in OUT_DIR:
                             reach the target (data-parallel sweeps: the
                             tables' bytes column), when every sweep has them
   compare_best_lr           best rate against batch size per sweep
+  compare_horizons          the sweeps with "horizons": their final metric
+                            at each horizon, a panel per batch size
   compare_validation        per batch size, each sweep's best trial's
-                            validation curve against examples seen
+                            validation curve against examples seen (and
+                            its averaged weights', dashed, with "average")
 
 Each figure is written as PNG and SVG, with the plotted points beside it as
 JSON (same name), so tests and readers can check them against the tables.
@@ -92,6 +97,13 @@ def load_sweep(sweep_dir):
             "table": read_csv(os.path.join(sweep_dir, "steps_to_target.csv"))}
 
 
+def averaged_curve(rows, metric):
+    """The averaged weights' `metric` at each evaluation (metrics.csv's
+    avg_ columns, "average" in the config), or None without one."""
+    values = [number(r.get("avg_" + metric, "")) for r in rows]
+    return values if any(v is not None for v in values) else None
+
+
 def main(sweep_dir):
     loaded = load_sweep(sweep_dir)
     table, sweep, fit = loaded["table"], loaded["sweep"], loaded["fit"]
@@ -104,14 +116,23 @@ def main(sweep_dir):
     colors = plt.cm.viridis([i / max(1, len(best) - 1) for i in range(len(best))])
 
     # 1. validation metric and training loss against step and examples seen
+    # (with "average", the averaged weights' metric dashed beside it)
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharey="row")
     points = {}
+    dashed = False
     for color, (b, rows) in zip(colors, sorted(metrics.items())):
         curves = {key: [number(r[key]) for r in rows] for key in (metric, "train_loss")}
         xs = {"step": [int(r["step"]) for r in rows], "examples": [int(r["examples"]) for r in rows]}
         for row, key in enumerate((metric, "train_loss")):
             for col, x in enumerate(("step", "examples")):
                 axes[row][col].plot(xs[x], curves[key], color=color, label=f"B={b}")
+        averaged = averaged_curve(rows, metric)
+        if averaged:
+            curves["avg_" + metric] = averaged
+            for col, x in enumerate(("step", "examples")):
+                axes[0][col].plot(xs[x], [math.nan if v is None else v for v in averaged], color=color,
+                                  linestyle="--", label=None if dashed else "averaged weights (dashed)")
+            dashed = True
         points[str(b)] = {"trial": best[b], **xs, **curves}
     for col, x in enumerate(("step", "examples seen")):
         axes[0][col].axhline(threshold, color="gray", linestyle="--", label="target")
@@ -218,7 +239,74 @@ def main(sweep_dir):
     if points:
         ax.legend(fontsize=8)
     save(fig, out, "noise_scale", points)
-    print(f"plots in {out}: validation, steps_to_target, best_lr, schedules, noise_scale (.png, .svg, .json)")
+    drawn = "validation, steps_to_target, best_lr, schedules, noise_scale"
+    if horizon_figure(out, "horizons", [("", sweep_dir)]):
+        drawn += ", horizons"
+    print(f"plots in {out}: {drawn} (.png, .svg, .json)")
+
+
+def read_horizons(sweep_dir):
+    """horizons.csv's rows by batch size (a sweep whose trials have
+    "horizons"), and horizons.json's cost per batch size; None without."""
+    path = os.path.join(sweep_dir, "horizons.csv")
+    if not os.path.exists(path):
+        return None
+    rows = {}
+    for r in read_csv(path):
+        rows.setdefault(int(r["batch_size"]), []).append(r)
+    with open(os.path.join(sweep_dir, "horizons.json")) as f:
+        cost = json.load(f)["cost"]
+    return rows, cost
+
+
+def horizon_figure(out, name, labelled):
+    """The loss-against-horizon frontier: per batch size a panel, each
+    sweep's final metric at each horizon (the best rate's median over seeds,
+    its bootstrap interval as error bars) against the examples seen there;
+    the legend gives the steps branching trained against each horizon alone.
+    False (nothing drawn) when no sweep has horizons."""
+    frontiers = [(label, read_horizons(d)) for label, d in labelled]
+    frontiers = [(label, h) for label, h in frontiers if h is not None]
+    if not frontiers:
+        return False
+    batches = sorted({b for _, (rows, _) in frontiers for b in rows})
+    cols = min(3, len(batches))
+    nrows = (len(batches) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.8 * cols, 3.8 * nrows), squeeze=False, sharey=True)
+    points = {}
+    for i, b in enumerate(batches):
+        ax = axes[i // cols][i % cols]
+        points[str(b)] = {}
+        for k, (label, (rows, cost)) in enumerate(frontiers):
+            if b not in rows:
+                continue
+            rs = rows[b]
+            xs = [int(r["examples"]) for r in rs]
+            ys = [number(r["final"]) if r["final"] != "inf" else math.nan for r in rs]
+            low = [number(r["final_low"]) for r in rs]
+            high = [number(r["final_high"]) for r in rs]
+            share = cost.get(str(b))
+            tag = f"{label + ': ' if label else ''}" + (f"{share['ratio']:.2f}x the steps of separate runs"
+                                                          if share else "cost incomplete")
+            color = plt.cm.tab10.colors[k % 10]
+            ax.plot(xs, ys, "o-", color=color, label=tag)
+            bars = [(x, y, lo, hi) for x, y, lo, hi in zip(xs, ys, low, high) if lo is not None and hi is not None]
+            if bars:
+                ax.errorbar([x for x, *_ in bars], [y for _, y, *_ in bars],
+                            yerr=[[y - lo for _, y, lo, _ in bars], [hi - y for _, y, _, hi in bars]],
+                            fmt="none", ecolor=color, capsize=3)
+            points[str(b)][label or "sweep"] = {"horizon": [float(r["horizon"]) for r in rs], "examples": xs,
+                                                "final": ys, "low": low, "high": high, "cost": share}
+        ax.set_xscale("log")
+        ax.set_title(f"B={b}", fontsize=10)
+        ax.set_xlabel("examples at the horizon")
+        ax.legend(fontsize=7)
+    for j in range(len(batches), nrows * cols):
+        axes[j // cols][j % cols].axis("off")
+    metric = frontiers[0][1][0][batches[0]][0]["metric"]
+    axes[0][0].set_ylabel(f"final {metric.replace('_', ' ')}")
+    save(fig, out, name, points)
+    return True
 
 
 def compare(out, labelled):
@@ -300,6 +388,11 @@ def compare(out, labelled):
             color, _ = style[label]
             ax.plot(examples, values, color=color, label=label)
             points[str(b)][label] = {"trial": row["trial"], "examples": examples, metric: values}
+            averaged = averaged_curve(rows, metric)
+            if averaged:
+                ax.plot(examples, [math.nan if v is None else v for v in averaged], color=color, linestyle="--",
+                        label=f"{label}: averaged weights")
+                points[str(b)][label]["avg_" + metric] = averaged
         ax.axhline(threshold, color="gray", linestyle="--")
         ax.set_xscale("log")
         ax.set_title(f"B={b}", fontsize=10)
@@ -309,8 +402,10 @@ def compare(out, labelled):
     axes[0][0].set_ylabel(metric.replace("_", " "))
     axes[0][0].legend(fontsize=8)
     save(fig, out, "compare_validation", points)
+    horizons = horizon_figure(out, "compare_horizons", [(label, s["dir"]) for label, s in sweeps])
     print(f"comparison plots in {out}: compare_steps_to_target, compare_examples_to_target, "
-          f"{'compare_bytes_to_target, ' if counted else ''}compare_best_lr, compare_validation (.png, .svg, .json)")
+          f"{'compare_bytes_to_target, ' if counted else ''}compare_best_lr, compare_validation"
+          f"{', compare_horizons' if horizons else ''} (.png, .svg, .json)")
 
 
 if __name__ == "__main__":

@@ -307,6 +307,43 @@ void check_precision(Io& io, const Spec& t) {
                "terngrad, qsgd, or randomk/sign with error_feedback false)");
 }
 
+// Why `t`'s horizons cannot be branched ("" when they can): the decay must
+// end at the budget and be one whose end a horizon moves (wsd: its cooldown
+// keeps its fraction of the run; cosine, linear, polynomial: their length),
+// in the budget's unit, and every horizon must leave room for the warmup
+// and that decay.
+std::string horizons_refusal(const TrialConfig& t) {
+  using schedules::DecayType;
+  const schedules::ScheduleSpec& s = t.schedule;
+  const DecayType d = s.decay.type;
+  const bool wsd = d == DecayType::kWsd;
+  if (!wsd && d != DecayType::kCosine && d != DecayType::kLinear && d != DecayType::kPolynomial) {
+    return "need a schedule.decay that ends with the run (wsd, cosine, linear or polynomial), got " +
+           schedules::to_string(d);
+  }
+  if (s.unit != t.budget.unit) {
+    return "give schedule.unit and the budget in one unit (schedule " + schedules::to_string(s.unit) +
+           ", budget " + schedules::to_string(t.budget.unit) + ")";
+  }
+  if (s.regime_adaptation) return "not with schedule.regime_adaptation (it stretches the decay with the batch)";
+  const double end = s.warmup.length + (wsd ? s.decay.stable + s.decay.cooldown : s.decay.length);
+  if (std::abs(end - t.budget.length) > 1e-9 * t.budget.length) {
+    return "the warmup and decay must end at the budget (" + num(t.budget.length) + "), they end at " + num(end);
+  }
+  double last = 0;
+  for (const double h : t.horizons) {
+    if (!(h > last && h < t.budget.length)) {
+      return "must increase and stay between 0 and the budget (" + num(t.budget.length) + "), got " + num(h);
+    }
+    const double room = wsd ? h * (1 - s.decay.cooldown / t.budget.length) : h;
+    if (room <= s.warmup.length && !(wsd && room == s.warmup.length)) {
+      return "horizon " + num(h) + " leaves no room for the warmup (" + num(s.warmup.length) + ") and the decay";
+    }
+    last = h;
+  }
+  return "";
+}
+
 // What a sweep and each of its trials share: everything but the name, batch
 // size, seed and (in a sweep) the rate.
 template <typename Io, typename Spec>
@@ -327,6 +364,11 @@ void common_fields(Io& io, Spec& t, bool with_rate) {
   }
   if (io.given("average", t.average.on())) {
     nested("average", t.average, [](auto& q, auto& a) { average_fields(q, a); });
+  }
+  if (io.given("horizons", !t.horizons.empty())) {
+    io.field("horizons", t.horizons);
+    io.check("horizons", !t.horizons.empty(), "must not be empty (leave it out for none)");
+    if (!t.horizons.empty()) io.check("horizons", horizons_refusal(t).empty(), horizons_refusal(t));
   }
   io.check("average", !t.average.on() || !optimizer_entry(t.optimizer.name).evaluation_point,
            t.optimizer.name + " is evaluated at an average of its own (Schedule-Free's x); averaging its training "
@@ -662,6 +704,24 @@ std::vector<NamedSweep> load_sweeps(const std::string& path) {
   }
 }
 
+TrialConfig horizon_trial(const TrialConfig& trial, std::size_t k) {
+  TORCH_CHECK(k < trial.horizons.size(), "horizon_trial: trial ", trial.name, " has ", trial.horizons.size(),
+              " horizons, asked for ", k + 1);
+  TrialConfig t = trial;
+  const double h = trial.horizons[k];
+  schedules::DecaySpec& d = t.schedule.decay;
+  if (d.type == schedules::DecayType::kWsd) {
+    d.cooldown = d.cooldown * h / trial.budget.length;
+    d.stable = std::max(0.0, h - t.schedule.warmup.length - d.cooldown);
+  } else {
+    d.length = h - t.schedule.warmup.length;
+  }
+  t.budget.length = h;
+  t.horizons.clear();
+  t.name = trial.name + "/horizon_" + std::to_string(k + 1);
+  return t;
+}
+
 namespace {
 
 TrialConfig make_trial(const SweepConfig& sweep, std::int64_t batch, double lr, std::optional<double> momentum,
@@ -836,6 +896,9 @@ CbsConfig parse_cbs(const json& j) {
       !s.batch_warmup.empty() || s.regime_adaptation) {
     throw ConfigError("schedule: a cbs reference and its branches train at a constant rate (the scaling rule sets "
                       "each branch's), so no warmup, decay, batch_increase, batch_warmup or regime_adaptation");
+  }
+  if (!c.sweep.base.horizons.empty()) {
+    throw ConfigError("horizons: not a key of a cbs config (a cbs reference trains at a constant rate)");
   }
   if (c.sweep.base.average.on()) {
     throw ConfigError("average: not a key of a cbs config (its branches start from the reference's weights, "

@@ -131,6 +131,12 @@ struct TrialConfig {
   GnsSpec gns;
   DistributedSpec distributed;
   AverageSpec average;
+  /// "horizons": shorter training lengths (the budget's unit, increasing,
+  /// each below the budget) at which the same run with its decay ending
+  /// there is measured too, each branched from this run where their
+  /// schedules part (horizon_trial; docs/experiments.md "Horizons"). Empty:
+  /// none. Left out of resolved configs when empty.
+  std::vector<double> horizons;
   std::int64_t batch_size = 0;
   std::uint64_t seed = 0;
   DeviceType device = DeviceType::kCpu;  ///< cuda: each rank its cuda:LOCAL_RANK
@@ -176,6 +182,13 @@ struct SweepConfig {
   std::vector<std::uint64_t> seeds{0};
   RunnerSpec runner;
 };
+
+/// Horizon k's trial (k < trial.horizons.size()): the same trial with its
+/// budget trial.horizons[k] and its decay ending there (a wsd decay keeps
+/// its cooldown's fraction of the run; cosine, linear and polynomial decays
+/// end at the horizon), without horizons of its own, named
+/// "<trial>/horizon_<k+1>".
+TrialConfig horizon_trial(const TrialConfig& trial, std::size_t k);
 
 /// Parses a sweep config. Throws ConfigError "<key>: <problem>".
 SweepConfig parse_sweep(const nlohmann::json& j);

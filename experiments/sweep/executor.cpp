@@ -90,6 +90,7 @@ std::string executor_refusal(const TrialConfig& t) {
     return "precision: " + to_string(t.precision) + " is the C++ trainer's (use autocast in the module's forward)";
   }
   if (!t.distributed.is_default()) return "distributed: data-parallel trials are the C++ trainer's";
+  if (!t.horizons.empty()) return "horizons: branching a run needs its checkpoints, which are the C++ trainer's";
   return "";
 }
 

@@ -13,6 +13,7 @@
 #include "../workload/models.h"
 #include "preflight.h"
 #include "progress.h"
+#include "horizons.h"
 #include "results.h"
 #include "../io/tensorboard.h"
 #include "trial_folder.h"
@@ -804,7 +805,10 @@ SweepSummary run_sweep(const SweepConfig& sweep, const SweepOptions& options, di
     summary.pruned += totals.pruned;
     summary.released += totals.released;
     if (stopped()) return false;
-    if (writer) summary.reached = write_tables(trials, dir.string());
+    if (writer) {
+      summary.reached = write_tables(trials, dir.string());
+      write_horizon_tables(trials, dir.string());
+    }
     return true;
   };
   const auto interrupted = [&] {

@@ -120,6 +120,8 @@ std::vector<TrialResult> run_into(Trainer& trainer, const std::vector<TrialConfi
   }
   hooks.prune = outer.prune;
   hooks.interrupt = outer.interrupt;
+  hooks.before_step = outer.before_step;
+  hooks.past_target = outer.past_target;
   hooks.finished = [&](std::size_t i, const TrialResult& r) {
     if (outer.commit && !outer.commit(i)) {
       if (writer) {
@@ -199,8 +201,54 @@ TrialResult record_failure(const TrialConfig& trial, const std::string& dir, con
 
 bool trial_finished(const TrialConfig& t, const std::string& folder) { return finished_summary(t, folder).has_value(); }
 
+std::int64_t branch_point(const TrialConfig& trial, const TrialConfig& branch, std::int64_t train_size) {
+  const schedules::Schedule a(trial.schedule, trial.batch_size, train_size);
+  const schedules::Schedule b(branch.schedule, branch.batch_size, train_size);
+  const std::int64_t end = b.steps(branch.budget.length, branch.budget.unit);
+  std::int64_t t = 0;
+  while (t + 1 < end && a.lr(t) == b.lr(t) && a.batch_size(t) == b.batch_size(t)) ++t;
+  return t;
+}
+
+namespace {
+
+// Horizon `branch` of a trial into `folder`: resumed from the folder's own
+// checkpoint when it has one, else from `from` (the trial's state at the
+// branch point; empty: from step 0).
+void run_branch(const TrialConfig& branch, const WorkloadData& data, const fs::path& folder, const std::string& from,
+                std::int64_t point, const FolderHooks& outer) {
+  const std::string saved = prepare_folder(branch, folder, true);
+  // Where it parted from its trial: what the horizons table counts as its cost.
+  write_file_atomic((folder / "branched.json").string(),
+                    nlohmann::json({{"step", from.empty() ? 0 : point}}).dump() + "\n");
+  std::optional<Trainer> trainer;
+  trainer.emplace(branch, data);
+  bool resumed = false;
+  if (!saved.empty()) {
+    try {
+      trainer->restore(saved);
+      resumed = true;
+      std::cerr << "resuming " << branch.name << " from its checkpoint at step " << trainer->step() << "\n";
+    } catch (const std::exception& e) {
+      std::cerr << "warning: " << (folder / "checkpoint.pt").string() << ": " << error_line(e) << "; branching "
+                << branch.name << " again\n";
+      trainer.emplace(branch, data);
+    }
+  }
+  if (!resumed && !from.empty()) trainer->restore(from);
+  FolderHooks hooks;
+  hooks.progress = outer.progress;
+  hooks.interrupt = outer.interrupt;
+  hooks.past_target = true;
+  run_into(*trainer, {branch}, {folder}, true, trainer->step() > 0 ? trainer->step() : -1, hooks);
+}
+
+}  // namespace
+
 TrialResult run_one(const TrialConfig& trial, const WorkloadData& data, const std::string& dir, const FolderHooks& hooks,
                     distributed::ProcessGroup* group) {
+  TORCH_CHECK(trial.horizons.empty() || group == nullptr, "horizons: ", trial.name,
+              " is data-parallel, and branching horizons is done in one process only");
   const bool writer = group == nullptr || group->rank() == 0;
   const fs::path folder(dir);
   std::string saved;  // the trial's last checkpoint, from an interrupted run of the same config
@@ -224,7 +272,34 @@ TrialResult run_one(const TrialConfig& trial, const WorkloadData& data, const st
       trainer.emplace(trial, data, group);
     }
   }
-  return run_into(*trainer, {trial}, {folder}, writer, resumed_at, hooks).front();
+  if (trial.horizons.empty()) return run_into(*trainer, {trial}, {folder}, writer, resumed_at, hooks).front();
+  std::vector<TrialConfig> branches;
+  std::vector<std::int64_t> points;
+  std::vector<bool> done;
+  for (std::size_t k = 0; k < trial.horizons.size(); ++k) {
+    branches.push_back(horizon_trial(trial, k));
+    points.push_back(branch_point(trial, branches.back(), data.train_size()));
+    done.push_back(trial_finished(branches.back(), (folder / ("horizon_" + std::to_string(k + 1))).string()));
+  }
+  FolderHooks with = hooks;
+  with.prune = nullptr;  // every horizon's final metrics are the measurement
+  with.past_target = true;
+  Trainer& main = *trainer;
+  const auto branch = [&](std::size_t k, const std::string& from) {
+    done[k] = true;
+    run_branch(branches[k], data, folder / ("horizon_" + std::to_string(k + 1)), from, points[k], hooks);
+  };
+  // A branch whose point this run has passed (a checkpoint from a run that
+  // lost the branch's folder) trains from step 0: the same run, dearer.
+  for (std::size_t k = 0; k < branches.size(); ++k) {
+    if (!done[k] && points[k] < main.step()) branch(k, "");
+  }
+  with.before_step = [&](std::int64_t step) {
+    for (std::size_t k = 0; k < branches.size(); ++k) {
+      if (!done[k] && points[k] == step) branch(k, main.checkpoint());
+    }
+  };
+  return run_into(main, {trial}, {folder}, writer, resumed_at, with).front();
 }
 
 std::vector<TrialResult> run_group(const std::vector<TrialConfig>& trials, const WorkloadData& data,

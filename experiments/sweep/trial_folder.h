@@ -46,13 +46,29 @@ struct FolderHooks {
   /// are written: false refuses the result (nothing is written, finished is
   /// not called). A sweep's claim commit (claims.h).
   std::function<bool(std::size_t lane)> commit;
+  /// Trainer::Hooks' before_step and past_target.
+  std::function<void(std::int64_t step)> before_step;
+  bool past_target = false;
 };
 
 /// Runs one trial into `dir`, resuming from its checkpoint when the folder
 /// holds one of the same config. Data-parallel with a process group; only
 /// rank 0 writes (and reports progress).
+///
+/// A trial with horizons (config.h horizon_trial) trains to its budget
+/// whatever the target, unpruned, and branches each horizon's run at the
+/// first step where their schedules part (branch_point) into
+/// `dir`/horizon_<k>/, written as a trial of its own: restored from this
+/// run's state there, it trains on to its budget. A horizon folder already
+/// finished is kept; one with a checkpoint of its own resumes from it. Not
+/// under a process group.
 TrialResult run_one(const TrialConfig& trial, const WorkloadData& data, const std::string& dir,
                     const FolderHooks& hooks = {}, distributed::ProcessGroup* group = nullptr);
+
+/// The first step at which `branch`'s schedule (a horizon_trial of `trial`)
+/// gives another rate or batch size than `trial`'s: the two runs are the
+/// same run before it. At most the branch's last step.
+std::int64_t branch_point(const TrialConfig& trial, const TrialConfig& branch, std::int64_t train_size);
 
 /// A trial's folder, ready for its run: made, its config.json written.
 /// Returns the checkpoint an interrupted run of the same config left there

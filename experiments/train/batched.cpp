@@ -50,6 +50,7 @@ std::string batch_refusal(const TrialConfig& t) {
   // Each lane's average would be evaluated with BatchNorm statistics
   // recomputed there, which the stacked model does not do.
   if (t.average.on()) return "weight averaging";
+  if (!t.horizons.empty()) return "horizons (branched from a checkpoint of one trial)";
   // One loss scale per lane would need each lane's loss scaled apart before
   // the one backward; bf16 needs no scale and batches.
   if (t.precision == Precision::kFp16) return "fp16's loss scale";

@@ -254,6 +254,15 @@ void Trainer::restore(const std::string& bytes) {
   get(archive, "gns/updates", g.updates);
   lane.gns.restore(g);
   lane.rows = get_rows(archive);
+  // The first evaluation that reached the target: a run that trains past it
+  // (Hooks::past_target, a trial with horizons) keeps it.
+  for (const EvalRow& row : lane.rows) {
+    if (target_metric(lane.config, row) <= lane.config.target.threshold) {
+      lane.result.steps_to_target = row.step;
+      lane.result.examples_to_target = row.examples;
+      break;
+    }
+  }
   if (lane.average) {
     at::Tensor count;
     TORCH_CHECK(archive.try_read("average/count", count),

@@ -713,13 +713,15 @@ void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& 
     }
     const double metric = target_metric(lane.config, row);
     if (!std::isnan(metric)) lane.best_metric = std::min(lane.best_metric, metric);
-    if (metric <= lane.config.target.threshold) {
+    if (metric <= lane.config.target.threshold && !lane.result.steps_to_target) {
       lane.result.steps_to_target = step_;
       lane.result.examples_to_target = examples_;
-      leave(i, TrialStatus::kReached, seconds(), hooks);
+      if (!hooks.past_target) leave(i, TrialStatus::kReached, seconds(), hooks);
     }
   }
 }
+
+std::vector<TrialResult> Trainer::run() { return run(Hooks{}); }
 
 std::vector<TrialResult> Trainer::run(const Hooks& hooks) {
   const auto start = std::chrono::steady_clock::now();
@@ -743,6 +745,7 @@ std::vector<TrialResult> Trainer::run(const Hooks& hooks) {
         throw TrialInterrupted(how);
       }
     }
+    if (hooks.before_step) hooks.before_step(step_);
     const std::int64_t next_eval = std::min(budget_, (step_ / every + 1) * every);
     for (std::size_t i = 0; i < lanes_.size(); ++i) {
       if (lanes_[i]->active && hooks.prune && hooks.prune(i, next_eval)) {
@@ -777,7 +780,8 @@ std::vector<TrialResult> Trainer::run(const Hooks& hooks) {
   }
   elapsed_ = seconds();
   for (std::size_t i = 0; i < lanes_.size(); ++i) {
-    if (lanes_[i]->active) leave(i, TrialStatus::kNotReached, elapsed_, hooks);
+    if (!lanes_[i]->active) continue;
+    leave(i, lanes_[i]->result.steps_to_target ? TrialStatus::kReached : TrialStatus::kNotReached, elapsed_, hooks);
   }
   std::vector<TrialResult> out;
   for (const auto& lane : lanes_) out.push_back(lane->result);

@@ -242,10 +242,19 @@ class Trainer {
     /// throwing TrialInterrupted, no lane's result reported (a sweep's
     /// preemption signal, a claim taken over: sweep.h).
     std::function<Interrupt()> interrupt;
+    /// Called before every step with the steps taken so far (after
+    /// interrupt): where a trial with horizons branches (trial_folder.h).
+    std::function<void(std::int64_t step)> before_step;
+    /// Train every lane to its budget even once it reaches the target: the
+    /// result keeps the first step that reached it (kReached), and the
+    /// evaluations go on to the end (a trial with horizons, whose final
+    /// metrics are its measurement).
+    bool past_target = false;
   };
   /// Runs every lane to the target, its budget, divergence or pruning (from
   /// where restore() left it); each lane's result, in lane order.
-  std::vector<TrialResult> run(const Hooks& hooks = {});
+  std::vector<TrialResult> run(const Hooks& hooks);
+  std::vector<TrialResult> run();  ///< run({}) (an overload: Hooks' member initializers)
 
   /// One optimizer step of every active lane at the schedule's batch size;
   /// each lane's batch loss (NaN for a lane that has ended).

@@ -137,8 +137,9 @@ assert len(gns) == len(rows), gns.keys()
 print("plots ok")
 PY
   # A config with variants: each variant's plots, and the comparison figures
-  # at the top, whose points are the variants' tables.
-  derive variants.json 'c["name"] = "vs"; c["batch_sizes"] = [8, 128, 2048]; c["seeds"] = [0]; c["variants"] = {"sqrt": {}, "linear": {"schedule": {"scaling": "linear"}}}'
+  # at the top, whose points are the variants' tables; one variant averages
+  # its weights, whose curves are drawn dashed beside its own.
+  derive variants.json 'c["name"] = "vs"; c["batch_sizes"] = [8, 128, 2048]; c["seeds"] = [0]; c["variants"] = {"sqrt": {}, "linear": {"schedule": {"scaling": "linear"}, "average": {"type": "ema", "decay": 0.9}}}'
   "$bigbatch" sweep variants.json --out runs --jobs 2 > /dev/null
   "$bigbatch" plot runs/vs > plot.txt
   $py - runs/vs <<'PY'
@@ -162,6 +163,11 @@ for variant in ("linear", "sqrt"):
         m = list(csv.DictReader(open(os.path.join(d, variant, r["trial"], "metrics.csv"))))
         c = curves[r["batch_size"]][variant]
         assert c["trial"] == r["trial"] and c["examples"] == [int(x["examples"]) for x in m], (variant, r)
+        if variant == "linear":  # its averaged weights' curve, every evaluation's
+            assert c["avg_val_error"] == [float(x["avg_val_error"]) for x in m], (variant, r)
+            assert c["avg_val_error"] != c["val_error"], r
+        else:
+            assert "avg_val_error" not in c and all(x["avg_val_error"] == "" for x in m), r
 print("comparison ok")
 PY
   # Two folders on one figure, a side-by-side table, and a folder with another

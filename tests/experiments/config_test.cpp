@@ -403,6 +403,50 @@ TEST(SweepConfig, AverageIsReadWrittenAndRefusedByName) {
       << error_of(j);
 }
 
+// "horizons": a wsd decay's horizon keeps its cooldown's fraction of the run
+// (budget 100, warmup 10, stable 70, cooldown 20: at horizon 50, cooldown
+// 10 and stable 30), a cosine's length ends at the horizon; written out only
+// when given; refused where a horizon cannot move the decay's end.
+TEST(SweepConfig, HorizonsSetEachBranchsDecayAndAreRefusedByName) {
+  json j = minimal();
+  j["schedule"] = {{"warmup", {{"length", 10}}},
+                   {"decay", {{"type", "wsd"}, {"stable", 70}, {"cooldown", 20}, {"shape", "1-sqrt"}}}};
+  EXPECT_FALSE(to_json(parse_sweep(j)).contains("horizons"));
+  j["horizons"] = {25, 50};
+  const SweepConfig s = parse_sweep(j);
+  EXPECT_EQ(to_json(s)["horizons"], json({25.0, 50.0}));
+  EXPECT_EQ(to_json(parse_sweep(to_json(s))), to_json(s));
+  const TrialConfig t = expand(s).front();
+  const TrialConfig h = horizon_trial(t, 1);
+  EXPECT_EQ(h.budget.length, 50);
+  EXPECT_DOUBLE_EQ(h.schedule.decay.cooldown, 10);
+  EXPECT_DOUBLE_EQ(h.schedule.decay.stable, 30);
+  EXPECT_TRUE(h.horizons.empty());
+  EXPECT_EQ(h.name, t.name + "/horizon_2");
+  EXPECT_DOUBLE_EQ(horizon_trial(t, 0).schedule.decay.stable, 10);  // 25 - 10 - 5
+  EXPECT_THROW(horizon_trial(t, 2), c10::Error);
+
+  j["schedule"]["decay"] = {{"type", "cosine"}, {"length", 90}};
+  EXPECT_DOUBLE_EQ(horizon_trial(expand(parse_sweep(j)).front(), 0).schedule.decay.length, 15);
+
+  j["horizons"] = {50, 25};
+  EXPECT_EQ(error_of(j), "horizons: must increase and stay between 0 and the budget (100), got 25");
+  j["horizons"] = {50, 100};
+  EXPECT_EQ(error_of(j), "horizons: must increase and stay between 0 and the budget (100), got 100");
+  j["horizons"] = {10};
+  EXPECT_EQ(error_of(j), "horizons: horizon 10 leaves no room for the warmup (10) and the decay");
+  j["horizons"] = json::array();
+  EXPECT_EQ(error_of(j), "horizons: must not be empty (leave it out for none)");
+  j["horizons"] = {50};
+  j["schedule"]["decay"] = {{"type", "cosine"}, {"length", 80}};
+  EXPECT_EQ(error_of(j), "horizons: the warmup and decay must end at the budget (100), they end at 90");
+  j["schedule"]["decay"] = {{"type", "step"}, {"milestones", {50}}};
+  EXPECT_EQ(error_of(j), "horizons: need a schedule.decay that ends with the run (wsd, cosine, linear or polynomial), "
+                         "got step");
+  j["schedule"] = {{"unit", "epochs"}, {"decay", {{"type", "linear"}, {"length", 100}}}};
+  EXPECT_EQ(error_of(j), "horizons: give schedule.unit and the budget in one unit (schedule epochs, budget steps)");
+}
+
 // A folder written before "resnet" had a depth (its depth was 8) is the
 // same sweep as one with "depth": 8; another depth is not.
 TEST(SweepConfig, ResnetDepthEightMatchesFoldersFromBeforeDepth) {

@@ -1,16 +1,21 @@
 // The result files a sweep leaves: metrics.csv's columns, and the per-batch
 // choice in steps_to_target.csv (the rate with the least median over its
 // seeds, else the trial closest to the target), written from hand-made
-// summaries.
+// summaries; and horizons.csv from a sweep whose trials branch horizons.
+#include "../../experiments/io/csv.h"
 #include "../../experiments/io/files.h"
 #include "../../experiments/sweep/results.h"
+#include "../../experiments/sweep/sweep.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -208,6 +213,71 @@ TEST_F(Tables, SeedsTheFitsRangeIsDrawnOverSeeds) {
   EXPECT_GE(high, 64 - 1e-6);
   EXPECT_GT(high - low, 1);
   EXPECT_NE(report(dir_.string()).find("(over seeds)"), std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+// horizons.csv, re-derived from the folders: per batch size and horizon,
+// the rate whose median final val_error over 3 seeds is lowest, that
+// median, and each horizon's steps past its branch point (a wsd cooldown
+// of a fifth of the run: horizon 20 parts at step 17, 40 at 33); and
+// horizons.json's steps with branching against each horizon alone.
+TEST(Horizons, TheTableIsEachRunsFinalMetricAndTheStepsBranchingSaved) {
+  const fs::path dir = fs::temp_directory_path() / ("bigbatch_horizons_table." + std::to_string(::getpid()));
+  remove_tree(dir);
+  const nlohmann::json j = nlohmann::json::parse(R"({
+    "name": "h", "dataset": {"name": "gaussian_mixture", "train_size": 1024, "val_size": 256, "classes": 3,
+                             "dim": 5, "separation": 1.0},
+    "model": {"type": "mlp", "widths": [16]}, "optimizer": {"name": "sgd", "momentum": 0.9},
+    "schedule": {"decay": {"type": "wsd", "stable": 48, "cooldown": 12}},
+    "horizons": [20, 40],
+    "target": {"threshold": 0.3, "eval_every": 10}, "budget": {"steps": 60},
+    "batch_sizes": [32, 128], "search": {"lr": [0.02, 0.1]}, "seeds": [0, 1, 2]})");
+  SweepOptions options;
+  options.out = dir.string();
+  run_sweep(parse_sweep(j), options);
+  const fs::path sweep = dir / "h";
+  const CsvTable table = CsvTable::read((sweep / "horizons.csv").string());
+  ASSERT_EQ(table.rows(), 6u);
+  const auto last_error = [&](const fs::path& folder) {
+    const CsvTable m = CsvTable::read((folder / "metrics.csv").string());
+    return *m.number(m.rows() - 1, "val_error");
+  };
+  const std::vector<double> horizons{20, 40, 60};
+  const std::map<double, std::int64_t> branch_steps{{20, 3}, {40, 7}, {60, 60}};
+  std::size_t row = 0;
+  for (const int batch : {32, 128}) {
+    for (std::size_t h = 0; h < 3; ++h, ++row) {
+      double best = std::numeric_limits<double>::infinity();
+      for (const int p : {0, 1}) {
+        std::vector<double> finals;
+        for (const int seed : {0, 1, 2}) {
+          fs::path folder = sweep / ("b" + std::to_string(batch) + "_p" + std::to_string(p) + "_s" + std::to_string(seed));
+          if (h < 2) folder /= "horizon_" + std::to_string(h + 1);
+          finals.push_back(last_error(folder));
+        }
+        std::sort(finals.begin(), finals.end());
+        best = std::min(best, finals[1]);
+      }
+      EXPECT_EQ(*table.integer(row, "batch_size"), batch);
+      EXPECT_EQ(*table.number(row, "horizon"), horizons[h]);
+      EXPECT_EQ(*table.integer(row, "steps"), static_cast<std::int64_t>(horizons[h]));
+      EXPECT_NEAR(*table.number(row, "final"), best, 1e-9) << batch << " " << horizons[h];
+      EXPECT_LE(*table.number(row, "final_low"), best);
+      EXPECT_GE(*table.number(row, "final_high"), best);
+      EXPECT_EQ(*table.integer(row, "branch_steps"), branch_steps.at(horizons[h]));
+      EXPECT_EQ(table.at(row, "metric"), "val_error");
+    }
+  }
+  const nlohmann::json cost = read_json((sweep / "horizons.json").string())["cost"];
+  for (const char* batch : {"32", "128"}) {
+    EXPECT_EQ(cost[batch]["branched_steps"], 70);
+    EXPECT_EQ(cost[batch]["separate_steps"], 120);
+    EXPECT_DOUBLE_EQ(cost[batch]["ratio"].get<double>(), 70.0 / 120.0);
+  }
+  remove_tree(dir);
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 // Trainer, models and data of the runner: parameter counts of the shipped
 // architectures, the sampler's epochs, and the three ways a trial ends.
 #include "../../distributed/process_group.h"
+#include "../../experiments/io/csv.h"
 #include "../../experiments/io/files.h"
 #include "../../experiments/io/records.h"
 #include "../../experiments/train/trial.h"
+#include "../../experiments/sweep/results.h"
 #include "../../experiments/sweep/trial_folder.h"
 #include "../free_port.h"
 
@@ -456,6 +458,76 @@ TEST(TrialFolder, AnUnreadableCheckpointRestartsTheTrial) {
   EXPECT_TRUE(trial_finished(c, dir.string()));
   EXPECT_FALSE(std::filesystem::exists(dir / "checkpoint.pt"));
   bigbatch::experiments::remove_tree(dir);
+}
+
+// A trial with horizons: each horizon's run, branched where the schedules
+// part, ends exactly as that horizon's trial trained alone from step 0 (its
+// metrics.csv cell for cell, but for wall time); a wsd branch parts at its
+// cooldown, a cosine one after the shared warmup. Every run trains past the
+// target to its budget, keeping the first step that reached it. A branch
+// already finished is kept when the trial runs again.
+TEST(TrialFolder, HorizonsBranchedEqualTheirRunsAlone) {
+  for (const auto decay : {bigbatch::schedules::DecayType::kWsd, bigbatch::schedules::DecayType::kCosine}) {
+    TrialConfig c = mixture_trial(0.05, 0.3);  // reached early: the runs go on past it
+    c.name = "t";
+    c.optimizer = resolve_optimizer("lamb");
+    c.average.options.type = bigbatch::optim::AverageType::kEma;  // its state crosses the branch too
+    c.average.options.decay = 0.8;
+    c.target.eval_every = 7;
+    c.budget = {60, bigbatch::schedules::Unit::kSteps};
+    c.schedule.warmup.length = 6;
+    c.schedule.decay.type = decay;
+    if (decay == bigbatch::schedules::DecayType::kWsd) {
+      c.schedule.decay.stable = 42;
+      c.schedule.decay.cooldown = 12;  // a fifth of the run
+    } else {
+      c.schedule.decay.length = 54;
+    }
+    c.horizons = {20, 45};
+    const WorkloadData d = load_dataset(c.data);
+    const auto dir = std::filesystem::temp_directory_path() / ("bigbatch_horizons_test_" + std::to_string(::getpid()));
+    bigbatch::experiments::remove_tree(dir);
+    const TrialResult main = run_one(c, d, (dir / "t").string());
+    const std::string what = bigbatch::schedules::to_string(decay);
+    EXPECT_EQ(main.status, TrialStatus::kReached) << what;
+    ASSERT_TRUE(main.steps_to_target.has_value());
+    EXPECT_LT(*main.steps_to_target, 60) << what;
+    EXPECT_EQ(main.rows.back().step, 60) << what << ": stopped at the target";
+    for (std::size_t k = 0; k < 2; ++k) {
+      const TrialConfig h = horizon_trial(c, k);
+      const auto folder = dir / "t" / ("horizon_" + std::to_string(k + 1));
+      const std::int64_t point = branch_point(c, h, d.train_size());
+      // The first step whose rate differs. wsd: the cooldown of 20% starts at
+      // step 16 (of 20) and 36 (of 45), where u = 0 still gives the peak;
+      // cosine: its step 0 after the warmup of 6 is the peak too.
+      const std::int64_t expected = decay == bigbatch::schedules::DecayType::kWsd ? (k == 0 ? 17 : 37) : 7;
+      EXPECT_EQ(point, expected) << what << " horizon " << k + 1;
+      EXPECT_EQ(read_json((folder / "branched.json").string())["step"], point);
+      Trainer::Hooks past;  // the horizon's trial alone, also trained past the target
+      past.past_target = true;
+      const TrialResult alone = Trainer(h, d).run(past).front();
+      const CsvTable a = CsvTable::read((folder / "metrics.csv").string());
+      const CsvTable b(metrics_csv(alone.rows), "alone");
+      ASSERT_EQ(a.rows(), b.rows()) << what << " horizon " << k + 1;
+      EXPECT_EQ(a.integer(a.rows() - 1, "step"), h.budget.length) << what;
+      for (std::size_t r = 0; r < a.rows(); ++r) {
+        for (const auto& column : a.header()) {
+          if (column == "wall_time") continue;
+          EXPECT_EQ(a.at(r, column), b.at(r, column)) << what << " horizon " << k + 1 << " row " << r << " " << column;
+        }
+      }
+      const auto summary = read_json((folder / "summary.json").string());
+      ASSERT_TRUE(alone.steps_to_target.has_value());
+      EXPECT_EQ(summary["steps_to_target"], *alone.steps_to_target) << what;
+      EXPECT_EQ(summary["status"], "reached") << what;
+    }
+    // Run again: the branches are finished and kept (their files unchanged).
+    const std::string before = read_file((dir / "t" / "horizon_1" / "metrics.csv").string());
+    std::filesystem::remove(dir / "t" / "summary.json");
+    run_one(c, d, (dir / "t").string());
+    EXPECT_EQ(read_file((dir / "t" / "horizon_1" / "metrics.csv").string()), before);
+    bigbatch::experiments::remove_tree(dir);
+  }
 }
 
 TEST(Trainer, CudaTrialFollowsTheCpuTrial_CUDA) {
