@@ -83,7 +83,7 @@ void write_horizon_tables(const std::vector<TrialConfig>& trials, const std::str
 
   const std::string metric = to_string(trials.front().target.metric);
   std::ostringstream csv;
-  csv << "batch_size,horizon,steps,examples,best_lr,trial,metric,seeds,final,final_min,final_max,final_low,"
+  csv << "batch_size,horizon,steps,examples,best_lr,trial,edge,metric,seeds,final,final_min,final_max,final_low,"
          "final_high,val_loss,steps_to_target,branch_steps\n";
   json cost = json::object();
   for (const auto& [batch, rates] : batches) {
@@ -124,7 +124,7 @@ void write_horizon_tables(const std::vector<TrialConfig>& trials, const std::str
       const fs::path shown_folder = fs::relative(horizon_folder(dir, t, h), dir);
       csv << batch << ',' << csv_number(h + 1 == count ? t.budget.length : t.horizons[h]) << ',' << shown.budget
           << ',' << shown.examples << ',' << csv_number(shown.peak_lr) << ',' << shown_folder.generic_string() << ','
-          << (t.average.on() && t.average.target_on == TargetOn::kAveraged ? "avg_" : "") << metric << ','
+          << search_edge(trials, t.name) << ',' << (t.average.on() && t.average.target_on == TargetOn::kAveraged ? "avg_" : "") << metric << ','
           << rate.size() << ',' << number_cell(best_median) << ','
           << number_cell(*std::min_element(finals.begin(), finals.end())) << ','
           << number_cell(*std::max_element(finals.begin(), finals.end())) << ',' << low << ',' << high << ','

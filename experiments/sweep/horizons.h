@@ -4,7 +4,8 @@
 //   horizons.csv   per batch size and horizon (each of "horizons", then the
 //                  budget): the rate with the lowest median final target
 //                  metric over its seeds (the metric of the horizon run's
-//                  last evaluation, at its budget), that median with the
+//                  last evaluation, at its budget), whether it is on the
+//                  search's edge (search_edge), that median with the
 //                  seeds' min, max and bootstrap interval, the same rate's
 //                  median final val_loss, its median steps to target within
 //                  that run, and the steps a horizon's run trained past its

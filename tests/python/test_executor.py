@@ -248,6 +248,10 @@ def test_the_users_errors_fail_their_trial_and_bad_requests_are_refused(tmp_path
     with pytest.raises(ValueError, match=r"noise: gradient noise is the C\+\+ trainer's"):
         bigbatch.sweep(config(name="n", noise={"type": "annealed"}), model=net(), out=tmp_path, train_data=train,
                        val_data=val, loss=ce, error=wrong)
+    with pytest.raises(ValueError, match="horizons: branching a run needs its checkpoints"):
+        bigbatch.sweep(config(name="h", schedule={"decay": {"type": "cosine", "length": 128}}, budget={"steps": 128},
+                              horizons=[64]), model=net(), out=tmp_path, train_data=train, val_data=val, loss=ce,
+                       error=wrong)
     with pytest.raises(ValueError, match="val_data is needed"):
         bigbatch.sweep(config(name="v"), model=net(), out=tmp_path, train_data=train)
     with pytest.raises(ValueError, match="val_error needs an error"):
