@@ -8,8 +8,10 @@
 // throughout, which 2.x's c10::optional is an alias of).
 #pragma once
 
+#include <ATen/Functions.h>
 #include <torch/expanding_array.h>
 #include <torch/optim/optimizer.h>
+#include <torch/version.h>
 
 #include <cstdint>
 #include <optional>
@@ -49,6 +51,18 @@ std::optional<std::vector<std::int64_t>> explicit_padding(const Padding& padding
   using std::get_if;
   if (const auto* a = get_if<torch::ExpandingArray<D>>(&padding)) return c10::IntArrayRef(*a).vec();
   return std::nullopt;
+}
+
+/// self[i] = lerp(self[i], end[i], weight), in place: torch._foreach_lerp_
+/// (what torch.optim.swa_utils' EMA calls) in 2.x; tensor by tensor in 1.13,
+/// which has no foreach lerp (2.x's CPU foreach runs the same per-tensor
+/// kernel, so the bits agree there).
+inline void foreach_lerp_(at::TensorList self, at::TensorList end, const at::Scalar& weight) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::_foreach_lerp_(self, end, weight);
+#else
+  for (std::size_t i = 0; i < self.size(); ++i) self[i].lerp_(end[i], weight);
+#endif
 }
 
 }  // namespace bigbatch::compat

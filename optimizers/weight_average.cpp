@@ -3,6 +3,8 @@
 // LAWA's mean of the last k snapshots.
 #include "weight_average.h"
 
+#include "../compat/torch_compat.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -46,7 +48,7 @@ void WeightAverage::update(std::int64_t step, std::int64_t batch) {
     } else {
       std::vector<at::Tensor> current;
       for (const auto& p : params_) current.push_back(p.detach());
-      at::_foreach_lerp_(ema_, current, at::Scalar(1.0 - options_.decay_for(batch)));
+      compat::foreach_lerp_(ema_, current, at::Scalar(1.0 - options_.decay_for(batch)));
     }
     ++updates_;
     return;

@@ -170,6 +170,23 @@ for variant in ("linear", "sqrt"):
             assert "avg_val_error" not in c and all(x["avg_val_error"] == "" for x in m), r
 print("comparison ok")
 PY
+  # A sweep with horizons: its frontier figure's points are horizons.csv's.
+  derive horizons.json 'c["name"] = "hz"; c["batch_sizes"] = [32, 128]; c["seeds"] = [0, 1]; c["search"] = {"lr": [0.03]}; c["schedule"] = {"base_batch": 8, "scaling": "sqrt", "decay": {"type": "cosine", "length": 300}}; c["budget"] = {"steps": 300}; c["horizons"] = [100, 200]'
+  "$bigbatch" sweep horizons.json --out runs --jobs 2 > /dev/null
+  "$bigbatch" plot runs/hz > plot.txt
+  grep -q "horizons" plot.txt || fail "no horizons figure: $(cat plot.txt)"
+  $py - runs/hz <<'PY'
+import csv, json, os, sys
+d = sys.argv[1]
+rows = list(csv.DictReader(open(os.path.join(d, "horizons.csv"))))
+pts = json.load(open(os.path.join(d, "plots", "horizons.json")))
+assert len(rows) == 6, rows
+for r in rows:
+    p = pts[r["batch_size"]]["sweep"]
+    k = p["horizon"].index(float(r["horizon"]))
+    assert p["examples"][k] == int(r["examples"]) and p["final"][k] == float(r["final"]), (r, p)
+print("horizons plot ok")
+PY
   # Two folders on one figure, a side-by-side table, and a folder with another
   # target refused before anything is drawn.
   "$bigbatch" plot runs/vs/sqrt runs/e2e --labels a,b --out cmp > /dev/null
