@@ -245,6 +245,17 @@ def main(sweep_dir):
     print(f"plots in {out}: {drawn} (.png, .svg, .json)")
 
 
+def panels(count, width, height):
+    """A figure of `count` panels sharing their y axis, up to 3 a row, the
+    unused ones hidden: (fig, axes, panel), panel(i) the i-th."""
+    cols = min(3, count)
+    nrows = (count + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(width * cols, height * nrows), squeeze=False, sharey=True)
+    for j in range(count, nrows * cols):
+        axes[j // cols][j % cols].axis("off")
+    return fig, axes, lambda i: axes[i // cols][i % cols]
+
+
 def read_horizons(sweep_dir):
     """horizons.csv's rows by batch size (a sweep whose trials have
     "horizons"), and horizons.json's cost per batch size; None without."""
@@ -270,12 +281,10 @@ def horizon_figure(out, name, labelled):
     if not frontiers:
         return False
     batches = sorted({b for _, (rows, _) in frontiers for b in rows})
-    cols = min(3, len(batches))
-    nrows = (len(batches) + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.8 * cols, 3.8 * nrows), squeeze=False, sharey=True)
+    fig, axes, panel = panels(len(batches), 4.8, 3.8)
     points = {}
     for i, b in enumerate(batches):
-        ax = axes[i // cols][i % cols]
+        ax = panel(i)
         points[str(b)] = {}
         for k, (label, (rows, cost)) in enumerate(frontiers):
             if b not in rows:
@@ -301,8 +310,6 @@ def horizon_figure(out, name, labelled):
         ax.set_title(f"B={b}", fontsize=10)
         ax.set_xlabel("examples at the horizon")
         ax.legend(fontsize=7)
-    for j in range(len(batches), nrows * cols):
-        axes[j // cols][j % cols].axis("off")
     metric = frontiers[0][1][0][batches[0]][0]["metric"]
     axes[0][0].set_ylabel(f"final {metric.replace('_', ' ')}")
     save(fig, out, name, points)
@@ -371,12 +378,10 @@ def compare(out, labelled):
 
     # Each batch size's best trial of every sweep, against examples seen.
     batches = sorted({int(r["batch_size"]) for _, s in sweeps for r in s["table"]})
-    cols = min(3, len(batches))
-    nrows = (len(batches) + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.5 * nrows), squeeze=False, sharey=True)
+    fig, axes, panel = panels(len(batches), 4.5, 3.5)
     points = {}
     for i, b in enumerate(batches):
-        ax = axes[i // cols][i % cols]
+        ax = panel(i)
         points[str(b)] = {}
         for label, s in sweeps:
             row = next((r for r in s["table"] if int(r["batch_size"]) == b), None)
@@ -397,8 +402,6 @@ def compare(out, labelled):
         ax.set_xscale("log")
         ax.set_title(f"B={b}", fontsize=10)
         ax.set_xlabel("examples seen")
-    for j in range(len(batches), nrows * cols):
-        axes[j // cols][j % cols].axis("off")
     axes[0][0].set_ylabel(metric.replace("_", " "))
     axes[0][0].legend(fontsize=8)
     save(fig, out, "compare_validation", points)

@@ -17,7 +17,7 @@ from torch.optim import swa_utils
 import bigbatch
 from bigbatch import executor
 
-from test_executor import ce, config, mixture, net, wrong
+from test_executor import ce, config, mixture, net, train_by_hand, wrong
 
 
 def trajectory(steps=40, seed=0):
@@ -132,21 +132,7 @@ def test_a_swept_trial_evaluates_its_average_as_swa_utils_does(tmp_path):
     opt = torch.optim.AdamW([{"params": weights}, {"params": biases, "weight_decay": 0.0}], lr=0.004,
                             **{k: bigbatch._ops.decode(v, 0.0) for k, v in options.items()})
     ema = swa_utils.AveragedModel(model, multi_avg_fn=swa_utils.get_ema_multi_avg_fn(2.0 ** (-32 / 320)))
-    g = torch.Generator().manual_seed(3)
-    order, at, want = torch.randperm(2048, generator=g), 0, []
-    x_val, y_val = val.tensors
-    for step in range(1, 61):
-        if at + 32 > 2048:
-            order, at = torch.randperm(2048, generator=g), 0
-        i = order[at:at + 32]
-        at += 32
-        opt.zero_grad()
-        ce(model(train.tensors[0][i]), train.tensors[1][i]).backward()
-        opt.step()
-        ema.update_parameters(model)
-        if step % 30 == 0:
-            with torch.no_grad():
-                want.append(sum(float(ce(ema.module(x_val[k:k + 256]), y_val[k:k + 256])) * len(y_val[k:k + 256])
-                                for k in range(0, 512, 256)) / 512)
+    want = train_by_hand(model, opt, train, val, steps=60, every=30, seed=3,
+                         after_step=lambda step: ema.update_parameters(model), evaluated=ema.module)
     assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
     assert all(abs(a - b) > 1e-4 for a, b in zip(got, raw))  # the average is not the trained weights

@@ -67,6 +67,35 @@ def config(**overrides):
     return c
 
 
+def train_by_hand(model, opt, train, val, steps, every, seed, before_step=None, after_step=None,
+                  evaluated=None):
+    """What the executor does, written out: batches of 32 drawn in order from
+    one permutation of the 2048 examples per epoch (seeded by `seed`), a step
+    each, and every `every` steps the validation loss of `evaluated` (the
+    model by default) over the 512 examples in chunks of 256. The losses."""
+    evaluated = evaluated or model
+    g = torch.Generator().manual_seed(seed)
+    order, at, want = torch.randperm(2048, generator=g), 0, []
+    x_val, y_val = val.tensors
+    for step in range(1, steps + 1):
+        if before_step:
+            before_step(step)
+        if at + 32 > 2048:
+            order, at = torch.randperm(2048, generator=g), 0
+        i = order[at:at + 32]
+        at += 32
+        opt.zero_grad()
+        ce(model(train.tensors[0][i]), train.tensors[1][i]).backward()
+        opt.step()
+        if after_step:
+            after_step(step)
+        if step % every == 0:
+            with torch.no_grad():
+                want.append(sum(float(ce(evaluated(x_val[k:k + 256]), y_val[k:k + 256])) * len(y_val[k:k + 256])
+                                for k in range(0, 512, 256)) / 512)
+    return want
+
+
 def summaries(folder):
     return {p.parent.name: json.loads(p.read_text()) for p in folder.glob("b*_s*/summary.json")}
 
@@ -147,23 +176,11 @@ def test_a_trial_trains_as_the_loop_written_out_here(tmp_path, name):
                                   lr=0.008, **options)
     else:
         opt = torch.optim.AdamW([{"params": weights}, {"params": biases, "weight_decay": 0.0}], lr=0.008, **options)
-    g = torch.Generator().manual_seed(3)
-    order, at, want = torch.randperm(2048, generator=g), 0, []
-    x_val, y_val = val.tensors
-    for step in range(1, 81):
+    def warmup(step):
         for group in opt.param_groups:
             group["lr"] = 0.004 + (0.008 - 0.004) * (step - 1) / 40 if step - 1 < 40 else 0.008
-        if at + 32 > 2048:
-            order, at = torch.randperm(2048, generator=g), 0
-        i = order[at:at + 32]
-        at += 32
-        opt.zero_grad()
-        ce(model(train.tensors[0][i]), train.tensors[1][i]).backward()
-        opt.step()
-        if step % 40 == 0:
-            with torch.no_grad():
-                want.append(sum(float(ce(model(x_val[k:k + 256]), y_val[k:k + 256])) * len(y_val[k:k + 256])
-                                for k in range(0, 512, 256)) / 512)
+
+    want = train_by_hand(model, opt, train, val, steps=80, every=40, seed=3, before_step=warmup)
     assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
 
 
