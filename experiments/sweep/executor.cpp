@@ -3,6 +3,7 @@
 
 #include "../../schedules/schedule.h"
 #include "../io/config_error.h"
+#include "../io/files.h"
 #include "../io/tensorboard.h"
 
 #include <cerrno>
@@ -90,7 +91,6 @@ std::string executor_refusal(const TrialConfig& t) {
     return "precision: " + to_string(t.precision) + " is the C++ trainer's (use autocast in the module's forward)";
   }
   if (!t.distributed.is_default()) return "distributed: data-parallel trials are the C++ trainer's";
-  if (!t.horizons.empty()) return "horizons: branching a run needs its checkpoints, which are the C++ trainer's";
   return "";
 }
 
@@ -121,10 +121,24 @@ void take_reports(const json& message, TrialResult& r) {
 
 }  // namespace
 
-TrialResult run_external(const TrialConfig& trial, std::int64_t train_size, std::int64_t threads,
-                         const std::string& dir, const FolderHooks& hooks, TrialExecutor& executor) {
+namespace {
+
+// Where a run starts: step 0, or a horizon's branch point with its trial's
+// result there (rows, best metric, target), which the branch's files begin
+// with, as a branch of the C++ trainer's restored from its checkpoint.
+struct Start {
+  std::int64_t step = 0;
+  const TrialResult* parent = nullptr;
+  std::vector<std::string> metric_names;
+};
+
+TrialResult run_from(const TrialConfig& trial, std::int64_t train_size, std::int64_t threads, const std::string& dir,
+                     const FolderHooks& hooks, TrialExecutor& executor, const Start& start) {
   const fs::path folder(dir);
   prepare_folder(trial, folder, false);  // (a checkpoint of this trial would be the C++ trainer's)
+  if (start.parent != nullptr) {
+    write_file_atomic((folder / "branched.json").string(), json({{"step", start.step}}).dump() + "\n");
+  }
   const schedules::Schedule schedule(trial.schedule, trial.batch_size, train_size);
   const std::int64_t budget = schedule.steps(trial.budget.length, trial.budget.unit);
   const std::int64_t every = trial.target.eval_every;
@@ -138,15 +152,11 @@ TrialResult run_external(const TrialConfig& trial, std::int64_t train_size, std:
     }
     if (sizes.empty() || sizes.back()[1].get<std::int64_t>() != b) sizes.push_back({t, b});
   }
-  executor.send({{"run",
-                  {{"trial", trial.name},
-                   {"dir", dir},
-                   {"config", to_json(trial)},
-                   {"budget", budget},
-                   {"eval_every", every},
-                   {"lr", lr},
-                   {"batch_size", sizes},
-                   {"threads", threads}}}});
+  json run = {{"trial", trial.name}, {"dir", dir},           {"config", to_json(trial)},
+              {"budget", budget},     {"eval_every", every}, {"lr", lr},
+              {"batch_size", sizes},  {"threads", threads}};
+  if (start.parent != nullptr) run["from"] = start.step;
+  executor.send({{"run", run}});
 
   std::optional<tensorboard::EventWriter> events;
   if (trial.tensorboard) {
@@ -159,8 +169,21 @@ TrialResult run_external(const TrialConfig& trial, std::int64_t train_size, std:
   r.peak_lr = schedule.peak_lr();
   r.best_metric = std::numeric_limits<double>::infinity();
   r.data_wait_fraction = kNaN;
-  std::vector<std::string> metric_names;
-  std::int64_t step = 0;
+  std::vector<std::string> metric_names = start.metric_names;
+  std::int64_t step = start.step;
+  if (start.parent != nullptr) {
+    r.rows = start.parent->rows;
+    r.best_metric = start.parent->best_metric;
+    r.steps_to_target = start.parent->steps_to_target;
+    r.examples_to_target = start.parent->examples_to_target;
+  }
+  // Its horizons (run_one's): each branched at its point, unless its folder
+  // holds its finished run; such a trial trains past the target, unpruned.
+  HorizonBranches plan = horizon_branches(trial, folder, train_size);
+  const std::vector<TrialConfig>& branches = plan.trials;
+  const std::vector<std::int64_t>& points = plan.points;
+  std::vector<bool>& done = plan.done;
+  const bool past_target = hooks.past_target || !branches.empty();
   // The executor waits for an order after each stretch of steps, unless it
   // ended the trial itself ("diverged", "error"): whatever ends the trial
   // here, a return or an exception (a full disk, a hook's failure), that
@@ -203,7 +226,9 @@ TrialResult run_external(const TrialConfig& trial, std::int64_t train_size, std:
   for (;;) {
     // Before the next stretch of steps, as the trainer asks before each step
     // (a run at its budget ends first).
-    if (step >= budget) return end(TrialStatus::kNotReached, seconds);
+    if (step >= budget) {
+      return end(r.steps_to_target ? TrialStatus::kReached : TrialStatus::kNotReached, seconds);
+    }
     if (hooks.interrupt) {
       const Interrupt how = hooks.interrupt();
       if (how != Interrupt::kNone) {
@@ -211,10 +236,29 @@ TrialResult run_external(const TrialConfig& trial, std::int64_t train_size, std:
         throw TrialInterrupted(how);
       }
     }
-    const std::int64_t next_eval = std::min(budget, (step / every + 1) * every);
-    if (hooks.prune && hooks.prune(0, next_eval)) return end(TrialStatus::kPruned, seconds);
-    executor.send({{"go", next_eval}});
-    for (;;) {  // until the evaluation at next_eval, or the trial's end
+    std::int64_t next_eval = std::min(budget, (step / every + 1) * every);
+    for (std::size_t k = 0; k < branches.size(); ++k) {
+      if (done[k] && points[k] != step) continue;
+      if (!done[k] && points[k] == step) {
+        done[k] = true;
+        FolderHooks with;
+        with.progress = hooks.progress;
+        with.interrupt = hooks.interrupt;
+        with.past_target = true;
+        run_from(branches[k], train_size, threads, horizon_folder(folder, k).string(), with, executor,
+                 Start{step, &r, metric_names});
+      }
+    }
+    bool evaluate = true;  // false: a stretch to a branch point
+    for (std::size_t k = 0; k < branches.size(); ++k) {
+      if (!done[k] && points[k] > step && points[k] < next_eval) {
+        next_eval = points[k];
+        evaluate = false;
+      }
+    }
+    if (branches.empty() && hooks.prune && hooks.prune(0, next_eval)) return end(TrialStatus::kPruned, seconds);
+    executor.send(evaluate ? json{{"go", next_eval}} : json{{"go", next_eval}, {"evaluate", false}});
+    for (;;) {  // until the evaluation at next_eval (or the step there), or the trial's end
       const json message = executor.receive();
       if (message.value("trial", std::string()) != trial.name) continue;  // an earlier trial's, late
       if (const auto p = message.find("progress"); p != message.end()) {
@@ -233,8 +277,16 @@ TrialResult run_external(const TrialConfig& trial, std::int64_t train_size, std:
         take_reports(*d, r);
         return end(TrialStatus::kDiverged, number_or_nan(*d, "wall_time"), false);
       }
+      if (const auto at = message.find("stepped"); at != message.end() && !evaluate) {
+        step = integer_at(*at, "step");
+        if (step != next_eval) {
+          throw std::runtime_error("the trial executor stopped at step " + std::to_string(step) + ", not at " +
+                                   std::to_string(next_eval));
+        }
+        break;
+      }
       const auto e = message.find("eval");
-      if (e == message.end()) {
+      if (e == message.end() || !evaluate) {
         throw std::runtime_error("the trial executor sent an unknown message: " + message.dump().substr(0, 200));
       }
       step = integer_at(*e, "step");
@@ -268,14 +320,21 @@ TrialResult run_external(const TrialConfig& trial, std::int64_t train_size, std:
       if (!std::isfinite(row.val_loss)) return end(TrialStatus::kDiverged, seconds);
       const double metric = target_metric(trial, row);
       if (!std::isnan(metric)) r.best_metric = std::min(r.best_metric, metric);
-      if (metric <= trial.target.threshold) {
+      if (metric <= trial.target.threshold && !r.steps_to_target) {
         r.steps_to_target = step;
         r.examples_to_target = row.examples;
-        return end(TrialStatus::kReached, seconds);
+        if (!past_target) return end(TrialStatus::kReached, seconds);
       }
       break;
     }
   }
+}
+
+}  // namespace
+
+TrialResult run_external(const TrialConfig& trial, std::int64_t train_size, std::int64_t threads,
+                         const std::string& dir, const FolderHooks& hooks, TrialExecutor& executor) {
+  return run_from(trial, train_size, threads, dir, hooks, executor, Start{});
 }
 
 }  // namespace bigbatch::experiments

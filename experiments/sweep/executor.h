@@ -10,13 +10,19 @@
 // (docs/python.md "The executor's protocol"):
 //   -> {"run": {"trial", "dir", "config", "budget", "eval_every", "lr": [one
 //      per step], "batch_size": [[first step, size], ...], "threads"}}
+//      and, for a horizon of a trial the executor is training, "from": STEP:
+//      that trial's state at STEP copied (weights, optimizer, average, the
+//      batches to come), the horizon trained from there (its own "go"s and
+//      "stop"), then that trial goes on
 //   -> {"go": STEP}: train up to step STEP, then evaluate;
+//      {"go": STEP, "evaluate": false}: train up to STEP (a branch point);
 //      {"stop": STATUS}: the trial is over ("reached", "not_reached",
 //      "diverged", "pruned"; "interrupted": given back, to redo; "failed":
 //      this program failed to record it)
 // Each message of the executor names its trial ("trial": NAME); one of
 // another trial (late, after the program ended it) is dropped.
 //   <- {"progress": {"step", "loss", "steps_per_second"}}
+//   <- {"stepped": {"step"}}: answers a "go" without evaluation
 //   <- {"eval": {"step", "train_loss", "val_loss", "val_error", "metrics":
 //      {name: value}, "wall_time", "data": {...}, "executor": {...}}}
 //      answered by "go" or "stop"
@@ -75,7 +81,9 @@ std::string executor_refusal(const TrialConfig& trial);
 /// trainer: the folder prepared, the executor sent the trial and told when to
 /// evaluate and when to stop (the target, a non-finite loss, the budget,
 /// hooks.prune, hooks.interrupt), and the same files written. Trials of this
-/// executor have no checkpoints: one stopped midway starts over.
+/// executor have no checkpoints: one stopped midway starts over. A trial
+/// with horizons branches each (run_one's horizon_<k>/ folders and
+/// branched.json) from the executor's copy of its state at the branch point.
 /// `threads`: the intra-op threads the trial may use (runner.threads_per_trial).
 TrialResult run_external(const TrialConfig& trial, std::int64_t train_size, std::int64_t threads,
                          const std::string& dir, const FolderHooks& hooks, TrialExecutor& executor);

@@ -5,6 +5,7 @@
 #include "../io/csv.h"
 #include "../io/files.h"
 #include "results.h"
+#include "trial_folder.h"
 #include "trial_queue.h"
 #include "../train/trial.h"
 #include "../../noise/critical_batch.h"
@@ -36,9 +37,9 @@ struct HorizonRun {
 };
 
 // The folder of horizon h of `t` (h == horizons.size(): the trial itself).
-fs::path horizon_folder(const fs::path& dir, const TrialConfig& t, std::size_t h) {
+fs::path run_folder(const fs::path& dir, const TrialConfig& t, std::size_t h) {
   const fs::path trial = dir / t.name;
-  return h == t.horizons.size() ? trial : trial / ("horizon_" + std::to_string(h + 1));
+  return h == t.horizons.size() ? trial : horizon_folder(trial, h);
 }
 
 HorizonRun read_run(const fs::path& folder, const TrialConfig& t) {
@@ -76,7 +77,7 @@ void write_horizon_tables(const std::vector<TrialConfig>& trials, const std::str
   std::vector<std::vector<HorizonRun>> runs;                      // [trial][horizon]
   for (const auto& t : trials) {
     runs.emplace_back();
-    for (std::size_t h = 0; h < count; ++h) runs.back().push_back(read_run(horizon_folder(dir, t, h), t));
+    for (std::size_t h = 0; h < count; ++h) runs.back().push_back(read_run(run_folder(dir, t, h), t));
   }
   std::map<std::int64_t, std::vector<std::vector<std::size_t>>> batches;
   for (auto& rate : rates_of(trials)) batches[trials[rate.front()].batch_size].push_back(std::move(rate));
@@ -121,7 +122,7 @@ void write_horizon_tables(const std::vector<TrialConfig>& trials, const std::str
         low = number_cell(in.low);
         high = number_cell(in.high);
       }
-      const fs::path shown_folder = fs::relative(horizon_folder(dir, t, h), dir);
+      const fs::path shown_folder = fs::relative(run_folder(dir, t, h), dir);
       csv << batch << ',' << csv_number(h + 1 == count ? t.budget.length : t.horizons[h]) << ',' << shown.budget
           << ',' << shown.examples << ',' << csv_number(shown.peak_lr) << ',' << shown_folder.generic_string() << ','
           << search_edge(trials, t.name) << ',' << (t.average.on() && t.average.target_on == TargetOn::kAveraged ? "avg_" : "") << metric << ','

@@ -210,6 +210,18 @@ std::int64_t branch_point(const TrialConfig& trial, const TrialConfig& branch, s
   return t;
 }
 
+fs::path horizon_folder(const fs::path& folder, std::size_t k) { return folder / ("horizon_" + std::to_string(k + 1)); }
+
+HorizonBranches horizon_branches(const TrialConfig& trial, const fs::path& folder, std::int64_t train_size) {
+  HorizonBranches h;
+  for (std::size_t k = 0; k < trial.horizons.size(); ++k) {
+    h.trials.push_back(horizon_trial(trial, k));
+    h.points.push_back(branch_point(trial, h.trials.back(), train_size));
+    h.done.push_back(trial_finished(h.trials.back(), horizon_folder(folder, k).string()));
+  }
+  return h;
+}
+
 namespace {
 
 // Horizon `branch` of a trial into `folder`: resumed from the folder's own
@@ -273,21 +285,17 @@ TrialResult run_one(const TrialConfig& trial, const WorkloadData& data, const st
     }
   }
   if (trial.horizons.empty()) return run_into(*trainer, {trial}, {folder}, writer, resumed_at, hooks).front();
-  std::vector<TrialConfig> branches;
-  std::vector<std::int64_t> points;
-  std::vector<bool> done;
-  for (std::size_t k = 0; k < trial.horizons.size(); ++k) {
-    branches.push_back(horizon_trial(trial, k));
-    points.push_back(branch_point(trial, branches.back(), data.train_size()));
-    done.push_back(trial_finished(branches.back(), (folder / ("horizon_" + std::to_string(k + 1))).string()));
-  }
+  HorizonBranches plan = horizon_branches(trial, folder, data.train_size());
+  const std::vector<TrialConfig>& branches = plan.trials;
+  const std::vector<std::int64_t>& points = plan.points;
+  std::vector<bool>& done = plan.done;
   FolderHooks with = hooks;
   with.prune = nullptr;  // every horizon's final metrics are the measurement
   with.past_target = true;
   Trainer& main = *trainer;
   const auto branch = [&](std::size_t k, const std::string& from) {
     done[k] = true;
-    run_branch(branches[k], data, folder / ("horizon_" + std::to_string(k + 1)), from, points[k], hooks);
+    run_branch(branches[k], data, horizon_folder(folder, k), from, points[k], hooks);
   };
   // A branch whose point this run has passed (a checkpoint from a run that
   // lost the branch's folder) trains from step 0: the same run, dearer.

@@ -70,6 +70,21 @@ TrialResult run_one(const TrialConfig& trial, const WorkloadData& data, const st
 /// same run before it. At most the branch's last step.
 std::int64_t branch_point(const TrialConfig& trial, const TrialConfig& branch, std::int64_t train_size);
 
+/// The folder of a trial's horizon k (from 0) under the trial's `folder`:
+/// horizon_<k + 1>/.
+std::filesystem::path horizon_folder(const std::filesystem::path& folder, std::size_t k);
+
+/// A trial's horizons as a run branches them (run_one, run_external): each
+/// horizon's trial, its branch point, and whether its folder under the
+/// trial's `folder` holds its finished run.
+struct HorizonBranches {
+  std::vector<TrialConfig> trials;
+  std::vector<std::int64_t> points;
+  std::vector<bool> done;
+};
+HorizonBranches horizon_branches(const TrialConfig& trial, const std::filesystem::path& folder,
+                                 std::int64_t train_size);
+
 /// A trial's folder, ready for its run: made, its config.json written.
 /// Returns the checkpoint an interrupted run of the same config left there
 /// (periodic, or written when it was preempted), if `resumable`; any other is

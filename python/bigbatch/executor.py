@@ -157,11 +157,11 @@ class _Batches(torch.utils.data.Sampler):
     new one when the epoch has fewer left than the batch), seeded by the
     trial's seed."""
 
-    def __init__(self, n, sizes, budget, seed):
-        self.n, self.sizes, self.budget, self.seed = n, sizes, budget, seed
+    def __init__(self, n, sizes, budget, seed, start=0):
+        self.n, self.sizes, self.budget, self.seed, self.start = n, sizes, budget, seed, start
 
     def __len__(self):
-        return self.budget
+        return self.budget - self.start
 
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed)
@@ -172,7 +172,8 @@ class _Batches(torch.utils.data.Sampler):
             b = self.sizes[k][1]
             if at + b > self.n:
                 order, at = torch.randperm(self.n, generator=g), 0
-            yield order[at:at + b].tolist()
+            if t >= self.start:  # (a branch's: the batches after its point)
+                yield order[at:at + b].tolist()
             at += b
 
 
@@ -249,6 +250,19 @@ class _Average:
             self.snapshots = collections.deque(maxlen=int(spec["k"]))
         self.ready = False
 
+    def branch(self, module):
+        """A copy following `module` (a copy of this one's), for a horizon
+        branched off the trial: the average so far, its own from now on."""
+        other = copy.copy(self)
+        other.module = module
+        other.holder = copy.deepcopy(self.holder)
+        if self.spec["type"] == "ema":
+            other.holder.multi_avg_fn = (
+                lambda a, c, n: torch.optim.swa_utils.get_ema_multi_avg_fn(other.decay)(a, c, n))
+        else:
+            other.snapshots = collections.deque((list(x) for x in self.snapshots), maxlen=self.snapshots.maxlen)
+        return other
+
     def update(self, step, batch):
         """After optimizer step `step` (from 1) of `batch` examples."""
         if self.spec["type"] == "ema":
@@ -299,12 +313,17 @@ def _error_line(e):
     return f"{type(e).__name__}: {line}" if line else type(e).__name__
 
 
-def run_trial(spec, channel, task):
+def run_trial(spec, channel, task, parent=None):
     """Trains one trial as the program directs, answering each "go" with an
     evaluation (or "diverged"); returns when the program says "stop". An
     exception of the user's code is sent as the trial's error, in answer to
     an order (the program may end the trial before its first). Every message
-    names its trial, so the program never takes one for another trial's."""
+    names its trial, so the program never takes one for another trial's.
+
+    A "run" with "from" while this trial trains is one of its horizons: run
+    here, from `parent`, this trial's state at that step (a copy of its
+    module, optimizer, average and random state, and its batches from
+    there), as the C++ trainer restores a branch from its checkpoint."""
     config = spec["config"]
     name = spec["trial"]
     budget, lrs, sizes = spec["budget"], spec["lr"], spec["batch_size"]
@@ -318,26 +337,42 @@ def run_trial(spec, channel, task):
         try:
             torch.set_num_threads(max(1, int(spec.get("threads", 1))))
             device = torch.device("cuda" if config.get("device") == "cuda" else "cpu")
-            torch.manual_seed(config["seed"])  # the module's own randomness (dropout), as the C++ trainer seeds
-            module = copy.deepcopy(task.template).to(device)
-            module.train()
             base = config["schedule"]["base_lr"]  # each group's rate over it: its ratio, as the C++ LRAdapter's
-            opt = make_optimizer(config["optimizer"], module, base)
-            average = _Average(config["average"], module, task, device) if "average" in config else None
+            if parent is None:
+                torch.manual_seed(config["seed"])  # the module's own randomness (dropout), as the C++ trainer seeds
+                module = copy.deepcopy(task.template).to(device)
+                module.train()
+                opt = make_optimizer(config["optimizer"], module, base)
+                average = _Average(config["average"], module, task, device) if "average" in config else None
+            else:
+                module = copy.deepcopy(parent["module"])
+                opt = make_optimizer(config["optimizer"], module, base)
+                opt.load_state_dict(copy.deepcopy(parent["optimizer"].state_dict()))  # (loading aliases tensors)
+                average = parent["average"].branch(module) if parent["average"] is not None else None
             ratios = [g["lr"] / base for g in opt.param_groups]
-            sampler = _Batches(task.train_size, sizes, budget, config["seed"])
+            step = 0 if parent is None else spec["from"]
+            sampler = _Batches(task.train_size, sizes, budget, config["seed"], step)
             loader = torch.utils.data.DataLoader(task.dataset, batch_sampler=sampler, **task.loader_options)
             batches = iter(loader)
+            if parent is not None:  # after the loader drew its workers' seed, which the trial drew at step 0
+                torch.set_rng_state(parent["rng"])
         except Exception as e:  # noqa: BLE001 - the user's code (the module's copy, the dataset): the trial fails
             order = channel.receive()
             if order is not None and "go" in order:
                 send("error", _error_line(e))
             return
         start = time.monotonic()
-        step, loss_sum, losses, waited, stepped, last_report = 0, 0.0, 0, 0.0, 0.0, 0.0
+        loss_sum, losses = (0.0, 0) if parent is None else (parent["loss_sum"], parent["losses"])
+        waited, stepped, last_report = 0.0, 0.0, 0.0
         data = {"loader_threads": task.loader_options.get("num_workers", 0), "wait_fraction": None}
         while True:
             order = channel.receive()
+            if order is not None and "run" in order and "from" in order["run"]:  # a horizon, from here
+                rng = torch.get_rng_state()
+                run_trial(order["run"], channel, task, {"module": module, "optimizer": opt, "average": average,
+                                                         "rng": rng, "loss_sum": loss_sum, "losses": losses})
+                torch.set_rng_state(rng)
+                continue
             if order is None or "go" not in order:  # "stop", or the program gone
                 return
             try:
@@ -369,6 +404,9 @@ def run_trial(spec, channel, task):
                     if now - last_report > 0.5 or step == budget:
                         last_report = now
                         send("progress", {"step": step, "loss": value, "steps_per_second": step / max(now, 1e-9)})
+                if not order.get("evaluate", True):  # to a horizon's branch point
+                    send("stepped", {"step": step})
+                    continue
                 evaluating = hasattr(opt, "eval") and callable(opt.eval)  # Schedule-Free's evaluation point
                 if evaluating:
                     opt.eval()

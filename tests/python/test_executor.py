@@ -248,6 +248,43 @@ def test_a_python_and_a_cpp_worker_finish_one_folder_into_one_table(tmp_path):
     assert report.splitlines()[0].split()[:2] == ["batch", "steps"]
 
 
+def metrics_but_wall_time(folder):
+    with open(folder / "metrics.csv", newline="") as f:
+        return [{k: v for k, v in r.items() if k != "wall_time"} for r in csv.DictReader(f)]
+
+
+def test_a_horizon_branched_here_equals_its_run_alone(tmp_path):
+    """A wsd run of 120 steps (cooldown 24) with an EMA and a horizon at 60
+    steps (stable 48, cooldown 12): their rates first part at step 49 (u =
+    1/12 of the horizon's cooldown), between two evaluations. The branch
+    equals the horizon's trial run alone, and the trial the run without
+    horizons, every metrics.csv cell but wall time; the target, reached on
+    the way, does not end either."""
+    train, val = mixture()
+    never = {"metric": "val_loss", "threshold": 1e-9, "eval_every": 10}  # runs alone stop at their target
+
+    def swept(name, steps, stable, cooldown, target=never, **more):
+        c = config(name=name, optimizer={"name": "adamw"}, batch_sizes=[32], search={"lr": [0.004]}, seeds=[1],
+                   schedule={"unit": "steps", "decay": {"type": "wsd", "stable": stable, "cooldown": cooldown}},
+                   budget={"steps": steps}, target=target, average={"type": "ema", "half_life": 320}, **more)
+        bigbatch.sweep(c, model=net(), out=tmp_path, train_data=train, val_data=val, loss=ce, error=wrong,
+                       plots=False, args=["--no-prune"])
+        return tmp_path / name / "b32_p0_s1"
+
+    trial = swept("branched", 120, 96, 24, target={"metric": "val_error", "threshold": 0.5, "eval_every": 10},
+                  horizons=[60])
+    branch = trial / "horizon_1"
+    assert json.loads((branch / "branched.json").read_text()) == {"step": 49}
+    reached = [json.loads((f / "summary.json").read_text()) for f in (trial, branch)]
+    assert [(s["status"], s["steps"]) for s in reached] == [("reached", 120), ("reached", 60)]
+    assert reached[0]["steps_to_target"] == reached[1]["steps_to_target"] < 49
+    assert metrics_but_wall_time(branch) == metrics_but_wall_time(swept("alone", 60, 48, 12))
+    assert metrics_but_wall_time(trial) == metrics_but_wall_time(swept("plain", 120, 96, 24))
+    with open(tmp_path / "branched" / "horizons.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert [(r["horizon"], r["steps"], r["branch_steps"]) for r in table] == [("60", "60", "11"), ("120", "120", "120")]
+
+
 def test_the_users_errors_fail_their_trial_and_bad_requests_are_refused(tmp_path):
     train, val = mixture()
 
@@ -265,10 +302,6 @@ def test_the_users_errors_fail_their_trial_and_bad_requests_are_refused(tmp_path
     with pytest.raises(ValueError, match=r"noise: gradient noise is the C\+\+ trainer's"):
         bigbatch.sweep(config(name="n", noise={"type": "annealed"}), model=net(), out=tmp_path, train_data=train,
                        val_data=val, loss=ce, error=wrong)
-    with pytest.raises(ValueError, match="horizons: branching a run needs its checkpoints"):
-        bigbatch.sweep(config(name="h", schedule={"decay": {"type": "cosine", "length": 128}}, budget={"steps": 128},
-                              horizons=[64]), model=net(), out=tmp_path, train_data=train, val_data=val, loss=ce,
-                       error=wrong)
     with pytest.raises(ValueError, match="val_data is needed"):
         bigbatch.sweep(config(name="v"), model=net(), out=tmp_path, train_data=train)
     with pytest.raises(ValueError, match="val_error needs an error"):
