@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -117,9 +118,27 @@ inline std::string slurp(const std::string& path) {
   return s.str();
 }
 
+/// The files tmp() names (the ranks' outputs and logs), removed when the test
+/// program that named them ends: by that process only, not by a rank.
+struct TmpFiles {
+  std::string dir, prefix;
+  pid_t owner;
+  TmpFiles()
+      : dir(testing::TempDir().empty() ? std::string("/tmp/") : testing::TempDir()),
+        prefix("bigbatch_dist_" + std::to_string(getpid()) + "_"),
+        owner(getpid()) {}
+  ~TmpFiles() {
+    if (getpid() != owner) return;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path(), ec);
+    }
+  }
+};
+
 inline std::string tmp(const std::string& name) {
-  return (testing::TempDir().empty() ? std::string("/tmp/") : testing::TempDir()) + "bigbatch_dist_" +
-         std::to_string(getpid()) + "_" + name;
+  static const TmpFiles files;
+  return files.dir + files.prefix + name;
 }
 
 }  // namespace bigbatch::test
