@@ -157,6 +157,27 @@ TrialResult run_from(const TrialConfig& trial, std::int64_t train_size, std::int
               {"batch_size", sizes},  {"threads", threads}};
   if (start.parent != nullptr) run["from"] = start.step;
   executor.send({{"run", run}});
+  // The executor waits for an order after each stretch of steps, unless it
+  // ended the trial itself ("diverged", "error"): whatever ends the trial
+  // here, a return or an exception (a full disk, a hook's failure), that
+  // order is a "stop", so the executor never takes the next trial's "run"
+  // for one. A horizon run inside a trial gets its own stop, so the
+  // trial's stop never ends the horizon instead.
+  struct Owed {
+    TrialExecutor& executor;
+    bool stop = true;
+    void send(const std::string& status) {
+      stop = false;
+      executor.send({{"stop", status}});
+    }
+    ~Owed() {
+      if (!stop) return;
+      try {
+        executor.send({{"stop", "failed"}});
+      } catch (const std::exception&) {  // (gone: nothing waits)
+      }
+    }
+  } owed{executor};
 
   std::optional<tensorboard::EventWriter> events;
   if (trial.tensorboard) {
@@ -184,26 +205,6 @@ TrialResult run_from(const TrialConfig& trial, std::int64_t train_size, std::int
   const std::vector<std::int64_t>& points = plan.points;
   std::vector<bool>& done = plan.done;
   const bool past_target = hooks.past_target || !branches.empty();
-  // The executor waits for an order after each stretch of steps, unless it
-  // ended the trial itself ("diverged", "error"): whatever ends the trial
-  // here, a return or an exception (a full disk, a hook's failure), that
-  // order is a "stop", so the executor never takes the next trial's "run"
-  // for one.
-  struct Owed {
-    TrialExecutor& executor;
-    bool stop = true;
-    void send(const std::string& status) {
-      stop = false;
-      executor.send({{"stop", status}});
-    }
-    ~Owed() {
-      if (!stop) return;
-      try {
-        executor.send({{"stop", "failed"}});
-      } catch (const std::exception&) {  // (gone: nothing waits)
-      }
-    }
-  } owed{executor};
   // The trial's end: its files (commit, then metrics.csv and summary.json),
   // then the executor's stop unless it ended the trial itself.
   const auto end = [&](TrialStatus status, double seconds, bool tell = true) {

@@ -304,6 +304,18 @@ class _Average:
         return loss, error
 
 
+def _random_state():
+    """torch's random state: the CPU generator's, and each GPU's once CUDA is in use."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_random_state(state):
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state_all(state[1])
+
+
 def _executor_record():
     return {"name": "python", "torch": torch.__version__, "python": platform.python_version()}
 
@@ -343,35 +355,44 @@ def run_trial(spec, channel, task, parent=None):
                 module = copy.deepcopy(task.template).to(device)
                 module.train()
                 opt = make_optimizer(config["optimizer"], module, base)
+                ratios = [g["lr"] / base for g in opt.param_groups]
                 average = _Average(config["average"], module, task, device) if "average" in config else None
+                step = 0
             else:
+                if spec["from"] != parent["step"]:
+                    raise RuntimeError(f"a horizon branched at step {spec['from']} of a trial at {parent['step']}")
                 module = copy.deepcopy(parent["module"])
                 opt = make_optimizer(config["optimizer"], module, base)
+                ratios = [g["lr"] / base for g in opt.param_groups]  # (before the state brings the trial's rate)
                 opt.load_state_dict(copy.deepcopy(parent["optimizer"].state_dict()))  # (loading aliases tensors)
                 average = parent["average"].branch(module) if parent["average"] is not None else None
-            ratios = [g["lr"] / base for g in opt.param_groups]
-            step = 0 if parent is None else spec["from"]
+                step = spec["from"]
             sampler = _Batches(task.train_size, sizes, budget, config["seed"], step)
             loader = torch.utils.data.DataLoader(task.dataset, batch_sampler=sampler, **task.loader_options)
             batches = iter(loader)
             if parent is not None:  # after the loader drew its workers' seed, which the trial drew at step 0
-                torch.set_rng_state(parent["rng"])
+                _set_random_state(parent["random"])
         except Exception as e:  # noqa: BLE001 - the user's code (the module's copy, the dataset): the trial fails
-            order = channel.receive()
-            if order is not None and "go" in order:
-                send("error", _error_line(e))
-            return
-        start = time.monotonic()
+            while True:  # the error goes in answer to the trial's order, and to each horizon's
+                order = channel.receive()
+                if order is not None and "run" in order and "from" in order["run"]:
+                    channel.send({"error": _error_line(e), "trial": order["run"]["trial"]})
+                    continue
+                if order is not None and "go" in order:
+                    send("error", _error_line(e))
+                return
+        start = time.monotonic() - (0.0 if parent is None else parent["elapsed"])
         loss_sum, losses = (0.0, 0) if parent is None else (parent["loss_sum"], parent["losses"])
         waited, stepped, last_report = 0.0, 0.0, 0.0
         data = {"loader_threads": task.loader_options.get("num_workers", 0), "wait_fraction": None}
         while True:
             order = channel.receive()
             if order is not None and "run" in order and "from" in order["run"]:  # a horizon, from here
-                rng = torch.get_rng_state()
-                run_trial(order["run"], channel, task, {"module": module, "optimizer": opt, "average": average,
-                                                         "rng": rng, "loss_sum": loss_sum, "losses": losses})
-                torch.set_rng_state(rng)
+                random = _random_state()
+                run_trial(order["run"], channel, task,
+                          {"module": module, "optimizer": opt, "average": average, "random": random, "step": step,
+                           "loss_sum": loss_sum, "losses": losses, "elapsed": time.monotonic() - start})
+                _set_random_state(random)
                 continue
             if order is None or "go" not in order:  # "stop", or the program gone
                 return

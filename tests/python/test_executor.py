@@ -254,7 +254,8 @@ def metrics_but_wall_time(folder):
 
 
 def test_a_horizon_branched_here_equals_its_run_alone(tmp_path):
-    """A wsd run of 120 steps (cooldown 24) with an EMA and a horizon at 60
+    """A wsd run of 120 steps (cooldown 24, the rate scaled linearly from
+    batch 16) with an EMA and a horizon at 60
     steps (stable 48, cooldown 12): their rates first part at step 49 (u =
     1/12 of the horizon's cooldown), between two evaluations. The branch
     equals the horizon's trial run alone, and the trial the run without
@@ -265,7 +266,8 @@ def test_a_horizon_branched_here_equals_its_run_alone(tmp_path):
 
     def swept(name, steps, stable, cooldown, target=never, **more):
         c = config(name=name, optimizer={"name": "adamw"}, batch_sizes=[32], search={"lr": [0.004]}, seeds=[1],
-                   schedule={"unit": "steps", "decay": {"type": "wsd", "stable": stable, "cooldown": cooldown}},
+                   schedule={"unit": "steps", "base_batch": 16, "scaling": "linear",  # peak: 2x the base rate
+                             "decay": {"type": "wsd", "stable": stable, "cooldown": cooldown}},
                    budget={"steps": steps}, target=target, average={"type": "ema", "half_life": 320}, **more)
         bigbatch.sweep(c, model=net(), out=tmp_path, train_data=train, val_data=val, loss=ce, error=wrong,
                        plots=False, args=["--no-prune"])
@@ -278,6 +280,9 @@ def test_a_horizon_branched_here_equals_its_run_alone(tmp_path):
     reached = [json.loads((f / "summary.json").read_text()) for f in (trial, branch)]
     assert [(s["status"], s["steps"]) for s in reached] == [("reached", 120), ("reached", 60)]
     assert reached[0]["steps_to_target"] == reached[1]["steps_to_target"] < 49
+    with open(branch / "metrics.csv", newline="") as f:
+        times = [float(r["wall_time"]) for r in csv.DictReader(f)]
+    assert times == sorted(times)  # the branch's clock goes on from the trial's
     assert metrics_but_wall_time(branch) == metrics_but_wall_time(swept("alone", 60, 48, 12))
     assert metrics_but_wall_time(trial) == metrics_but_wall_time(swept("plain", 120, 96, 24))
     with open(tmp_path / "branched" / "horizons.csv", newline="") as f:
