@@ -239,16 +239,14 @@ TrialResult run_from(const TrialConfig& trial, std::int64_t train_size, std::int
     }
     std::int64_t next_eval = std::min(budget, (step / every + 1) * every);
     for (std::size_t k = 0; k < branches.size(); ++k) {
-      if (done[k] && points[k] != step) continue;
-      if (!done[k] && points[k] == step) {
-        done[k] = true;
-        FolderHooks with;
-        with.progress = hooks.progress;
-        with.interrupt = hooks.interrupt;
-        with.past_target = true;
-        run_from(branches[k], train_size, threads, horizon_folder(folder, k).string(), with, executor,
-                 Start{step, &r, metric_names});
-      }
+      if (done[k] || points[k] != step) continue;
+      done[k] = true;
+      FolderHooks with;
+      with.progress = hooks.progress;
+      with.interrupt = hooks.interrupt;
+      with.past_target = true;
+      run_from(branches[k], train_size, threads, horizon_folder(folder, k).string(), with, executor,
+               Start{step, &r, metric_names});
     }
     bool evaluate = true;  // false: a stretch to a branch point
     for (std::size_t k = 0; k < branches.size(); ++k) {
