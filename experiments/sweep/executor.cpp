@@ -3,7 +3,6 @@
 
 #include "../../schedules/schedule.h"
 #include "../io/config_error.h"
-#include "../io/files.h"
 #include "../io/tensorboard.h"
 
 #include <cerrno>
@@ -136,9 +135,7 @@ TrialResult run_from(const TrialConfig& trial, std::int64_t train_size, std::int
                      const FolderHooks& hooks, TrialExecutor& executor, const Start& start) {
   const fs::path folder(dir);
   prepare_folder(trial, folder, false);  // (a checkpoint of this trial would be the C++ trainer's)
-  if (start.parent != nullptr) {
-    write_file_atomic((folder / "branched.json").string(), json({{"step", start.step}}).dump() + "\n");
-  }
+  if (start.parent != nullptr) write_branched(folder, start.step);
   const schedules::Schedule schedule(trial.schedule, trial.batch_size, train_size);
   const std::int64_t budget = schedule.steps(trial.budget.length, trial.budget.unit);
   const std::int64_t every = trial.target.eval_every;
@@ -241,11 +238,7 @@ TrialResult run_from(const TrialConfig& trial, std::int64_t train_size, std::int
     for (std::size_t k = 0; k < branches.size(); ++k) {
       if (done[k] || points[k] != step) continue;
       done[k] = true;
-      FolderHooks with;
-      with.progress = hooks.progress;
-      with.interrupt = hooks.interrupt;
-      with.past_target = true;
-      run_from(branches[k], train_size, threads, horizon_folder(folder, k).string(), with, executor,
+      run_from(branches[k], train_size, threads, horizon_folder(folder, k).string(), branch_hooks(hooks), executor,
                Start{step, &r, metric_names});
     }
     bool evaluate = true;  // false: a stretch to a branch point

@@ -222,6 +222,18 @@ HorizonBranches horizon_branches(const TrialConfig& trial, const fs::path& folde
   return h;
 }
 
+FolderHooks branch_hooks(const FolderHooks& outer) {
+  FolderHooks hooks;
+  hooks.progress = outer.progress;
+  hooks.interrupt = outer.interrupt;
+  hooks.past_target = true;
+  return hooks;
+}
+
+void write_branched(const fs::path& folder, std::int64_t step) {
+  write_file_atomic((folder / "branched.json").string(), nlohmann::json({{"step", step}}).dump() + "\n");
+}
+
 namespace {
 
 // Horizon `branch` of a trial into `folder`: resumed from the folder's own
@@ -230,9 +242,7 @@ namespace {
 void run_branch(const TrialConfig& branch, const WorkloadData& data, const fs::path& folder, const std::string& from,
                 std::int64_t point, const FolderHooks& outer) {
   const std::string saved = prepare_folder(branch, folder, true);
-  // Where it parted from its trial: what the horizons table counts as its cost.
-  write_file_atomic((folder / "branched.json").string(),
-                    nlohmann::json({{"step", from.empty() ? 0 : point}}).dump() + "\n");
+  write_branched(folder, from.empty() ? 0 : point);
   std::optional<Trainer> trainer;
   trainer.emplace(branch, data);
   bool resumed = false;
@@ -248,11 +258,7 @@ void run_branch(const TrialConfig& branch, const WorkloadData& data, const fs::p
     }
   }
   if (!resumed && !from.empty()) trainer->restore(from);
-  FolderHooks hooks;
-  hooks.progress = outer.progress;
-  hooks.interrupt = outer.interrupt;
-  hooks.past_target = true;
-  run_into(*trainer, {branch}, {folder}, true, trainer->step() > 0 ? trainer->step() : -1, hooks);
+  run_into(*trainer, {branch}, {folder}, true, trainer->step() > 0 ? trainer->step() : -1, branch_hooks(outer));
 }
 
 }  // namespace

@@ -85,6 +85,16 @@ struct HorizonBranches {
 HorizonBranches horizon_branches(const TrialConfig& trial, const std::filesystem::path& folder,
                                  std::int64_t train_size);
 
+/// The hooks a horizon's branch runs with, under its trial's `outer` ones:
+/// their progress and interrupt, training past the target; no pruning, and
+/// no claim or finished report of its own (its trial's cover it).
+FolderHooks branch_hooks(const FolderHooks& outer);
+
+/// branched.json in a horizon's `folder`: the step the branch parted from its
+/// trial at (0: trained from the start), what the horizons table counts as
+/// its cost.
+void write_branched(const std::filesystem::path& folder, std::int64_t step);
+
 /// A trial's folder, ready for its run: made, its config.json written.
 /// Returns the checkpoint an interrupted run of the same config left there
 /// (periodic, or written when it was preempted), if `resumable`; any other is

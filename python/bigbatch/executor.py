@@ -316,6 +316,11 @@ def _set_random_state(state):
         torch.cuda.set_rng_state_all(state[1])
 
 
+def _horizon(order):
+    """Whether `order` is a horizon's run, branched from the trial in training ("from")."""
+    return order is not None and "run" in order and "from" in order["run"]
+
+
 def _executor_record():
     return {"name": "python", "torch": torch.__version__, "python": platform.python_version()}
 
@@ -354,16 +359,16 @@ def run_trial(spec, channel, task, parent=None):
                 torch.manual_seed(config["seed"])  # the module's own randomness (dropout), as the C++ trainer seeds
                 module = copy.deepcopy(task.template).to(device)
                 module.train()
-                opt = make_optimizer(config["optimizer"], module, base)
-                ratios = [g["lr"] / base for g in opt.param_groups]
-                average = _Average(config["average"], module, task, device) if "average" in config else None
-                step = 0
             else:
                 if spec["from"] != parent["step"]:
                     raise RuntimeError(f"a horizon branched at step {spec['from']} of a trial at {parent['step']}")
                 module = copy.deepcopy(parent["module"])
-                opt = make_optimizer(config["optimizer"], module, base)
-                ratios = [g["lr"] / base for g in opt.param_groups]  # (before the state brings the trial's rate)
+            opt = make_optimizer(config["optimizer"], module, base)
+            ratios = [g["lr"] / base for g in opt.param_groups]  # (before a parent's state brings its trial's rate)
+            if parent is None:
+                average = _Average(config["average"], module, task, device) if "average" in config else None
+                step = 0
+            else:
                 opt.load_state_dict(copy.deepcopy(parent["optimizer"].state_dict()))  # (loading aliases tensors)
                 average = parent["average"].branch(module) if parent["average"] is not None else None
                 step = spec["from"]
@@ -375,7 +380,7 @@ def run_trial(spec, channel, task, parent=None):
         except Exception as e:  # noqa: BLE001 - the user's code (the module's copy, the dataset): the trial fails
             while True:  # the error goes in answer to the trial's order, and to each horizon's
                 order = channel.receive()
-                if order is not None and "run" in order and "from" in order["run"]:
+                if _horizon(order):
                     channel.send({"error": _error_line(e), "trial": order["run"]["trial"]})
                     continue
                 if order is not None and "go" in order:
@@ -387,7 +392,7 @@ def run_trial(spec, channel, task, parent=None):
         data = {"loader_threads": task.loader_options.get("num_workers", 0), "wait_fraction": None}
         while True:
             order = channel.receive()
-            if order is not None and "run" in order and "from" in order["run"]:  # a horizon, from here
+            if _horizon(order):  # from here
                 random = _random_state()
                 run_trial(order["run"], channel, task,
                           {"module": module, "optimizer": opt, "average": average, "random": random, "step": step,
