@@ -78,6 +78,7 @@ at::Tensor flat_params(torch::nn::Sequential& net) {
 int worker(const std::string& scenario) {
   if (scenario.rfind("compress:", 0) == 0) return bigbatch::test::compression_worker(scenario.substr(9));
   if (scenario.rfind("shard:", 0) == 0) return bigbatch::test::sharded_worker(scenario.substr(6));
+  if (scenario.rfind("local_sgd:", 0) == 0) return bigbatch::test::local_sgd_worker(scenario.substr(10));
   const bd::WorldInfo world = bd::world_from_env();
   const std::string out = std::getenv("BIGBATCH_DIST_OUT");
   // 5 s where a rank dies (the survivor's error comes within it); elsewhere

@@ -30,6 +30,8 @@ namespace bigbatch::test {
 int compression_worker(const std::string& name);
 /// The rank side of sharded_test.cpp's scenarios (BIGBATCH_DIST_WORKER=shard:OPTIMIZER:DTYPE).
 int sharded_worker(const std::string& scenario);
+/// The rank side of local_sgd_test.cpp's scenarios (BIGBATCH_DIST_WORKER=local_sgd:...).
+int local_sgd_worker(const std::string& scenario);
 
 inline void write_tensor(const std::string& path, const at::Tensor& t) {
   std::ofstream out(path, std::ios::binary);

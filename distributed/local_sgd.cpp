@@ -1,0 +1,219 @@
+// Local SGD, DiLoCo and streaming fragments (local_sgd.h).
+#include "local_sgd.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+namespace bigbatch::distributed {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The parameters cut into `parts` runs of whole tensors in order, of about
+// equal bytes: a run ends once the bytes so far reach its share of the total,
+// leaving at least one tensor for each run after it.
+std::vector<std::vector<std::size_t>> cut_fragments(const std::vector<at::Tensor>& params, std::int64_t parts) {
+  double total = 0;
+  for (const auto& p : params) total += static_cast<double>(p.numel() * p.element_size());
+  const std::size_t n = params.size(), k = static_cast<std::size_t>(parts);
+  std::vector<std::vector<std::size_t>> out(k);
+  double so_far = 0;
+  std::size_t f = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    out[f].push_back(i);
+    so_far += static_cast<double>(params[i].numel() * params[i].element_size());
+    const bool share_reached = so_far >= total * static_cast<double>(f + 1) / static_cast<double>(k);
+    const bool must_move = n - i - 1 == k - f - 1;  // exactly one tensor left for each run after this
+    if (f + 1 < k && (share_reached || must_move)) ++f;
+  }
+  return out;
+}
+
+}  // namespace
+
+const char* sync_type_name(SyncType type) {
+  for (const auto& n : kSyncTypeNames) {
+    if (n.value == type) return n.name;
+  }
+  return "?";
+}
+
+void check_spec(const LocalSgdSpec& s) {
+  TORCH_CHECK(s.type != SyncType::kEveryStep, "local SGD: type must be local_sgd or diloco, got every_step (that is "
+                                              "the gradient exchange of compression.h)");
+  TORCH_CHECK(s.every >= 1, "local SGD: every must be >= 1 (steps), got ", s.every);
+  TORCH_CHECK(s.fragments >= 1, "local SGD: fragments must be >= 1, got ", s.fragments);
+  TORCH_CHECK(s.every % s.fragments == 0, "local SGD: every (", s.every, ") must divide by fragments (", s.fragments,
+              ")");
+  TORCH_CHECK(s.outer.lr > 0 && std::isfinite(s.outer.lr), "local SGD: outer.lr must be > 0, got ", s.outer.lr);
+  TORCH_CHECK(s.outer.momentum >= 0 && s.outer.momentum < 1, "local SGD: outer.momentum must be in [0, 1), got ",
+              s.outer.momentum);
+  TORCH_CHECK(!s.outer.nesterov || s.outer.momentum > 0, "local SGD: outer.nesterov needs outer.momentum > 0");
+  TORCH_CHECK(!s.compression.overlap, "local SGD: the pseudo-gradients are exchanged between steps; overlap must be false");
+  check_spec(s.compression);
+}
+
+LocalSgd::LocalSgd(LocalSgdSpec spec, std::vector<at::Tensor> params) : spec_(spec), params_(std::move(params)) {
+  check_spec(spec_);
+  TORCH_CHECK(!params_.empty(), "local SGD: no parameters");
+  TORCH_CHECK(static_cast<std::size_t>(spec_.fragments) <= params_.size(), "local SGD: fragments (", spec_.fragments,
+              ") must not exceed the parameter tensors (", params_.size(), "): a fragment is whole tensors");
+  at::NoGradGuard no_grad;
+  for (const auto& p : params_) {
+    anchors_.push_back(p.detach().clone());
+    if (spec_.outer.momentum > 0) momenta_.push_back(at::zeros_like(p));
+    if (spec_.compression.method != Compression::kNone) carriers_.push_back(at::zeros_like(p));
+  }
+  fragments_ = cut_fragments(params_, spec_.fragments);
+  for (std::size_t f = 0; f < fragments_.size(); ++f) {
+    if (spec_.compression.method == Compression::kNone) {
+      exchanges_.emplace_back();
+      continue;
+    }
+    CompressionSpec c = spec_.compression;
+    c.seed = spec_.compression.seed + 0x9E3779B97F4A7C15ull * (f + 1);  // the fragments' draws apart
+    exchanges_.push_back(std::make_unique<GradientExchange>(c));
+  }
+  last_synced_.assign(fragments_.size(), 0);
+}
+
+LocalSgd::~LocalSgd() = default;
+
+bool LocalSgd::due(std::size_t f, std::int64_t steps) const {
+  const std::int64_t offset = static_cast<std::int64_t>(f) * spec_.every / spec_.fragments;
+  return steps % spec_.every == offset;
+}
+
+bool LocalSgd::after_step(ProcessGroup* group, std::int64_t steps) {
+  TORCH_CHECK(steps >= 1, "local SGD: after_step needs the steps taken (>= 1), got ", steps);
+  return round(group, steps, /*all=*/false);
+}
+
+bool LocalSgd::finish(ProcessGroup* group, std::int64_t steps) { return round(group, steps, /*all=*/true); }
+
+bool LocalSgd::round(ProcessGroup* group, std::int64_t steps, bool all) {
+  const double sent_before = totals_.bytes_sent;
+  double outer_sq = 0;
+  bool any = false;
+  for (std::size_t f = 0; f < fragments_.size(); ++f) {
+    if (last_synced_[f] == steps || !(all || due(f, steps))) continue;
+    sync(group, f, outer_sq);
+    last_synced_[f] = steps;
+    any = true;
+  }
+  if (any) {
+    ++totals_.rounds;
+    totals_.peak_round_bytes = std::max(totals_.peak_round_bytes, totals_.bytes_sent - sent_before);
+    totals_.last_outer_norm = std::sqrt(outer_sq);
+  }
+  return any;
+}
+
+void LocalSgd::sync(ProcessGroup* group, std::size_t f, double& outer_sq) {
+  at::NoGradGuard no_grad;
+  const std::vector<std::size_t>& members = fragments_[f];
+  const double w = group != nullptr ? group->size() : 1;
+  // This rank's pseudo-gradient, anchor - parameter, then its average over the ranks.
+  std::vector<at::Tensor> delta;
+  double fp32_bytes = 0;
+  for (const std::size_t i : members) {
+    delta.push_back(anchors_[i] - params_[i].detach());
+    fp32_bytes += static_cast<double>(params_[i].numel()) * 4 * 2 * (w - 1) / w;
+  }
+  totals_.dense_bytes += fp32_bytes;
+  if (group != nullptr && group->size() > 1) {
+    if (spec_.compression.method == Compression::kNone) {
+      // One all-reduce per dtype, in the parameters' own precision.
+      std::vector<std::vector<std::size_t>> by_dtype;
+      for (std::size_t k = 0; k < delta.size(); ++k) {
+        auto same = std::find_if(by_dtype.begin(), by_dtype.end(), [&](const auto& run) {
+          return delta[run.front()].scalar_type() == delta[k].scalar_type();
+        });
+        if (same == by_dtype.end()) {
+          by_dtype.push_back({k});
+        } else {
+          same->push_back(k);
+        }
+      }
+      for (const auto& run : by_dtype) {
+        std::vector<at::Tensor> parts;
+        for (const std::size_t k : run) parts.push_back(delta[k].reshape({-1}));
+        std::vector<at::Tensor> flat{at::cat(parts)};
+        const double bytes = static_cast<double>(flat[0].numel() * flat[0].element_size()) * 2 * (w - 1) / w;
+        const auto start = Clock::now();
+        group->allreduce_sum(flat);
+        totals_.communicate_seconds += seconds_since(start);
+        totals_.bytes_sent += bytes;
+        totals_.bytes_received += bytes;
+        flat[0].div_(w);
+        std::int64_t offset = 0;
+        for (const std::size_t k : run) {
+          const std::int64_t n = delta[k].numel();
+          delta[k].copy_(flat[0].slice(0, offset, offset + n).view(delta[k].sizes()));
+          offset += n;
+        }
+      }
+    } else {
+      std::vector<at::Tensor> holders;
+      for (std::size_t k = 0; k < members.size(); ++k) {
+        at::Tensor& c = carriers_[members[k]];
+        c.mutable_grad() = delta[k];
+        holders.push_back(c);
+      }
+      GradientExchange& x = *exchanges_[f];
+      x.exchange(*group, holders);  // replaces each holder's gradient (delta[k]) by the ranks' average
+      const ExchangeStats& last = x.last();
+      totals_.bytes_sent += last.bytes_sent;
+      totals_.bytes_received += last.bytes_received;
+      totals_.compress_seconds += last.compress_seconds;
+      totals_.communicate_seconds += last.communicate_seconds;
+      for (std::size_t k = 0; k < members.size(); ++k) delta[k] = carriers_[members[k]].grad();
+    }
+  }
+  // The outer step from the anchor; every rank starts its next steps from it.
+  const OuterSpec& o = spec_.outer;
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    const std::size_t i = members[k];
+    at::Tensor update = delta[k];
+    if (o.momentum > 0) {
+      at::Tensor& b = momenta_[i];
+      b.mul_(o.momentum).add_(delta[k]);
+      update = o.nesterov ? delta[k].add(b, o.momentum) : b;
+    }
+    anchors_[i].add_(update, -o.lr);
+    outer_sq += o.lr * o.lr * update.to(at::kDouble).pow(2).sum().item<double>();
+    params_[i].detach().copy_(anchors_[i]);
+  }
+  ++totals_.fragment_syncs;
+}
+
+std::vector<std::int64_t> LocalSgd::fragment_bytes() const {
+  std::vector<std::int64_t> out;
+  for (const auto& members : fragments_) {
+    std::int64_t bytes = 0;
+    for (const std::size_t i : members) bytes += params_[i].numel() * params_[i].element_size();
+    out.push_back(bytes);
+  }
+  return out;
+}
+
+LocalSgd::Global::Global(LocalSgd& sync) : sync_(sync) {
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < sync_.params_.size(); ++i) {
+    own_.push_back(sync_.params_[i].detach().clone());
+    sync_.params_[i].detach().copy_(sync_.anchors_[i]);
+  }
+}
+
+LocalSgd::Global::~Global() {
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < own_.size(); ++i) sync_.params_[i].detach().copy_(own_[i]);
+}
+
+}  // namespace bigbatch::distributed
