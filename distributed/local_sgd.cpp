@@ -15,24 +15,28 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// The parameters cut into `parts` runs of whole tensors in order, of about
-// equal bytes: a run ends once the bytes so far reach its share of the total,
-// leaving at least one tensor for each run after it.
-std::vector<std::vector<std::size_t>> cut_fragments(const std::vector<at::Tensor>& params, std::int64_t parts) {
-  double total = 0;
-  for (const auto& p : params) total += static_cast<double>(p.numel() * p.element_size());
-  const std::size_t n = params.size(), k = static_cast<std::size_t>(parts);
-  std::vector<std::vector<std::size_t>> out(k);
-  double so_far = 0;
-  std::size_t f = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    out[f].push_back(i);
-    so_far += static_cast<double>(params[i].numel() * params[i].element_size());
-    const bool share_reached = so_far >= total * static_cast<double>(f + 1) / static_cast<double>(k);
-    const bool must_move = n - i - 1 == k - f - 1;  // exactly one tensor left for each run after this
-    if (f + 1 < k && (share_reached || must_move)) ++f;
+// The parameters, flattened and joined, cut into `parts` runs of equal
+// elements: each run's pieces of the tensors it covers.
+std::vector<std::vector<LocalSgd::Piece>> cut_fragments(const std::vector<at::Tensor>& params, std::int64_t parts) {
+  std::int64_t total = 0;
+  for (const auto& p : params) total += p.numel();
+  std::vector<std::vector<LocalSgd::Piece>> out(static_cast<std::size_t>(parts));
+  std::int64_t start = 0;  // the first element of params[i] in the joined vector
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::int64_t n = params[i].numel();
+    for (std::int64_t f = 0; f < parts; ++f) {
+      const std::int64_t lo = std::max(f * total / parts, start), hi = std::min((f + 1) * total / parts, start + n);
+      if (lo < hi) out[static_cast<std::size_t>(f)].push_back({i, lo - start, hi - start});
+    }
+    start += n;
   }
   return out;
+}
+
+// A piece of `t` (the whole tensor, in its shape, where the piece is all of it).
+at::Tensor piece_of(const at::Tensor& t, const LocalSgd::Piece& p) {
+  if (p.begin == 0 && p.end == t.numel()) return t;
+  return t.view({-1}).slice(0, p.begin, p.end);
 }
 
 }  // namespace
@@ -62,16 +66,26 @@ void check_spec(const LocalSgdSpec& s) {
 LocalSgd::LocalSgd(LocalSgdSpec spec, std::vector<at::Tensor> params) : spec_(spec), params_(std::move(params)) {
   check_spec(spec_);
   TORCH_CHECK(!params_.empty(), "local SGD: no parameters");
-  TORCH_CHECK(static_cast<std::size_t>(spec_.fragments) <= params_.size(), "local SGD: fragments (", spec_.fragments,
-              ") must not exceed the parameter tensors (", params_.size(), "): a fragment is whole tensors");
   at::NoGradGuard no_grad;
+  std::int64_t total = 0;
   for (const auto& p : params_) {
+    TORCH_CHECK(p.is_contiguous(), "local SGD: parameters must be contiguous (a fragment is a view of their elements)");
+    total += p.numel();
     anchors_.push_back(p.detach().clone());
     if (spec_.outer.momentum > 0) momenta_.push_back(at::zeros_like(p));
-    if (spec_.compression.method != Compression::kNone) carriers_.push_back(at::zeros_like(p));
   }
+  TORCH_CHECK(spec_.fragments <= total, "local SGD: fragments (", spec_.fragments,
+              ") must not exceed the parameters' elements (", total, ")");
   fragments_ = cut_fragments(params_, spec_.fragments);
   for (std::size_t f = 0; f < fragments_.size(); ++f) {
+    Views v;
+    for (const Piece& piece : fragments_[f]) {
+      v.param.push_back(piece_of(params_[piece.param].detach(), piece));
+      v.anchor.push_back(piece_of(anchors_[piece.param], piece));
+      if (!momenta_.empty()) v.momentum.push_back(piece_of(momenta_[piece.param], piece));
+      if (spec_.compression.method != Compression::kNone) v.carrier.push_back(at::zeros_like(v.param.back()));
+    }
+    views_.push_back(std::move(v));
     if (spec_.compression.method == Compression::kNone) {
       exchanges_.emplace_back();
       continue;
@@ -108,8 +122,9 @@ bool LocalSgd::round(ProcessGroup* group, std::int64_t steps, bool all) {
     any = true;
   }
   if (any) {
-    ++totals_.rounds;
-    totals_.peak_round_bytes = std::max(totals_.peak_round_bytes, totals_.bytes_sent - sent_before);
+    if (last_round_ != steps) ++totals_.rounds;  // (finish() after after_step() at one step: one round)
+    last_round_ = steps;
+    if (!all) totals_.peak_round_bytes = std::max(totals_.peak_round_bytes, totals_.bytes_sent - sent_before);
     totals_.last_outer_norm = std::sqrt(outer_sq);
   }
   return any;
@@ -117,21 +132,20 @@ bool LocalSgd::round(ProcessGroup* group, std::int64_t steps, bool all) {
 
 void LocalSgd::sync(ProcessGroup* group, std::size_t f, double& outer_sq) {
   at::NoGradGuard no_grad;
-  const std::vector<std::size_t>& members = fragments_[f];
+  Views& v = views_[f];
+  const std::size_t n = v.param.size();
   const double w = group != nullptr ? group->size() : 1;
   // This rank's pseudo-gradient, anchor - parameter, then its average over the ranks.
   std::vector<at::Tensor> delta;
-  double fp32_bytes = 0;
-  for (const std::size_t i : members) {
-    delta.push_back(anchors_[i] - params_[i].detach());
-    fp32_bytes += static_cast<double>(params_[i].numel()) * 4 * 2 * (w - 1) / w;
+  for (std::size_t k = 0; k < n; ++k) {
+    delta.push_back(v.anchor[k] - v.param[k]);
+    totals_.dense_bytes += static_cast<double>(delta.back().numel()) * 4 * 2 * (w - 1) / w;
   }
-  totals_.dense_bytes += fp32_bytes;
   if (group != nullptr && group->size() > 1) {
     if (spec_.compression.method == Compression::kNone) {
       // One all-reduce per dtype, in the parameters' own precision.
       std::vector<std::vector<std::size_t>> by_dtype;
-      for (std::size_t k = 0; k < delta.size(); ++k) {
+      for (std::size_t k = 0; k < n; ++k) {
         auto same = std::find_if(by_dtype.begin(), by_dtype.end(), [&](const auto& run) {
           return delta[run.front()].scalar_type() == delta[k].scalar_type();
         });
@@ -154,53 +168,36 @@ void LocalSgd::sync(ProcessGroup* group, std::size_t f, double& outer_sq) {
         flat[0].div_(w);
         std::int64_t offset = 0;
         for (const std::size_t k : run) {
-          const std::int64_t n = delta[k].numel();
-          delta[k].copy_(flat[0].slice(0, offset, offset + n).view(delta[k].sizes()));
-          offset += n;
+          const std::int64_t m = delta[k].numel();
+          delta[k].copy_(flat[0].slice(0, offset, offset + m).view(delta[k].sizes()));
+          offset += m;
         }
       }
     } else {
-      std::vector<at::Tensor> holders;
-      for (std::size_t k = 0; k < members.size(); ++k) {
-        at::Tensor& c = carriers_[members[k]];
-        c.mutable_grad() = delta[k];
-        holders.push_back(c);
-      }
+      for (std::size_t k = 0; k < n; ++k) v.carrier[k].mutable_grad() = delta[k];
       GradientExchange& x = *exchanges_[f];
-      x.exchange(*group, holders);  // replaces each holder's gradient (delta[k]) by the ranks' average
+      x.exchange(*group, v.carrier);  // each holder's gradient (delta[k]) becomes the ranks' average
       const ExchangeStats& last = x.last();
       totals_.bytes_sent += last.bytes_sent;
       totals_.bytes_received += last.bytes_received;
       totals_.compress_seconds += last.compress_seconds;
       totals_.communicate_seconds += last.communicate_seconds;
-      for (std::size_t k = 0; k < members.size(); ++k) delta[k] = carriers_[members[k]].grad();
     }
   }
   // The outer step from the anchor; every rank starts its next steps from it.
   const OuterSpec& o = spec_.outer;
-  for (std::size_t k = 0; k < members.size(); ++k) {
-    const std::size_t i = members[k];
+  for (std::size_t k = 0; k < n; ++k) {
     at::Tensor update = delta[k];
     if (o.momentum > 0) {
-      at::Tensor& b = momenta_[i];
+      at::Tensor& b = v.momentum[k];
       b.mul_(o.momentum).add_(delta[k]);
       update = o.nesterov ? delta[k].add(b, o.momentum) : b;
     }
-    anchors_[i].add_(update, -o.lr);
+    v.anchor[k].add_(update, -o.lr);
     outer_sq += o.lr * o.lr * update.to(at::kDouble).pow(2).sum().item<double>();
-    params_[i].detach().copy_(anchors_[i]);
+    v.param[k].copy_(v.anchor[k]);
   }
   ++totals_.fragment_syncs;
-}
-
-std::vector<std::int64_t> LocalSgd::fragment_bytes() const {
-  std::vector<std::int64_t> out;
-  for (const auto& members : fragments_) {
-    std::int64_t bytes = 0;
-    for (const std::size_t i : members) bytes += params_[i].numel() * params_[i].element_size();
-    out.push_back(bytes);
-  }
-  return out;
 }
 
 LocalSgd::Global::Global(LocalSgd& sync) : sync_(sync) {

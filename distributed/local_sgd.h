@@ -3,7 +3,7 @@
 // al. 2020, arXiv 1808.07217) averages them; DiLoCo (Douillard et al. 2023,
 // arXiv 2311.08105, Algorithm 1) takes an outer step (Nesterov momentum) on
 // the averaged pseudo-gradient, the parameters' change since the last
-// synchronization; Streaming DiLoCo (Liu et al. 2025, arXiv 2501.18512)
+// synchronization; Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512)
 // synchronizes the parameters in P fragments, each in turn, so that one
 // synchronization sends about 1/P of the model. The math is in
 // docs/formulas.md ("Local SGD and DiLoCo"); how to use it, in
@@ -56,9 +56,12 @@ struct LocalSgdSpec {
   std::int64_t every = 1;
   /// local_sgd: lr 1, momentum 0 (the average); diloco: diloco_outer() unless set.
   OuterSpec outer;
-  /// P: the parameters cut into P fragments of about equal bytes (whole
-  /// tensors, in module order); fragment p synchronizes after the steps t
-  /// with t mod H = p H / P. H must divide by P.
+  /// P: the parameters, flattened and joined in order, cut into P runs of
+  /// equal elements (fragment p: elements [p N / P, (p + 1) N / P)), so that
+  /// a fragment's bytes are 1/P of the model's whatever its layers' sizes;
+  /// fragment p synchronizes after the steps t with t mod H = p H / P. H
+  /// must divide by P. (Streaming DiLoCo cuts at layers; the outer step is
+  /// elementwise, so where the cuts fall changes nothing else.)
   std::int64_t fragments = 1;
   /// How the pseudo-gradients are averaged: none (an all-reduce in the
   /// parameters' own dtype), or a compressor of compression.h with its error
@@ -81,8 +84,8 @@ struct SyncStats {
   double bytes_received = 0;
   /// What an fp32 all-reduce of the same pseudo-gradients would have sent.
   double dense_bytes = 0;
-  /// The most bytes one round sent (the peak a network sees; about 1/P of the
-  /// model's all-reduce with P fragments).
+  /// The most bytes one scheduled round sent (the peak a network sees: 1/P
+  /// of the model's all-reduce with P fragments), finish()'s left out.
   double peak_round_bytes = 0;
   double compress_seconds = 0;
   double communicate_seconds = 0;
@@ -128,10 +131,14 @@ class LocalSgd {
   };
 
   const LocalSgdSpec& spec() const { return spec_; }
-  /// Each fragment's parameters, as indices into the parameter list.
-  const std::vector<std::vector<std::size_t>>& fragments() const { return fragments_; }
-  /// Each fragment's bytes (its parameters' elements times their sizes).
-  std::vector<std::int64_t> fragment_bytes() const;
+  /// A fragment's part of one parameter: its flattened elements [begin, end).
+  struct Piece {
+    std::size_t param;
+    std::int64_t begin, end;
+    bool operator==(const Piece& o) const { return param == o.param && begin == o.begin && end == o.end; }
+  };
+  /// Each fragment's pieces, in parameter order.
+  const std::vector<std::vector<Piece>>& fragments() const { return fragments_; }
   const SyncStats& totals() const { return totals_; }
 
  private:
@@ -141,12 +148,19 @@ class LocalSgd {
 
   LocalSgdSpec spec_;
   std::vector<at::Tensor> params_;
-  std::vector<at::Tensor> anchors_;   ///< the last synchronized parameters
-  std::vector<at::Tensor> momenta_;   ///< the outer step's b (momentum > 0)
-  std::vector<at::Tensor> carriers_;  ///< the pseudo-gradients' holders for a compressor's exchange
-  std::vector<std::vector<std::size_t>> fragments_;
+  std::vector<at::Tensor> anchors_;  ///< the last synchronized parameters
+  std::vector<at::Tensor> momenta_;  ///< the outer step's b (momentum > 0)
+  std::vector<std::vector<Piece>> fragments_;
+  /// Per fragment, per piece: views of the parameter, its anchor and its
+  /// momentum (the whole tensors where a piece is all of one), and the
+  /// pseudo-gradient's holder for a compressor's exchange.
+  struct Views {
+    std::vector<at::Tensor> param, anchor, momentum, carrier;
+  };
+  std::vector<Views> views_;
   std::vector<std::unique_ptr<GradientExchange>> exchanges_;  ///< one per fragment, with a compressor
   std::vector<std::int64_t> last_synced_;                     ///< each fragment's last step synchronized
+  std::int64_t last_round_ = 0;                               ///< the last step with a round
   SyncStats totals_;
 };
 

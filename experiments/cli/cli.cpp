@@ -487,8 +487,14 @@ struct TrainCommand {
               << bx::to_string(trial.target.metric) << " " << r.best_metric << "; results in " << tdir << "\n";
     if (r.exchange.is_object()) {  // what the gradient exchange sent (rank 0's counts)
       const auto& x = r.exchange;
-      std::cout << "gradient exchange: " << x["compression"].get<std::string>() << ", "
-                << bx::bytes_text(x["bytes_sent_per_step"].get<double>()) << " sent a step per rank (fp32: "
+      const std::string sync = x.value("sync", "every_step");
+      std::cout << (sync == "every_step" ? std::string("gradient exchange: ")
+                                         : sync + " every " + std::to_string(x["every"].get<std::int64_t>()) +
+                                               " steps, " + std::to_string(x["syncs"].get<std::int64_t>()) +
+                                               " synchronizations: ")
+                << x["compression"].get<std::string>() << ", "
+                << bx::bytes_text(x["bytes_sent_per_step"].get<double>()) << " sent a step per rank (fp32"
+                << (sync == "every_step" ? ": " : " synchronous: ")
                 << bx::bytes_text(x["dense_bytes_per_step"].get<double>()) << ", ratio " << std::setprecision(3)
                 << x["compression_ratio"].get<double>() << "), " << bx::bytes_text(x["bytes_sent"].get<double>())
                 << " in all\n";

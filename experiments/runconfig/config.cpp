@@ -160,6 +160,33 @@ void compression_fields(Io& io, Spec& c) {
   }
 }
 
+// How often the ranks agree: every step, or local SGD / DiLoCo's H steps
+// (distributed/local_sgd.h), with DiLoCo's outer step.
+template <typename Io, typename Spec>
+void sync_fields(Io& io, Spec& s) {
+  using distributed::SyncType;
+  io.choice("type", s.type, distributed::kSyncTypeNames);
+  if (s.type == SyncType::kEveryStep) return;
+  io.required("every", s.every);
+  io.check("every", s.every >= 1, "must be >= 1 (steps), got " + std::to_string(s.every));
+  io.field("fragments", s.fragments);
+  io.check("fragments", s.fragments >= 1 && s.every % s.fragments == 0,
+           "must be >= 1 and divide every (" + std::to_string(s.every) + "), got " + std::to_string(s.fragments));
+  if (s.type == SyncType::kLocalSgd) {
+    io.check("outer", !io.given("outer", false), "local_sgd averages the models; an outer step is diloco's");
+    return;
+  }
+  io.object("outer", s.outer, [](auto& q, auto& o) {
+    if constexpr (Io::kReading) o = distributed::diloco_outer();
+    q.field("lr", o.lr);
+    q.check("lr", o.lr > 0 && std::isfinite(o.lr), "must be > 0, got " + num(o.lr));
+    q.field("momentum", o.momentum);
+    q.check("momentum", o.momentum >= 0 && o.momentum < 1, "must be in [0, 1), got " + num(o.momentum));
+    q.field("nesterov", o.nesterov);
+    q.check("nesterov", !o.nesterov || o.momentum > 0, "needs momentum > 0");
+  });
+}
+
 template <typename Io, typename Spec>
 void distributed_fields(Io& io, Spec& d) {
   io.object("compression", d.compression, [](auto& q, auto& c) { compression_fields(q, c); });
@@ -178,6 +205,16 @@ void distributed_fields(Io& io, Spec& d) {
                distributed::compression_name(m) + "; \"states\" takes the compressed exchange's average");
   io.check("shard", d.shard != distributed::ShardStage::kGradients || !d.compression.overlap,
            "\"gradients\" reduce-scatters after backward; overlap must be false");
+  if (io.given("sync", !d.synchronous())) {
+    io.object("sync", d.sync, [](auto& q, auto& s) { sync_fields(q, s); });
+  }
+  if (!d.synchronous()) {
+    io.check("shard", d.shard == distributed::ShardStage::kNone,
+             "the ranks of " + std::string(distributed::sync_type_name(d.sync.type)) +
+                 " keep their own optimizer states between synchronizations; shard must be \"none\"");
+    io.check("overlap", !d.compression.overlap,
+             std::string(distributed::sync_type_name(d.sync.type)) + " exchanges no gradients in backward");
+  }
   if constexpr (Io::kReading) {
     d.compression.bucket_bytes = static_cast<std::int64_t>(d.bucket_mb * (1 << 20));
   }
@@ -385,8 +422,21 @@ void common_fields(Io& io, Spec& t, bool with_rate) {
   io.check("precision", shard != distributed::ShardStage::kGradients || t.precision != Precision::kFp16,
            "fp16's loss scaler reads every rank's whole gradient, which distributed.shard \"gradients\" frees; use "
            "bf16 or shard \"states\"");
+  if (!t.distributed.synchronous()) {  // each rank's own model between synchronizations
+    const std::string sync = distributed::sync_type_name(t.distributed.sync.type);
+    io.check("average", !t.average.on(), "not with distributed.sync " + sync + ": the ranks' weights differ between "
+                                         "synchronizations");
+    io.check("optimizer", !optimizer_entry(t.optimizer.name).evaluation_point,
+             t.optimizer.name + " is evaluated at a point of its own, which distributed.sync " + sync +
+                 " does not synchronize");
+    io.check("horizons", t.horizons.empty(), "not with distributed.sync " + sync);
+  }
   io.field("checkpoint_every", t.checkpoint_every);
   io.field("tensorboard", t.tensorboard);
+  io.check("checkpoint_every", t.checkpoint_every == 0 || t.distributed.synchronous(),
+           "not with distributed.sync " + std::string(distributed::sync_type_name(t.distributed.sync.type)) +
+               ": between synchronizations each rank's model and optimizer are its own, which one rank's "
+               "checkpoint does not hold");
   io.check("checkpoint_every", t.checkpoint_every >= 0 && t.checkpoint_every % t.target.eval_every == 0,
            "must be 0 (off) or a multiple of target.eval_every (" + std::to_string(t.target.eval_every) +
                "), got " + std::to_string(t.checkpoint_every));
@@ -453,7 +503,7 @@ void trial_fields(Io& io, Spec& t) {
 
 bool DistributedSpec::is_default() const {
   return compression.method == distributed::Compression::kNone && bucket_mb == 25 && !compression.overlap &&
-         shard == distributed::ShardStage::kNone;
+         shard == distributed::ShardStage::kNone && synchronous();
 }
 
 namespace {

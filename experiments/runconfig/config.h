@@ -8,6 +8,7 @@
 #include "../workload/data.h"
 #include "../workload/models.h"
 #include "../../distributed/compression.h"
+#include "../../distributed/local_sgd.h"
 #include "../../distributed/sharded.h"
 #include "../../optimizers/weight_average.h"
 #include "../../config/json_reader.h"
@@ -90,6 +91,13 @@ struct DistributedSpec {
   /// "none", "states" (ZeRO stage 1) or "gradients" (stage 2). Left out of
   /// resolved configs when "none".
   distributed::ShardStage shard = distributed::ShardStage::kNone;
+  /// "sync": how often the ranks agree (distributed/local_sgd.h):
+  /// {"type": "every_step"} (synchronous, the default, left out of resolved
+  /// configs), or "local_sgd" / "diloco" with "every" (H), "fragments" (P)
+  /// and, for diloco, "outer" {"lr", "momentum", "nesterov"}. Its compressor
+  /// is "compression", applied to the pseudo-gradients.
+  distributed::LocalSgdSpec sync{distributed::SyncType::kEveryStep};
+  bool synchronous() const { return sync.type == distributed::SyncType::kEveryStep; }
   bool is_default() const;
 };
 

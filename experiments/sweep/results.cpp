@@ -156,23 +156,30 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int kResamples = 2000;
 
 // A seed's steps and examples to target: +infinity unless it reached.
-// bytes: what rank 0 sent to reach it (a data-parallel trial's exchange), NaN
-// when the trial did not count them.
+// bytes, syncs: what rank 0 sent to reach it and the synchronizations it
+// took (a data-parallel trial's exchange), NaN when the trial did not count them.
 struct SeedResult {
   json summary;
   double steps = kInf, examples = kInf;
   double bytes = std::numeric_limits<double>::quiet_NaN();
+  double syncs = std::numeric_limits<double>::quiet_NaN();
 };
 
 SeedResult seed_result(const fs::path& dir, const TrialConfig& t) {
   SeedResult r{read_json((dir / t.name / "summary.json").string())};
   const bool counted = r.summary.contains("exchange") && r.summary["exchange"].is_object();
   if (counted) r.bytes = kInf;
+  // (summaries from before the synchronizations were counted have no syncs_to_target)
+  const bool synced = counted && r.summary["exchange"].contains("syncs_to_target");
+  if (synced) r.syncs = kInf;
   if (r.summary["status"] == to_string(TrialStatus::kReached)) {
     r.steps = static_cast<double>(r.summary["steps_to_target"].get<std::int64_t>());
     r.examples = static_cast<double>(r.summary["examples_to_target"].get<std::int64_t>());
     if (counted && r.summary["exchange"].value("bytes_to_target", json()).is_number()) {
       r.bytes = r.summary["exchange"]["bytes_to_target"].get<double>();
+    }
+    if (synced && r.summary["exchange"]["syncs_to_target"].is_number()) {
+      r.syncs = r.summary["exchange"]["syncs_to_target"].get<double>();
     }
   }
   return r;
@@ -215,11 +222,12 @@ std::pair<TargetRow, std::size_t> batch_row(std::int64_t batch, const std::vecto
   const std::vector<std::size_t>& rate = best ? rates[*best] : *std::find_if(rates.begin(), rates.end(), [&](const auto& q) {
     return std::find(q.begin(), q.end(), *closest) != q.end();
   });
-  std::vector<double> steps, examples, bytes;
+  std::vector<double> steps, examples, bytes, syncs;
   for (const auto i : rate) {
     steps.push_back(results[i].steps);
     examples.push_back(results[i].examples);
     if (!std::isnan(results[i].bytes)) bytes.push_back(results[i].bytes);
+    if (!std::isnan(results[i].syncs)) syncs.push_back(results[i].syncs);
   }
   row.seeds = static_cast<std::int64_t>(rate.size());
   row.seeds_reached = std::count_if(steps.begin(), steps.end(), [](double x) { return std::isfinite(x); });
@@ -232,6 +240,7 @@ std::pair<TargetRow, std::size_t> batch_row(std::int64_t batch, const std::vecto
   row.steps = best_median;
   row.examples = noise::median_steps(examples);
   if (bytes.size() == steps.size()) row.bytes = noise::median_steps(bytes);
+  if (syncs.size() == steps.size()) row.syncs = noise::median_steps(syncs);
   row.steps_min = *std::min_element(steps.begin(), steps.end());
   row.steps_max = *std::max_element(steps.begin(), steps.end());
   if (steps.size() > 1) {
@@ -252,7 +261,7 @@ std::string csv_row(const TargetRow& row, const json& summary, const std::vector
       << search_edge(trials, row.trial) << ',' << row.failed << ',' << row.seeds << ',' << row.seeds_reached << ','
       << cell(row.steps_min) << ',' << cell(row.steps_max) << ',' << cell(row.steps_low) << ','
       << cell(row.steps_high) << ',' << seed_cells << ',' << (row.bytes ? csv_number(*row.bytes) : std::string())
-      << "\n";
+      << ',' << cell(row.syncs) << "\n";
   return csv.str();
 }
 
@@ -313,7 +322,7 @@ std::int64_t write_tables(const std::vector<TrialConfig>& trials, const std::str
 
   std::string csv =
       "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,"
-      "steps_low,steps_high,seed_steps,bytes\n";
+      "steps_low,steps_high,seed_steps,bytes,syncs\n";
   std::vector<TargetRow> reached_rows;
   for (const auto& [batch, rates] : batches) {
     auto [row, chosen] = batch_row(batch, rates, results);
@@ -332,6 +341,7 @@ std::vector<TargetRow> target_rows(const CsvTable& csv) {
   const bool has_failed = std::find(csv.header().begin(), csv.header().end(), "failed") != csv.header().end();
   const bool has_seeds = std::find(csv.header().begin(), csv.header().end(), "seed_steps") != csv.header().end();
   const bool has_bytes = std::find(csv.header().begin(), csv.header().end(), "bytes") != csv.header().end();
+  const bool has_syncs = std::find(csv.header().begin(), csv.header().end(), "syncs") != csv.header().end();
   std::vector<TargetRow> rows;
   for (std::size_t i = 0; i < csv.rows(); ++i) {
     TargetRow r;
@@ -342,6 +352,7 @@ std::vector<TargetRow> target_rows(const CsvTable& csv) {
     r.trial = csv.at(i, "trial");
     r.reached = csv.at(i, "reached") == "1";
     if (has_bytes) r.bytes = csv.number(i, "bytes");
+    if (has_syncs) r.syncs = csv.number(i, "syncs");
     if (has_edge) r.edge = csv.at(i, "edge");  // files from before the edge column have none
     if (has_failed) r.failed = csv.integer(i, "failed").value_or(0);
     if (has_seeds) {  // nor from before the seeds' columns
@@ -592,6 +603,7 @@ std::string report(const std::string& sweep_dir) {
   std::vector<std::string> edges, failed;
   bool one_seed = true;
   const bool counted = std::any_of(table.begin(), table.end(), [](const TargetRow& r) { return r.bytes.has_value(); });
+  const bool synced = std::any_of(table.begin(), table.end(), [](const TargetRow& r) { return r.syncs.has_value(); });
   for (const TargetRow& r : table) {
     if (r.failed > 0) failed.push_back(std::to_string(r.batch_size) + " (" + std::to_string(r.failed) + ")");
     if (!r.edge.empty()) edges.push_back(std::to_string(r.batch_size) + " (" + r.edge + ")");
@@ -603,16 +615,22 @@ std::string report(const std::string& sweep_dir) {
                     r.reached && r.steps_min ? opt(r.steps_min) + "-" + opt(r.steps_max) : "-",
                     std::to_string(r.seeds_reached) + "/" + std::to_string(r.seeds), opt(r.examples),
                     std::isfinite(r.best_lr) ? lr.str() : "-", r.edge.empty() ? "-" : r.edge, r.trial});
+    if (synced) rows.back().insert(rows.back().begin() + 6, opt(r.syncs));
     if (counted) rows.back().insert(rows.back().begin() + 6, r.bytes ? bytes_text(*r.bytes) : "-");
   }
   std::vector<std::string> header{"batch", "steps", level + " interval", "min-max", "reached", "examples",
                                   "best lr", "edge", "trial"};
+  if (synced) header.insert(header.begin() + 6, "syncs");
   if (counted) header.insert(header.begin() + 6, "bytes sent");
   std::ostringstream out;
   out << format_table(header, rows, TableFormat::kText);
   if (counted) {
     out << "bytes sent: by each rank in the gradient exchange until the target (the median seed's), "
            "counted from what the collectives carried (docs/distributed.md)\n";
+  }
+  if (synced) {
+    out << "syncs: synchronizations until the target (every step of synchronous data parallelism; the rounds of "
+           "local SGD or DiLoCo)\n";
   }
   out << (one_seed ? "one seed per rate: the rows carry no spread (\"seeds\": [0, 1, 2] gives each a median, a "
                      "range and an interval)\n"

@@ -79,6 +79,10 @@ struct TargetRow {
   /// median over the row's seeds (+infinity: not reached); empty when the
   /// trials did not count them (no data-parallel exchange) or before the column.
   std::optional<double> bytes;
+  /// Synchronizations to reach the target (data parallelism: its steps;
+  /// local SGD and DiLoCo: their rounds), the median over the row's seeds
+  /// (+infinity: not reached); empty as bytes is, or before the column.
+  std::optional<double> syncs;
 };
 
 /// "12.3 MB": bytes in decimal units, 3 significant digits.

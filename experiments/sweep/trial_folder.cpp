@@ -53,6 +53,8 @@ std::vector<tensorboard::Event::Scalar> eval_scalars(const EvalRow& row, const s
   add("exchange/bytes_received", row.bytes_received);
   add("exchange/compress_seconds", row.compress_seconds);
   add("exchange/comm_seconds", row.comm_seconds);
+  add("exchange/syncs", row.syncs);
+  add("sync/outer_norm", row.outer_norm);
   add("precision/loss_scale", row.loss_scale);
   add("precision/skipped_steps", row.skipped_steps);
   for (std::size_t i = 0; i < extra.size() && i < row.extra.size(); ++i) {

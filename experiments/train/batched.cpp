@@ -44,6 +44,7 @@ nlohmann::json group_key(const TrialConfig& t) {
 std::string batch_refusal(const TrialConfig& t) {
   if (t.noise.type != NoiseType::kNone) return "gradient noise";
   if (t.checkpoint_every > 0) return "checkpoints";
+  if (!t.distributed.synchronous()) return "distributed.sync (a lane's synchronizations are its own)";
   // Each lane would move to its own point to evaluate and recompute its
   // BatchNorm statistics there: the stacked model evaluates all at once.
   if (optimizer_entry(t.optimizer.name).evaluation_point) return "an evaluation point of its own (Schedule-Free)";

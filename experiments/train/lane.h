@@ -5,6 +5,7 @@
 
 #include "trial.h"
 #include "../optim/optimizer.h"
+#include "../../distributed/local_sgd.h"
 #include "../../distributed/sharded.h"
 #include "../../optimizers/loss_scaler.h"
 #include "../../optimizers/weight_average.h"
@@ -28,6 +29,15 @@ struct Trainer::Lane {
   /// Its layer scalars gathered from every rank's shard (shard_scalars), taken
   /// at each evaluation: a rank holds only its own tensors' (Muon's update RMS).
   std::vector<LayerScalar> shard_scalars;
+  /// distributed.sync local_sgd or diloco: the synchronizations of the
+  /// lane's parameters (the model exchanges no gradients then), else null.
+  std::unique_ptr<distributed::LocalSgd> local;
+  /// A non-finite loss on this rank since the ranks last agreed on one
+  /// (local steps: known to the others at the next synchronization or evaluation).
+  bool local_nonfinite = false;
+  /// The synchronizations and bytes sent when the target was reached.
+  std::optional<std::int64_t> syncs_to_target;
+  std::optional<double> bytes_to_target;
   std::optional<schedules::LRAdapter> adapter;
   std::optional<noise::AnnealedGradientNoise> annealed;
   std::optional<noise::MultiplicativeNoise> multiplicative;

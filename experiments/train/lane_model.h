@@ -83,6 +83,10 @@ class LaneModel {
   /// reduce-scatters them); a model without ranks ignores it.
   virtual void reduce_gradients_with(std::function<distributed::GradientNorms()> reduce) { (void)reduce; }
   const distributed::GradientExchange* exchange() const { return const_cast<LaneModel*>(this)->exchange(); }
+  /// From now on each rank steps on its own share's gradient, exchanging
+  /// none (local SGD, DiLoCo: distributed/local_sgd.h synchronizes the
+  /// parameters instead); exchange() becomes null. A model without ranks ignores it.
+  virtual void local_steps() {}
 
   /// Leaves in each active lane's parameters' .grad its mean gradient over
   /// `batch` (the sum over the examples of a weighted batch) and returns

@@ -91,6 +91,10 @@ class SingleModel final : public LaneModel {
   }
 
   distributed::GradientExchange* exchange() override { return reduce_ ? nullptr : exchange_ ? &*exchange_ : nullptr; }
+  void local_steps() override {
+    local_ = true;
+    exchange_.reset();
+  }
   void reduce_gradients_with(std::function<distributed::GradientNorms()> reduce) override {
     reduce_ = std::move(reduce);
   }
@@ -116,8 +120,9 @@ class SingleModel final : public LaneModel {
     // A world of one (a group asked for on one process, as `--backend nccl`
     // gives) has one batch size for both norms: its noise scale comes from
     // micro-batches, as without a group; its collectives would change nothing.
-    if (group_ && group_->size() > 1) return {data_parallel(x, y, weights, local, b.size, b.loss_scale)};
-    if (micro_batches >= 2) return {in_micro_batches(x, y, weights, b.size, micro_batches, b.loss_scale)};
+    if (group_ && group_->size() > 1 && !local_) return {data_parallel(x, y, weights, local, b.size, b.loss_scale)};
+    // Local steps (a rank's own share) and a single process.
+    if (micro_batches >= 2) return {in_micro_batches(x, y, weights, local, micro_batches, b.loss_scale)};
     const at::Tensor l = loss(x, y, weights);
     scaled(l, b.loss_scale).backward();
     return {{l.item<double>(), std::nullopt}};
@@ -239,6 +244,7 @@ class SingleModel final : public LaneModel {
   distributed::ProcessGroup* group_;
   std::optional<distributed::GradientExchange> exchange_;  ///< world > 1
   std::function<distributed::GradientNorms()> reduce_;     ///< replaces exchange_ when set
+  bool local_ = false;                                     ///< local_steps(): no exchange
   std::vector<at::Tensor> params_;
   Precision precision_;
   /// What recompute_norm_statistics replaced, layer by layer, until restore_norm_statistics.
@@ -383,6 +389,13 @@ void Trainer::add_lanes(const std::vector<TrialConfig>& configs) {
       shard_lane(*lane);
       stepped = &lane->sharded->wrapped();
     }
+    if (!c.distributed.synchronous()) {  // (the model's weights are rank 0's by now)
+      distributed::LocalSgdSpec sync = c.distributed.sync;
+      sync.compression = c.distributed.compression;
+      sync.compression.seed = c.seed;
+      lane->local = std::make_unique<distributed::LocalSgd>(sync, lane->params);
+      model_->local_steps();
+    }
     schedules::Schedule schedule(c.schedule, c.batch_size, data_.train_size());
     const std::int64_t budget = schedule.steps(c.budget.length, c.budget.unit);
     TORCH_CHECK(i == 0 || budget == budget_, "batched trials: the lanes' budgets differ");
@@ -469,12 +482,30 @@ std::vector<double> Trainer::train_step() {
     }
     if (lane.scaler) lane.scaler->update(finite);
     if (lane.average) lane.average->update(step_ + 1, b.size);
-    lane.loss = losses[i] = gradients[i].loss;
+    lane.loss = losses[i] = lane.local ? synchronize(lane, gradients[i].loss) : gradients[i].loss;
   }
   ++step_;
   examples_ += b.size;
   step_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return losses;
+}
+
+double Trainer::synchronize(Lane& lane, double loss) {
+  const std::int64_t t = step_ + 1;  // the steps taken with this one
+  bool synced = lane.local->after_step(group_, t);
+  if (t == budget_) synced = lane.local->finish(group_, t) || synced;  // the run ends on one model
+  if (!std::isfinite(loss)) lane.local_nonfinite = true;
+  if (!synced && t % lane.config.target.eval_every != 0 && t != budget_) {
+    return std::isfinite(loss) ? loss : lane.loss;
+  }
+  bool any = lane.local_nonfinite;
+  if (group_ != nullptr && group_->size() > 1) {
+    std::vector<at::Tensor> flag{at::tensor({any ? 1.0 : 0.0}, at::kDouble)};
+    group_->allreduce_sum(flag);
+    any = flag[0].item<double>() > 0;
+  }
+  lane.local_nonfinite = false;
+  return any ? kNaN : loss;
 }
 
 double Trainer::data_wait_fraction() const {
@@ -521,27 +552,33 @@ std::vector<std::string> Trainer::metric_names() const {
   return out;
 }
 
-nlohmann::json exchange_report(const distributed::GradientExchange& exchange, const TrialResult& r) {
-  const distributed::ExchangeStats& t = exchange.totals();
-  const double steps = std::max<double>(1, static_cast<double>(t.steps));
-  nlohmann::json j = {{"compression", distributed::compression_name(exchange.spec().method)},
-                      {"steps", t.steps},
+namespace {
+
+// summary.json's "exchange": what rank 0 sent in `steps` steps, `syncs`
+// synchronizations (every step of synchronous data parallelism; local SGD's
+// and DiLoCo's rounds), and until the target; `dense` is what one step's
+// fp32 all-reduce of every gradient sends.
+nlohmann::json exchange_report(const distributed::Compression compression, const distributed::ExchangeStats& t,
+                               std::int64_t steps, std::int64_t syncs, double dense,
+                               const std::optional<double>& bytes_to_target,
+                               const std::optional<std::int64_t>& syncs_to_target) {
+  const double per_step = t.bytes_sent / std::max<double>(1, static_cast<double>(steps));
+  nlohmann::json j = {{"compression", distributed::compression_name(compression)},
+                      {"steps", steps},
+                      {"syncs", syncs},
                       {"bytes_sent", t.bytes_sent},
                       {"bytes_received", t.bytes_received},
-                      {"bytes_sent_per_step", t.bytes_sent / steps},
-                      {"dense_bytes_per_step", t.dense_bytes / steps},
-                      {"compression_ratio", t.ratio()},
+                      {"bytes_sent_per_step", per_step},
+                      {"dense_bytes_per_step", dense},
+                      {"compression_ratio", per_step > 0 ? dense / per_step : 1.0},
                       {"compress_seconds", t.compress_seconds},
                       {"comm_seconds", t.communicate_seconds},
-                      {"bytes_to_target", nullptr}};
-  // The bytes sent up to the evaluation that reached the target.
-  if (r.steps_to_target && !r.rows.empty() && std::isfinite(r.rows.back().bytes_sent)) {
-    j["bytes_to_target"] = r.rows.back().bytes_sent;
-  }
+                      {"bytes_to_target", nullptr},
+                      {"syncs_to_target", nullptr}};
+  if (bytes_to_target) j["bytes_to_target"] = *bytes_to_target;
+  if (syncs_to_target) j["syncs_to_target"] = *syncs_to_target;
   return j;
 }
-
-namespace {
 
 // The peak resident memory of this process so far, in bytes (Linux reports KiB).
 double peak_rss_bytes() {
@@ -619,7 +656,34 @@ void Trainer::leave(std::size_t i, TrialStatus status, double seconds, const Hoo
   r.data_wait_fraction = data_wait_fraction();
   if (data_.report) r.data_report = data_.report();
   if (const distributed::GradientExchange* exchange = model_->exchange()) {
-    r.exchange = exchange_report(*exchange, r);
+    const distributed::ExchangeStats& t = exchange->totals();
+    r.exchange = exchange_report(exchange->spec().method, t, t.steps, t.steps, t.dense_bytes / std::max<double>(1, t.steps),
+                                 lane.bytes_to_target, lane.syncs_to_target);
+    r.exchange["sync"] = distributed::sync_type_name(distributed::SyncType::kEveryStep);
+  }
+  if (lane.local) {
+    const distributed::LocalSgd& sync = *lane.local;
+    const distributed::SyncStats& s = sync.totals();
+    distributed::ExchangeStats t;
+    t.steps = s.rounds;
+    t.bytes_sent = s.bytes_sent;
+    t.bytes_received = s.bytes_received;
+    t.compress_seconds = s.compress_seconds;
+    t.communicate_seconds = s.communicate_seconds;
+    // A step of synchronous fp32 data parallelism: every parameter's gradient all-reduced.
+    const double w = group_ != nullptr ? group_->size() : 1;
+    double dense = 0;
+    for (const auto& p : lane.params) dense += static_cast<double>(p.numel()) * 4 * 2 * (w - 1) / w;
+    r.exchange = exchange_report(sync.spec().compression.method, t, step_, s.rounds, dense, lane.bytes_to_target,
+                                 lane.syncs_to_target);
+    const distributed::LocalSgdSpec& spec = sync.spec();
+    r.exchange["sync"] = distributed::sync_type_name(spec.type);
+    r.exchange["every"] = spec.every;
+    r.exchange["fragments"] = spec.fragments;
+    r.exchange["outer"] = {{"lr", spec.outer.lr}, {"momentum", spec.outer.momentum}, {"nesterov", spec.outer.nesterov}};
+    r.exchange["fragment_syncs"] = s.fragment_syncs;
+    r.exchange["peak_sync_bytes"] = s.peak_round_bytes;
+    r.exchange["dense_sync_bytes"] = s.dense_bytes;
   }
   if (lane.sharded != nullptr) r.shard = lane.shard_report;
   if (hooks.finished) hooks.finished(i, r);
@@ -638,7 +702,12 @@ void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& 
     }
   }
   if (!moved.empty()) model_->recompute_norm_statistics(kNormStatisticsRows);
+  // Local SGD, DiLoCo: the global model (each fragment as last synchronized,
+  // the same on every rank), not this rank's own between synchronizations.
+  std::optional<distributed::LocalSgd::Global> global;
+  if (lanes_.size() == 1 && lanes_.front()->local) global.emplace(*lanes_.front()->local);
   const auto metrics = evaluate();
+  global.reset();
   if (!moved.empty()) {
     model_->restore_norm_statistics();
     for (auto* o : moved) o->train();
@@ -689,6 +758,16 @@ void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& 
       row.bytes_received = t.bytes_received;
       row.compress_seconds = t.compress_seconds;
       row.comm_seconds = t.communicate_seconds;
+      row.syncs = static_cast<double>(t.steps);
+    }
+    if (lane.local) {
+      const distributed::SyncStats& t = lane.local->totals();
+      row.bytes_sent = t.bytes_sent;
+      row.bytes_received = t.bytes_received;
+      row.compress_seconds = t.compress_seconds;
+      row.comm_seconds = t.communicate_seconds;
+      row.syncs = static_cast<double>(t.rounds);
+      row.outer_norm = t.last_outer_norm;
     }
     if (lane.sharded != nullptr) {
       row.state_bytes = largest(lane.shard_report["state_bytes"]);
@@ -716,6 +795,8 @@ void Trainer::evaluate_lanes(const Hooks& hooks, const std::function<double()>& 
     if (metric <= lane.config.target.threshold && !lane.result.steps_to_target) {
       lane.result.steps_to_target = step_;
       lane.result.examples_to_target = examples_;
+      if (!std::isnan(row.bytes_sent)) lane.bytes_to_target = row.bytes_sent;
+      if (!std::isnan(row.syncs)) lane.syncs_to_target = static_cast<std::int64_t>(row.syncs);
       if (!hooks.past_target) leave(i, TrialStatus::kReached, seconds(), hooks);
     }
   }
@@ -739,7 +820,8 @@ std::vector<TrialResult> Trainer::run(const Hooks& hooks) {
       const Interrupt how = hooks.interrupt();
       if (how != Interrupt::kNone) {
         elapsed_ = seconds();
-        if (how == Interrupt::kCheckpoint && hooks.on_checkpoint && lanes_.size() == 1 && step_ > 0) {
+        if (how == Interrupt::kCheckpoint && hooks.on_checkpoint && lanes_.size() == 1 && step_ > 0 &&
+            !lanes_.front()->local) {  // (the ranks' own models: one rank's checkpoint does not hold them)
           hooks.on_checkpoint(checkpoint());
         }
         throw TrialInterrupted(how);

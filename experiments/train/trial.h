@@ -55,6 +55,11 @@ struct EvalRow {
   double bytes_received = kNaN;
   double compress_seconds = kNaN;
   double comm_seconds = kNaN;
+  /// The synchronizations so far (data-parallel: every step; local SGD and
+  /// DiLoCo: the rounds after which one or more fragments were averaged),
+  /// and the norm of the last outer step (local SGD, DiLoCo); NaN without.
+  double syncs = kNaN;
+  double outer_norm = kNaN;
   /// An fp16 trial's loss scale after its last step, and the steps its
   /// scaler skipped so far for inf or NaN gradients (NaN for the others:
   /// fp32 and bf16 trials scale nothing).
@@ -102,6 +107,8 @@ void for_each_field(Row&& row, Visit&& visit) {
   visit("bytes_received", row.bytes_received);
   visit("compress_seconds", row.compress_seconds);
   visit("comm_seconds", row.comm_seconds);
+  visit("syncs", row.syncs);
+  visit("outer_norm", row.outer_norm);
   visit("loss_scale", row.loss_scale);
   visit("skipped_steps", row.skipped_steps);
   visit("state_bytes", row.state_bytes);
@@ -147,20 +154,17 @@ struct TrialResult {
   int loader_threads = 0;
   double data_wait_fraction = kNaN;
   nlohmann::json data_report;  ///< WorkloadData::report's, when it has one
-  /// A data-parallel trial's exchange (exchange_report): summary.json's "exchange".
+  /// A data-parallel trial's exchange: summary.json's "exchange" (trial.cpp's
+  /// exchange_report: the compressor, the synchronization, bytes sent and
+  /// received by rank 0 in all and per synchronization, what fp32 all-reduce
+  /// would have sent, seconds compressing and communicating, and the bytes
+  /// and synchronizations to reach the target, null when it was not reached).
   nlohmann::json exchange;
   /// A trial whose optimizer is sharded across the ranks (distributed.shard):
   /// summary.json's "shard" (the stage, each rank's optimizer-state bytes,
   /// gradient bytes and peak resident memory, the bytes a step exchanges).
   nlohmann::json shard;
 };
-
-/// The summary of a data-parallel trial's gradient exchange: the compressor,
-/// bytes sent and received by rank 0 (in all and per step), what fp32
-/// all-reduce would have sent per step, the compression ratio, seconds
-/// compressing and communicating, and the bytes sent to reach the target
-/// (null when it was not reached).
-nlohmann::json exchange_report(const distributed::GradientExchange& exchange, const TrialResult& result);
 
 /// The loader threads (loader.h) a trial of `data` runs with: spec.threads,
 /// or for -1 (auto) 1 when fetching its training batches is costly, else 0.
@@ -318,6 +322,11 @@ class Trainer {
   /// (distributed.shard), and at stage "gradients" makes the model average
   /// its gradients by the optimizer's reduce-scatter.
   void shard_lane(Lane& lane);
+  /// Local SGD, DiLoCo: the synchronizations due after this step's inner
+  /// step, and the loss the ranks agree on (NaN on every rank once any rank's
+  /// was not finite, known at the next synchronization or evaluation; until
+  /// then this rank's last finite one). `loss` is this rank's.
+  double synchronize(Lane& lane, double loss);
   // A lane's result as it ends: status, steps, best metric, rows, time.
   void leave(std::size_t lane, TrialStatus status, double seconds, const Hooks& hooks);
   // An evaluation of every active lane: its row, and the stop rules (the

@@ -110,12 +110,11 @@ int local_sgd_worker(const std::string& scenario) {
   bd::ProcessGroup group(world, std::chrono::seconds(60));
   const std::vector<std::string> f = fields(scenario);
   const int w = world.world_size;
-  if (f[0] == "bytes") {  // 4 layers of one size: each fragment one layer
+  if (f[0] == "bytes") {  // 3 layers of unequal sizes; the fragments are equal runs of elements
     std::ofstream report(out);
     for (const std::int64_t p : {1, 4}) {
       at::manual_seed(7);
-      torch::nn::Sequential net(torch::nn::Linear(16, 16), torch::nn::Linear(16, 16), torch::nn::Linear(16, 16),
-                                torch::nn::Linear(16, 16));
+      torch::nn::Sequential net(torch::nn::Linear(30, 24), torch::nn::Linear(24, 8), torch::nn::Linear(8, 2));
       bd::broadcast_module(group, *net);
       bd::LocalSgdSpec spec;
       spec.every = 4;
@@ -233,83 +232,80 @@ TEST(LocalSgd, OneStepBetweenSynchronizationsIsSynchronousDataParallelism) {
 }
 
 // Douillard et al. 2023, Algorithm 1, with Streaming DiLoCo's fragments, in
-// float64 over `world` simulated workers: each trains kPer rows a step with
-// its own AdamW (torch's update: decoupled decay, bias-corrected moments);
-// fragment p is averaged after the steps t with t mod H = p H / P, and at the
-// end, with an outer Nesterov step (rate 0.7, momentum 0.9) on the averaged
-// pseudo-gradient.
-at::Tensor diloco_reference(int world, std::int64_t h, std::int64_t p,
-                            const std::vector<std::vector<std::size_t>>& fragments) {
+// float64 over `world` simulated workers, on the parameters as one flat
+// vector: each worker trains kPer rows a step with its own AdamW (torch's
+// update: decoupled decay, bias-corrected moments); fragment p, the elements
+// [p N / P, (p + 1) N / P), is averaged after the steps t with t mod H =
+// p H / P, and at the end, with an outer Nesterov step (rate 0.7, momentum
+// 0.9) on the averaged pseudo-gradient.
+at::Tensor diloco_reference(int world, std::int64_t h, std::int64_t p) {
   auto net = net_of(100, at::kDouble);
-  std::vector<at::Tensor> anchor;
-  for (const auto& q : net->parameters()) anchor.push_back(q.detach().clone());
-  const std::size_t n = anchor.size();
-  std::vector<std::vector<at::Tensor>> theta(world), m(world), v(world);
-  std::vector<at::Tensor> b;
-  for (const auto& a : anchor) b.push_back(at::zeros_like(a));
-  for (int r = 0; r < world; ++r) {
-    for (const auto& a : anchor) {
-      theta[r].push_back(a.clone());
-      m[r].push_back(at::zeros_like(a));
-      v[r].push_back(at::zeros_like(a));
-    }
-  }
+  std::vector<std::vector<std::int64_t>> shapes;
+  for (const auto& q : net->parameters()) shapes.push_back(q.sizes().vec());
+  at::Tensor anchor = flat(net->parameters());
+  const std::int64_t n = anchor.numel();
+  std::vector<at::Tensor> theta(world, anchor), m(world, at::zeros({n}, at::kDouble)), v = m;
+  at::Tensor b = at::zeros({n}, at::kDouble);
   const auto data = rows(world, at::kDouble);
   const double lr = 1e-2, wd = 0.1, b1 = 0.9, b2 = 0.999, eps = 1e-8;
-  const auto outer = [&](std::size_t frag) {
-    for (const std::size_t i : fragments[frag]) {
-      at::Tensor mean = at::zeros_like(anchor[i]);
-      for (int r = 0; r < world; ++r) mean += theta[r][i];
-      mean /= world;
-      const at::Tensor delta = anchor[i] - mean;
-      b[i] = 0.9 * b[i] + delta;
-      anchor[i] = anchor[i] - 0.7 * (delta + 0.9 * b[i]);
-      for (int r = 0; r < world; ++r) theta[r][i] = anchor[i].clone();
-    }
-  };
   for (std::int64_t s = 0; s < kSteps; ++s) {
     for (int r = 0; r < world; ++r) {
-      std::vector<at::Tensor> leaf;
-      for (const auto& t : theta[r]) leaf.push_back(t.clone().requires_grad_(true));
+      std::vector<at::Tensor> leaf;  // W1, b1, W2, b2 from the flat vector
+      std::int64_t at_ = 0;
+      for (const auto& shape : shapes) {
+        std::int64_t k = 1;
+        for (const auto d : shape) k *= d;
+        leaf.push_back(theta[r].slice(0, at_, at_ + k).reshape(shape).clone().requires_grad_(true));
+        at_ += k;
+      }
       const std::int64_t begin = (s * world + r) * kPer;
       const at::Tensor x = data.first.slice(0, begin, begin + kPer);
       const at::Tensor hidden = at::tanh(at::matmul(x, leaf[0].t()) + leaf[1]);
       F::cross_entropy(at::matmul(hidden, leaf[2].t()) + leaf[3], data.second.slice(0, begin, begin + kPer))
           .backward();
+      std::vector<at::Tensor> grads;
+      for (const auto& l : leaf) grads.push_back(l.grad().reshape({-1}));
+      const at::Tensor g = at::cat(grads);
       const double t = static_cast<double>(s + 1);
-      for (std::size_t i = 0; i < n; ++i) {
-        const at::Tensor g = leaf[i].grad();
-        m[r][i] = b1 * m[r][i] + (1 - b1) * g;
-        v[r][i] = b2 * v[r][i] + (1 - b2) * g * g;
-        const at::Tensor m_hat = m[r][i] / (1 - std::pow(b1, t)), v_hat = v[r][i] / (1 - std::pow(b2, t));
-        theta[r][i] = theta[r][i] * (1 - lr * wd) - lr * m_hat / (at::sqrt(v_hat) + eps);
-      }
+      m[r] = b1 * m[r] + (1 - b1) * g;
+      v[r] = b2 * v[r] + (1 - b2) * g * g;
+      const at::Tensor m_hat = m[r] / (1 - std::pow(b1, t)), v_hat = v[r] / (1 - std::pow(b2, t));
+      theta[r] = theta[r] * (1 - lr * wd) - lr * m_hat / (at::sqrt(v_hat) + eps);
     }
     for (std::int64_t frag = 0; frag < p; ++frag) {
-      const bool due = (s + 1) % h == frag * h / p;
-      if (due || s + 1 == kSteps) outer(static_cast<std::size_t>(frag));
+      if ((s + 1) % h != frag * h / p && s + 1 != kSteps) continue;
+      const std::int64_t lo = frag * n / p, hi = (frag + 1) * n / p;
+      at::Tensor mean = at::zeros({hi - lo}, at::kDouble);
+      for (int r = 0; r < world; ++r) mean += theta[r].slice(0, lo, hi);
+      mean /= world;
+      const at::Tensor delta = anchor.slice(0, lo, hi) - mean;
+      const at::Tensor momentum = 0.9 * b.slice(0, lo, hi) + delta;
+      const at::Tensor next = anchor.slice(0, lo, hi) - 0.7 * (delta + 0.9 * momentum);
+      b = at::cat({b.slice(0, 0, lo), momentum, b.slice(0, hi, n)});
+      anchor = at::cat({anchor.slice(0, 0, lo), next, anchor.slice(0, hi, n)});
+      for (int r = 0; r < world; ++r) theta[r] = at::cat({theta[r].slice(0, 0, lo), next, theta[r].slice(0, hi, n)});
     }
   }
-  return flat(anchor);
+  return anchor;
 }
 
 TEST(LocalSgd, DilocoIsAlgorithmOneInFloat64) {
   const std::int64_t n = parameter_count();
   const at::Tensor start = flat(net_of(100, at::kDouble)->parameters());
-  // The fragments local_sgd.h promises: whole tensors in order, about equal
-  // bytes. The net's tensors hold 48, 8, 24 and 3 elements.
+  // The fragments local_sgd.h promises: the joined elements cut in equal
+  // runs. The net's tensors hold 48, 8, 24 and 3 elements (83): halves [0, 41), [41, 83).
   auto net = net_of(100, at::kDouble);
   bd::LocalSgdSpec two;
   two.fragments = 2;
   two.every = 4;
+  using Piece = bd::LocalSgd::Piece;
   EXPECT_EQ(bd::LocalSgd(two, net->parameters()).fragments(),
-            (std::vector<std::vector<std::size_t>>{{0}, {1, 2, 3}}));
-  const std::vector<std::vector<std::size_t>> whole{{0, 1, 2, 3}}, halves{{0}, {1, 2, 3}};
+            (std::vector<std::vector<Piece>>{{{0, 0, 41}}, {{0, 41, 48}, {1, 0, 8}, {2, 0, 24}, {3, 0, 3}}}));
   for (const int world : {2, 4}) {
     for (const std::int64_t p : {1, 2}) {
       const std::int64_t h = 4;
       const auto got = run_ranks("local_sgd:diloco:" + std::to_string(h) + ":" + std::to_string(p), world, n);
-      const at::Tensor want = diloco_reference(world, h, p, p == 1 ? whole : halves);
+      const at::Tensor want = diloco_reference(world, h, p);
       for (int r = 0; r < world; ++r) {
         EXPECT_LT(relative(got[r], want, start), 1e-10) << world << " ranks, " << p << " fragments, rank " << r;
       }
@@ -323,8 +319,9 @@ TEST(LocalSgd, FragmentsCutOneSynchronizationsBytes) {
   const Ranks r = launch("local_sgd:bytes", out, world, 120);
   ASSERT_EQ(r.status, (std::vector<int>{0, 0})) << slurp(r.logs[0]) << slurp(r.logs[1]);
   std::ifstream in(out + ".0");
-  // One layer: 16 x 16 + 16 fp32 elements; a ring all-reduce of N bytes sends 2 (W - 1) / W N.
-  const double layer = (16 * 16 + 16) * 4.0 * 2 * (world - 1) / world;
+  // 30 x 24 + 24 + 24 x 8 + 8 + 8 x 2 + 2 = 962 fp32 elements, cut in 4
+  // runs of 240 or 241 (the largest); a ring all-reduce of N bytes sends 2 (W - 1) / W N.
+  const double model = 962 * 4.0 * 2 * (world - 1) / world, largest = 241 * 4.0 * 2 * (world - 1) / world;
   double peak1 = 0, total1 = 0;
   for (int k = 0; k < 2; ++k) {
     std::int64_t p = 0, rounds = 0, syncs = 0;
@@ -334,8 +331,8 @@ TEST(LocalSgd, FragmentsCutOneSynchronizationsBytes) {
     EXPECT_EQ(syncs, 2 * p);
     EXPECT_EQ(rounds, p == 1 ? 2 : 8);
     EXPECT_DOUBLE_EQ(sent, dense);  // uncompressed fp32
-    EXPECT_DOUBLE_EQ(sent, 2 * 4 * layer);
-    EXPECT_DOUBLE_EQ(peak, 4 * layer / static_cast<double>(p));
+    EXPECT_DOUBLE_EQ(sent, 2 * model);
+    EXPECT_DOUBLE_EQ(peak, p == 1 ? model : largest);
     if (p == 1) {
       peak1 = peak;
       total1 = sent;
@@ -380,9 +377,9 @@ TEST(LocalSgd, RefusesABadSpecNamingTheField) {
   s.every = 6;
   s.fragments = 4;
   refused(s, "every (6) must divide by fragments (4)");
-  s.every = 8;
-  s.fragments = 8;
-  refused(s, "fragments (8) must not exceed the parameter tensors (4)");
+  s.every = 100;
+  s.fragments = 100;
+  refused(s, "fragments (100) must not exceed the parameters' elements (83)");
   s.fragments = 1;
   s.outer.momentum = 1;
   refused(s, "outer.momentum must be in [0, 1), got 1");

@@ -1185,6 +1185,99 @@ LIST
 import csv; r = list(csv.DictReader(open('runs/e2e/steps_to_target.csv')))
 assert all(float(x['bytes']) > 0 for x in r if x['reached'] == '1'), r"
   ;;
+local_sgd)
+  # Local SGD and DiLoCo in data-parallel trials (distributed/local_sgd.h).
+  # Bad keys: one line, exit 2, before any training.
+  port=$(free_port)
+  derive bad.json 'c["distributed"] = {"sync": {"type": "local_sgd", "every": 0}}'
+  expect_error 2 "distributed.sync.every: must be >= 1 (steps), got 0" "$bigbatch" train bad.json --nproc 2 --master-port $port
+  derive bad.json 'c["distributed"] = {"sync": {"type": "diloco", "every": 4, "fragments": 3}}'
+  expect_error 2 "distributed.sync.fragments: must be >= 1 and divide every (4), got 3" "$bigbatch" sweep bad.json --nproc 2 --master-port $port
+  derive bad.json 'c["distributed"] = {"sync": {"type": "local_sgd", "every": 4, "outer": {"lr": 0.7}}}'
+  expect_error 2 "distributed.sync.outer: local_sgd averages the models; an outer step is diloco's" "$bigbatch" train bad.json --nproc 2 --master-port $port
+  derive bad.json 'c["distributed"] = {"sync": {"type": "diloco", "every": 4, "outer": {"momentum": 1}}}'
+  expect_error 2 "distributed.sync.outer.momentum: must be in [0, 1), got 1" "$bigbatch" train bad.json --nproc 2 --master-port $port
+  derive bad.json 'c["distributed"] = {"sync": {"type": "gossip", "every": 4}}'
+  expect_error 2 'distributed.sync.type: unknown value "gossip"' "$bigbatch" train bad.json --nproc 2 --master-port $port
+  derive bad.json 'c["optimizer"] = {"name": "lamb"}; c["distributed"] = {"sync": {"type": "diloco", "every": 4}, "shard": "states"}'
+  expect_error 2 'distributed.shard: the ranks of diloco keep their own optimizer states' "$bigbatch" train bad.json --nproc 2 --master-port $port
+  derive bad.json 'c["distributed"] = {"sync": {"type": "diloco", "every": 4}}; c["checkpoint_every"] = 50'
+  expect_error 2 'checkpoint_every: not with distributed.sync diloco' "$bigbatch" sweep bad.json --nproc 2 --master-port $port
+  # One step between synchronizations is synchronous data parallelism: the
+  # same validation curve to rounding (the parameters' difference rounds once
+  # more than the averaged gradient's step), one synchronization a step.
+  # (A target never reached: every run goes its 40 or 44 steps.)
+  derive plain.json 'c["target"]["threshold"] = 1e-9'
+  derive h1.json 'c["target"]["threshold"] = 1e-9; c["distributed"] = {"sync": {"type": "local_sgd", "every": 1}}'
+  "$bigbatch" train plain.json --batch-size 512 --lr 0.03 --steps 40 --out plain --nproc 2 --master-port $(free_port) > /dev/null
+  "$bigbatch" train h1.json --batch-size 512 --lr 0.03 --steps 40 --out h1 --nproc 2 --master-port $(free_port) > h1.txt
+  grep -q "^local_sgd every 1 steps, 40 synchronizations: none, " h1.txt || fail "no synchronization line: $(cat h1.txt)"
+  $py - plain/e2e.train/b512_p0_s0 h1/e2e.train/b512_p0_s0 <<'PY'
+import csv, json, os, sys
+a, b = (list(csv.DictReader(open(os.path.join(d, "metrics.csv")))) for d in sys.argv[1:3])
+assert len(a) == len(b) >= 2, (len(a), len(b))
+for x, y in zip(a, b):
+    assert abs(float(x["val_loss"]) - float(y["val_loss"])) <= 1e-5 * float(x["val_loss"]), (x, y)
+    assert x["syncs"] == y["syncs"] == x["step"], (x["syncs"], y["syncs"])
+    assert x["bytes_sent"] == y["bytes_sent"], (x["bytes_sent"], y["bytes_sent"])  # one fp32 all-reduce a step
+s = json.load(open(os.path.join(sys.argv[2], "summary.json")))["exchange"]
+assert s["sync"] == "local_sgd" and s["every"] == 1 and s["syncs"] == 40 and s["compression_ratio"] == 1, s
+print("local SGD at H = 1: synchronous data parallelism's curve;", a[-1]["val_loss"], b[-1]["val_loss"])
+PY
+  # DiLoCo every 8 steps in 2 fragments over 2 ranks, 44 steps: fragment 0
+  # after steps 8, 16, ..., 40, fragment 1 after 4, 12, ..., 44, and at the
+  # end fragment 0 again: 11 rounds, 12 fragment synchronizations of half the
+  # 676 parameters (W = 2: 338 x 4 bytes each); one round's peak is half the
+  # model's all-reduce.
+  derive dl.json 'c["target"]["threshold"] = 1e-9; c["tensorboard"] = True
+c["distributed"] = {"sync": {"type": "diloco", "every": 8, "fragments": 2}}'
+  "$bigbatch" train dl.json --batch-size 512 --lr 0.03 --steps 44 --out dl --nproc 2 --master-port $(free_port) > dl.txt
+  $py - dl/e2e.train/b512_p0_s0 <<'PY'
+import csv, json, os, sys
+d = sys.argv[1]
+s = json.load(open(os.path.join(d, "summary.json")))
+x = s["exchange"]
+assert s["steps"] == 44 and x["sync"] == "diloco" and x["every"] == 8 and x["fragments"] == 2, x
+assert x["outer"] == {"lr": 0.7, "momentum": 0.9, "nesterov": True}, x["outer"]
+assert x["syncs"] == 11 and x["fragment_syncs"] == 12, x
+assert x["bytes_sent"] == 12 * 338 * 4 and x["peak_sync_bytes"] == 338 * 4, x
+assert x["dense_bytes_per_step"] == 676 * 4, x
+rows = list(csv.DictReader(open(os.path.join(d, "metrics.csv"))))
+# Between the two fragments a round every 4 steps: t // 4 by step t.
+assert [int(r["syncs"]) for r in rows] == [int(r["step"]) // 4 for r in rows], [(r["step"], r["syncs"]) for r in rows]
+assert all(float(r["outer_norm"]) > 0 for r in rows), rows
+events = open(os.path.join(d, "events.out.tfevents.bigbatch"), "rb").read()
+assert events.count(b"sync/outer_norm") == len(rows) and events.count(b"exchange/syncs") == len(rows)
+print("diloco: 11 rounds, 12 fragment synchronizations,", x["bytes_sent"], "bytes; peak", x["peak_sync_bytes"])
+PY
+  # A sweep with the synchronization as a dimension: the table and report
+  # carry bytes and synchronizations to the target.
+  derive sw.json 'c["batch_sizes"] = [128, 512]; c["seeds"] = [0]; c["search"] = {"lr": [0.03]}
+c["variants"] = {"sync": {}, "local4": {"distributed": {"sync": {"type": "local_sgd", "every": 4}}},
+                 "diloco8": {"distributed": {"sync": {"type": "diloco", "every": 8}}}}'
+  "$bigbatch" sweep sw.json --out runs --nproc 2 --master-port $(free_port) > sweep.txt 2> sweep.err \
+    || fail "local SGD sweep: $(tail -3 sweep.err)"
+  "$bigbatch" report runs/e2e/diloco8 > report.txt
+  cat report.txt
+  grep -q "syncs" report.txt || fail "no syncs column in the report"
+  $py - runs/e2e <<'PY'
+import csv, json, os, sys
+d = sys.argv[1]
+for v, every in (("sync", 1), ("local4", 4), ("diloco8", 8)):
+    rows = list(csv.DictReader(open(os.path.join(d, v, "steps_to_target.csv"))))
+    assert len(rows) == 2, rows
+    for r in rows:
+        if r["reached"] != "1":
+            continue
+        s = json.load(open(os.path.join(d, v, r["trial"], "summary.json")))
+        x = s["exchange"]
+        # Synchronous: a synchronization a step; local: every H steps (the
+        # target is read at evaluations, every 5 steps: the rounds by then).
+        assert float(r["syncs"]) == x["syncs_to_target"] == s["steps_to_target"] // every, (v, r, x)
+        assert float(r["bytes"]) == x["bytes_to_target"] > 0, (v, r, x)
+    print(v, [(r["batch_size"], r["steps"], r["syncs"], r["bytes"]) for r in rows])
+PY
+  ;;
 env_precision)
   unset BIGBATCH_SLOW_MATH_BELOW  # the warning as a user gets it
   # No verdict here depends on how fast this machine multiplies: each run's

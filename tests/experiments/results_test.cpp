@@ -38,8 +38,9 @@ TEST(Results, MetricsCsvHasTheDocumentedColumnsAndEmptyCellsForNaN) {
   row.gns = std::numeric_limits<double>::infinity();
   EXPECT_EQ(metrics_csv({row}),
             "step,epoch,examples,train_loss,val_loss,val_error,lr,batch_size,wall_time,gns,bytes_sent,bytes_received,"
-            "compress_seconds,comm_seconds,loss_scale,skipped_steps,state_bytes,peak_rss_bytes,avg_val_loss,avg_val_error\n"
-            "50,0.5,3200,1.25,1.5,,0.1,64,2,,,,,,,,,,,\n");
+            "compress_seconds,comm_seconds,syncs,outer_norm,loss_scale,skipped_steps,state_bytes,peak_rss_bytes,avg_val_loss,"
+            "avg_val_error\n"
+            "50,0.5,3200,1.25,1.5,,0.1,64,2,,,,,,,,,,,,,\n");
 }
 
 // A sweep folder with summaries of four trials at two batch sizes.
@@ -84,9 +85,9 @@ class Tables : public ::testing::Test {
 TEST_F(Tables, FastestReachedElseClosest) {
   EXPECT_EQ(write_tables(trials_, dir_.string()), 2);
   EXPECT_EQ(read_file((dir_ / "steps_to_target.csv").string()),
-            "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,steps_low,steps_high,seed_steps,bytes\n"
-            "32,300,9600,0.2,b32_p1,1,high,0,1,1,300,300,,,300,\n"
-            "64,,,0.1,b64_p0,0,low,0,1,0,,,,,inf,\n");
+            "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,steps_low,steps_high,seed_steps,bytes,syncs\n"
+            "32,300,9600,0.2,b32_p1,1,high,0,1,1,300,300,,,300,,\n"
+            "64,,,0.1,b64_p0,0,low,0,1,0,,,,,inf,,\n");
   // One point cannot fit S(B) = S_min (1 + B_crit / B): the fit says so.
   EXPECT_NE(read_json((dir_ / "fit.json").string()).value("error", "").find("too few batch sizes: 1 reached"),
             std::string::npos);
@@ -104,10 +105,10 @@ TEST_F(Tables, RowsWhoseRateIsOnTheEdgeOfTheSearchAreMarked) {
   add("b128_p1", 128, TrialStatus::kReached, 100, 0.3, 0.2, 1);  // the same rate, another seed
   write_tables(trials_, dir_.string());
   EXPECT_EQ(read_file((dir_ / "steps_to_target.csv").string()),
-            "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,steps_low,steps_high,seed_steps,bytes\n"
-            "32,300,9600,0.2,b32_p1,1,,0,1,1,300,300,,,300,\n"
-            "64,,,0.1,b64_p0,0,,0,1,0,,,,,inf,\n"
-            "128,95,12160,0.3,b128_p0,1,,0,2,2,90,100,90,100,90 100,\n");
+            "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,steps_low,steps_high,seed_steps,bytes,syncs\n"
+            "32,300,9600,0.2,b32_p1,1,,0,1,1,300,300,,,300,,\n"
+            "64,,,0.1,b64_p0,0,,0,1,0,,,,,inf,,\n"
+            "128,95,12160,0.3,b128_p0,1,,0,2,2,90,100,90,100,90 100,,\n");
   EXPECT_EQ(search_edge(trials_, "b32_p2"), "high");
   EXPECT_EQ(search_edge(trials_, "b64_p2"), "low");
   EXPECT_EQ(search_edge(trials_, "b128_p0"), "");
@@ -166,8 +167,8 @@ TEST_F(Tables, SeedsTheBestMedianIsTheRowWithItsSpread) {
   // The median seed is s2 (290); with 3 seeds the 90% interval is the range
   // (a resample's median is the minimum with probability 7/27 > 5%).
   EXPECT_EQ(read_file((dir_ / "steps_to_target.csv").string()),
-            "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,steps_low,steps_high,seed_steps,bytes\n"
-            "16,290,4640,0.4,b16_p2_s2,1,,0,3,3,280,400,280,400,400 280 290,\n");
+            "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,steps_low,steps_high,seed_steps,bytes,syncs\n"
+            "16,290,4640,0.4,b16_p2_s2,1,,0,3,3,280,400,280,400,400 280 290,,\n");
   const std::vector<TargetRow> rows = read_steps_to_target(dir_.string());
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0].steps, 290);
@@ -180,8 +181,8 @@ TEST_F(Tables, SeedsTheBestMedianIsTheRowWithItsSpread) {
   rate("p1", 0.2, {0, 0, 0});
   EXPECT_EQ(write_tables(trials_, dir_.string()), 1);
   EXPECT_EQ(read_file((dir_ / "steps_to_target.csv").string()),
-            "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,steps_low,steps_high,seed_steps,bytes\n"
-            "16,,,0.1,b16_p0_s0,0,low,0,3,1,,,,,100 inf inf,\n");
+            "batch_size,steps,examples,best_lr,trial,reached,edge,failed,seeds,seeds_reached,steps_min,steps_max,steps_low,steps_high,seed_steps,bytes,syncs\n"
+            "16,,,0.1,b16_p0_s0,0,low,0,3,1,,,,,100 inf inf,,\n");
   const std::string table = report(dir_.string());
   EXPECT_NE(table.find("1/3"), std::string::npos) << table;
 }

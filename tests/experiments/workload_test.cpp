@@ -334,15 +334,15 @@ TEST_F(Workloads, AWorkloadsOwnMetricsAreRecordedByName) {
   std::getline(in, header);
   EXPECT_EQ(header,
             "step,epoch,examples,train_loss,val_loss,val_error,lr,batch_size,wall_time,gns,bytes_sent,bytes_received,"
-            "compress_seconds,comm_seconds,loss_scale,skipped_steps,state_bytes,peak_rss_bytes,avg_val_loss,"
-            "avg_val_error,val_error_again");
+            "compress_seconds,comm_seconds,syncs,outer_norm,loss_scale,skipped_steps,state_bytes,peak_rss_bytes,"
+            "avg_val_loss,avg_val_error,val_error_again");
   int rows = 0;
   while (std::getline(in, row)) {
     std::vector<std::string> cells;
     std::stringstream cut(row);
     for (std::string c; std::getline(cut, c, ',');) cells.push_back(c);
-    ASSERT_EQ(cells.size(), 21u) << row;
-    EXPECT_DOUBLE_EQ(std::stod(cells[5]), std::stod(cells[20])) << row;
+    ASSERT_EQ(cells.size(), 23u) << row;
+    EXPECT_DOUBLE_EQ(std::stod(cells[5]), std::stod(cells[22])) << row;
     ++rows;
   }
   EXPECT_EQ(rows, 4);
