@@ -30,6 +30,7 @@
 #include "noise/gradient_noise.h"
 #include "noise/noise_scale.h"
 #include "distributed/compression.h"
+#include "distributed/delayed.h"
 #include "distributed/local_sgd.h"
 #include "distributed/process_group.h"
 #include "distributed/sharded.h"

@@ -49,8 +49,8 @@ const char* sync_type_name(SyncType type) {
 }
 
 void check_spec(const LocalSgdSpec& s) {
-  TORCH_CHECK(s.type != SyncType::kEveryStep, "local SGD: type must be local_sgd or diloco, got every_step (that is "
-                                              "the gradient exchange of compression.h)");
+  TORCH_CHECK(s.type == SyncType::kLocalSgd || s.type == SyncType::kDiloco,
+              "local SGD: type must be local_sgd or diloco, got ", sync_type_name(s.type));
   TORCH_CHECK(s.every >= 1, "local SGD: every must be >= 1 (steps), got ", s.every);
   TORCH_CHECK(s.fragments >= 1, "local SGD: fragments must be >= 1, got ", s.fragments);
   TORCH_CHECK(s.every % s.fragments == 0, "local SGD: every (", s.every, ") must divide by fragments (", s.fragments,

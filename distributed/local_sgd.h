@@ -24,15 +24,18 @@ namespace bigbatch::distributed {
 
 /// every_step: synchronous data parallelism (the gradients averaged every
 /// step, compression.h); local_sgd: the parameters averaged every H steps;
-/// diloco: an outer optimizer step on the averaged pseudo-gradient every H steps.
-enum class SyncType { kEveryStep, kLocalSgd, kDiloco };
+/// diloco: an outer optimizer step on the averaged pseudo-gradient every H
+/// steps; delayed: asynchronous SGD's stale gradients, simulated in one
+/// process (delayed.h).
+enum class SyncType { kEveryStep, kLocalSgd, kDiloco, kDelayed };
 
 struct SyncTypeName {
   SyncType value;
   const char* name;
 };
 inline constexpr SyncTypeName kSyncTypeNames[] = {
-    {SyncType::kEveryStep, "every_step"}, {SyncType::kLocalSgd, "local_sgd"}, {SyncType::kDiloco, "diloco"}};
+    {SyncType::kEveryStep, "every_step"}, {SyncType::kLocalSgd, "local_sgd"}, {SyncType::kDiloco, "diloco"},
+    {SyncType::kDelayed, "delayed"}};
 
 /// The config name of a synchronization.
 const char* sync_type_name(SyncType type);

@@ -160,13 +160,23 @@ void compression_fields(Io& io, Spec& c) {
   }
 }
 
-// How often the ranks agree: every step, or local SGD / DiLoCo's H steps
-// (distributed/local_sgd.h), with DiLoCo's outer step.
+// How often the ranks agree: every step, local SGD / DiLoCo's H steps
+// (distributed/local_sgd.h) with DiLoCo's outer step, or never, asynchronous
+// SGD's delays simulated (distributed/delayed.h).
 template <typename Io, typename Spec>
-void sync_fields(Io& io, Spec& s) {
+void sync_fields(Io& io, Spec& d) {
   using distributed::SyncType;
+  auto& s = d.sync;
   io.choice("type", s.type, distributed::kSyncTypeNames);
   if (s.type == SyncType::kEveryStep) return;
+  if (s.type == SyncType::kDelayed) {
+    auto& x = d.delay;
+    io.required("tau", x.tau);
+    io.check("tau", x.tau >= 0, "must be >= 0 (steps), got " + std::to_string(x.tau));
+    io.choice("draw", x.draw, distributed::kStalenessDrawNames);
+    io.field("staleness_aware", x.staleness_aware);
+    return;
+  }
   io.required("every", s.every);
   io.check("every", s.every >= 1, "must be >= 1 (steps), got " + std::to_string(s.every));
   io.field("fragments", s.fragments);
@@ -206,8 +216,10 @@ void distributed_fields(Io& io, Spec& d) {
   io.check("shard", d.shard != distributed::ShardStage::kGradients || !d.compression.overlap,
            "\"gradients\" reduce-scatters after backward; overlap must be false");
   if (io.given("sync", !d.synchronous())) {
-    io.object("sync", d.sync, [](auto& q, auto& s) { sync_fields(q, s); });
+    io.object("sync", d, [](auto& q, auto& s) { sync_fields(q, s); });
   }
+  io.check("compression", !d.delayed() || m == distributed::Compression::kNone,
+           std::string("distributed.sync delayed exchanges nothing to compress; got ") + distributed::compression_name(m));
   if (!d.synchronous()) {
     io.check("shard", d.shard == distributed::ShardStage::kNone,
              "the ranks of " + std::string(distributed::sync_type_name(d.sync.type)) +

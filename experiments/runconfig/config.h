@@ -8,6 +8,7 @@
 #include "../workload/data.h"
 #include "../workload/models.h"
 #include "../../distributed/compression.h"
+#include "../../distributed/delayed.h"
 #include "../../distributed/local_sgd.h"
 #include "../../distributed/sharded.h"
 #include "../../optimizers/weight_average.h"
@@ -94,10 +95,14 @@ struct DistributedSpec {
   /// "sync": how often the ranks agree (distributed/local_sgd.h):
   /// {"type": "every_step"} (synchronous, the default, left out of resolved
   /// configs), or "local_sgd" / "diloco" with "every" (H), "fragments" (P)
-  /// and, for diloco, "outer" {"lr", "momentum", "nesterov"}. Its compressor
-  /// is "compression", applied to the pseudo-gradients.
+  /// and, for diloco, "outer" {"lr", "momentum", "nesterov"} (its compressor
+  /// is "compression", applied to the pseudo-gradients); or "delayed" with
+  /// "tau", "draw", "staleness_aware" (asynchronous SGD's stale gradients in
+  /// one process, distributed/delayed.h: `delay`).
   distributed::LocalSgdSpec sync{distributed::SyncType::kEveryStep};
+  distributed::DelaySpec delay;
   bool synchronous() const { return sync.type == distributed::SyncType::kEveryStep; }
+  bool delayed() const { return sync.type == distributed::SyncType::kDelayed; }
   bool is_default() const;
 };
 

@@ -88,6 +88,7 @@ json summary_json(const TrialConfig& t, const TrialResult& r) {
   j["data"] = data;
   if (r.exchange.is_object()) j["exchange"] = r.exchange;
   if (r.shard.is_object()) j["shard"] = r.shard;
+  if (r.staleness.is_object()) j["staleness"] = r.staleness;
   if (t.precision != Precision::kFp32) {
     j["precision"] = {{"name", to_string(t.precision)}, {"loss_scale", nullptr}, {"skipped_steps", nullptr}};
     if (!r.rows.empty() && std::isfinite(r.rows.back().loss_scale)) {
@@ -124,6 +125,7 @@ TrialResult result_from_summary(const json& summary) {
   if (summary.contains("error") && summary["error"].is_string()) r.error = summary["error"].get<std::string>();
   if (summary.contains("exchange") && summary["exchange"].is_object()) r.exchange = summary["exchange"];
   if (summary.contains("shard") && summary["shard"].is_object()) r.shard = summary["shard"];
+  if (summary.contains("staleness") && summary["staleness"].is_object()) r.staleness = summary["staleness"];
   return r;
 }
 

@@ -5,6 +5,7 @@
 
 #include "trial.h"
 #include "../optim/optimizer.h"
+#include "../../distributed/delayed.h"
 #include "../../distributed/local_sgd.h"
 #include "../../distributed/sharded.h"
 #include "../../optimizers/loss_scaler.h"
@@ -35,6 +36,9 @@ struct Trainer::Lane {
   /// A non-finite loss on this rank since the ranks last agreed on one
   /// (local steps: known to the others at the next synchronization or evaluation).
   bool local_nonfinite = false;
+  /// distributed.sync delayed: the past parameters each step's gradient is
+  /// taken at, and the staleness histogram, else null.
+  std::unique_ptr<distributed::DelayedGradients> delayed;
   /// The synchronizations and bytes sent when the target was reached.
   std::optional<std::int64_t> syncs_to_target;
   std::optional<double> bytes_to_target;

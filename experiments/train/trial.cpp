@@ -389,7 +389,12 @@ void Trainer::add_lanes(const std::vector<TrialConfig>& configs) {
       shard_lane(*lane);
       stepped = &lane->sharded->wrapped();
     }
-    if (!c.distributed.synchronous()) {  // (the model's weights are rank 0's by now)
+    if (c.distributed.delayed()) {
+      TORCH_CHECK(group_ == nullptr || group_->size() == 1, "distributed.sync delayed runs in a world of one");
+      distributed::DelaySpec delay = c.distributed.delay;
+      delay.seed = c.seed;
+      lane->delayed = std::make_unique<distributed::DelayedGradients>(delay, lane->params);
+    } else if (!c.distributed.synchronous()) {  // (the model's weights are rank 0's by now)
       distributed::LocalSgdSpec sync = c.distributed.sync;
       sync.compression = c.distributed.compression;
       sync.compression.seed = c.seed;
@@ -466,7 +471,13 @@ std::vector<double> Trainer::train_step() {
   b.rows = fetch(b);
   if (first.multiplicative) b.weights = share(first.multiplicative->weights(b.size, step_));
   if (first.scaler) b.loss_scale = first.scaler->scale();  // (fp16 trials are never batched: one lane)
+  // Delayed gradients (never batched: one lane): this step's gradient at the
+  // parameters of tau steps ago, applied to today's.
+  const std::int64_t tau = first.delayed ? first.delayed->staleness(step_) : 0;
+  std::optional<distributed::DelayedGradients::Stale> stale;
+  if (first.delayed) stale.emplace(*first.delayed, tau);
   const std::vector<LaneGradient> gradients = model_->gradients(b, active, first.config.gns.micro_batches);
+  stale.reset();
   std::vector<double> losses(lanes_.size(), kNaN);
   for (std::size_t i = 0; i < lanes_.size(); ++i) {
     Lane& lane = *lanes_[i];
@@ -476,6 +487,11 @@ std::vector<double> Trainer::train_step() {
     // state changes) when one is inf or NaN; the same on every rank, whose
     // gradients the exchange made equal.
     const bool finite = !lane.scaler || lane.scaler->unscale(lane.params);
+    if (lane.delayed) {
+      lane.delayed->record(tau);
+      const double factor = lane.delayed->rate_factor(tau);  // staleness_aware: the rate over tau
+      for (auto& g : lane.optimizer->param_groups()) g.options().set_lr(g.options().get_lr() * factor);
+    }
     if (finite) {
       if (lane.annealed) lane.annealed->apply(lane.params, step_);  // the same noise on every rank
       lane.optimizer->step();
@@ -661,6 +677,21 @@ void Trainer::leave(std::size_t i, TrialStatus status, double seconds, const Hoo
                                  lane.bytes_to_target, lane.syncs_to_target);
     r.exchange["sync"] = distributed::sync_type_name(distributed::SyncType::kEveryStep);
   }
+  if (lane.delayed) {
+    const distributed::DelayedGradients& d = *lane.delayed;
+    const std::vector<std::int64_t>& h = d.histogram();
+    double sum = 0, n = 0;
+    for (std::size_t k = 0; k < h.size(); ++k) {
+      sum += static_cast<double>(k) * static_cast<double>(h[k]);
+      n += static_cast<double>(h[k]);
+    }
+    r.staleness = {{"tau", d.spec().tau},
+                   {"draw", config::enum_name(distributed::kStalenessDrawNames, d.spec().draw)},
+                   {"staleness_aware", d.spec().staleness_aware},
+                   {"steps", step_},
+                   {"histogram", h},
+                   {"mean", n > 0 ? sum / n : 0.0}};
+  }
   if (lane.local) {
     const distributed::LocalSgd& sync = *lane.local;
     const distributed::SyncStats& s = sync.totals();
@@ -821,7 +852,7 @@ std::vector<TrialResult> Trainer::run(const Hooks& hooks) {
       if (how != Interrupt::kNone) {
         elapsed_ = seconds();
         if (how == Interrupt::kCheckpoint && hooks.on_checkpoint && lanes_.size() == 1 && step_ > 0 &&
-            !lanes_.front()->local) {  // (the ranks' own models: one rank's checkpoint does not hold them)
+            lanes_.front()->config.distributed.synchronous()) {  // (the ranks' own models, the past parameters)
           hooks.on_checkpoint(checkpoint());
         }
         throw TrialInterrupted(how);

@@ -164,6 +164,10 @@ struct TrialResult {
   /// summary.json's "shard" (the stage, each rank's optimizer-state bytes,
   /// gradient bytes and peak resident memory, the bytes a step exchanges).
   nlohmann::json shard;
+  /// A trial with distributed.sync "delayed": summary.json's "staleness"
+  /// (tau, draw, staleness_aware, the steps, each staleness's count
+  /// (histogram[k]: the steps whose gradient was k steps old) and their mean).
+  nlohmann::json staleness;
 };
 
 /// The loader threads (loader.h) a trial of `data` runs with: spec.threads,

@@ -1250,6 +1250,38 @@ events = open(os.path.join(d, "events.out.tfevents.bigbatch"), "rb").read()
 assert events.count(b"sync/outer_norm") == len(rows) and events.count(b"exchange/syncs") == len(rows)
 print("diloco: 11 rounds, 12 fragment synchronizations,", x["bytes_sent"], "bytes; peak", x["peak_sync_bytes"])
 PY
+  # Delayed gradients (asynchronous SGD simulated in one process): refused
+  # over ranks and with a compressor; tau = 0 is the plain run bit for bit;
+  # uniform staleness is the same run twice, its histogram counting every step.
+  derive dz.json 'c["distributed"] = {"sync": {"type": "delayed", "tau": -1}}'
+  expect_error 2 "distributed.sync.tau: must be >= 0 (steps), got -1" "$bigbatch" train dz.json
+  derive dz.json 'c["distributed"] = {"sync": {"type": "delayed", "tau": 2}, "compression": {"name": "topk"}}'
+  expect_error 2 "distributed.compression: distributed.sync delayed exchanges nothing to compress; got topk" "$bigbatch" train dz.json
+  derive dz.json 'c["distributed"] = {"sync": {"type": "delayed", "tau": 2}}'
+  expect_error 2 "distributed.sync: delayed simulates asynchronous SGD's stale gradients in one process, and this run has a world of 2" \
+    "$bigbatch" train dz.json --nproc 2 --master-port $(free_port)
+  derive d0.json 'c["target"]["threshold"] = 1e-9; c["distributed"] = {"sync": {"type": "delayed", "tau": 0}}'
+  derive du.json 'c["target"]["threshold"] = 1e-9; c["distributed"] = {"sync": {"type": "delayed", "tau": 4, "draw": "uniform", "staleness_aware": True}}'
+  "$bigbatch" train plain.json --batch-size 64 --lr 0.03 --steps 30 --out one > /dev/null
+  "$bigbatch" train d0.json --batch-size 64 --lr 0.03 --steps 30 --out d0 > /dev/null
+  "$bigbatch" train du.json --batch-size 64 --lr 0.03 --steps 30 --out du > /dev/null
+  "$bigbatch" train du.json --batch-size 64 --lr 0.03 --steps 30 --out du2 > /dev/null
+  $py - one/e2e.train/b64_p0_s0 d0/e2e.train/b64_p0_s0 du/e2e.train/b64_p0_s0 du2/e2e.train/b64_p0_s0 <<'PY'
+import csv, json, os, sys
+one, d0, du, du2 = (list(csv.DictReader(open(os.path.join(d, "metrics.csv")))) for d in sys.argv[1:5])
+for a, b in ((one, d0), (du, du2)):
+    assert len(a) == len(b) == 6, (len(a), len(b))
+    for x, y in zip(a, b):
+        assert all(x[k] == y[k] for k in x if k != "wall_time"), (x, y)
+assert any(x["val_loss"] != y["val_loss"] for x, y in zip(one, du)), "tau 4 trained as tau 0"
+s = json.load(open(os.path.join(sys.argv[3], "summary.json")))["staleness"]
+assert s["tau"] == 4 and s["draw"] == "uniform" and s["staleness_aware"] and s["steps"] == 30, s
+assert len(s["histogram"]) == 5 and sum(s["histogram"]) == 30 and s["histogram"][0] >= 1, s
+assert abs(s["mean"] - sum(k * n for k, n in enumerate(s["histogram"])) / 30) < 1e-12, s
+z = json.load(open(os.path.join(sys.argv[2], "summary.json")))["staleness"]
+assert z["histogram"] == [30] and z["mean"] == 0, z
+print("delayed: tau 0 the plain run bit for bit; uniform tau <= 4 reproducible, histogram", s["histogram"])
+PY
   # A sweep with the synchronization as a dimension: the table and report
   # carry bytes and synchronizations to the target.
   derive sw.json 'c["batch_sizes"] = [128, 512]; c["seeds"] = [0]; c["search"] = {"lr": [0.03]}
