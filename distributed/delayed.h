@@ -1,4 +1,4 @@
-// Asynchronous SGD, simulated in one process and reproducible: the update of
+// Asynchronous SGD's staleness, simulated and reproducible: the update of
 // step t applies the gradient taken at the parameters of tau_t steps before,
 // as a worker's gradient reaches a parameter server after tau_t other
 // updates (Dean et al. 2012's Downpour SGD, the delayed-gradient model of

@@ -39,6 +39,41 @@ at::Tensor piece_of(const at::Tensor& t, const LocalSgd::Piece& p) {
   return t.view({-1}).slice(0, p.begin, p.end);
 }
 
+// Every tensor replaced by its average over the ranks: one all-reduce per
+// dtype, in that dtype. Adds the ring bytes and the seconds to `totals`.
+void average(ProcessGroup& group, std::vector<at::Tensor>& tensors, SyncStats& totals) {
+  const double w = group.size();
+  std::vector<std::vector<std::size_t>> by_dtype;
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    auto same = std::find_if(by_dtype.begin(), by_dtype.end(), [&](const auto& run) {
+      return tensors[run.front()].scalar_type() == tensors[k].scalar_type();
+    });
+    if (same == by_dtype.end()) {
+      by_dtype.push_back({k});
+    } else {
+      same->push_back(k);
+    }
+  }
+  for (const auto& run : by_dtype) {
+    std::vector<at::Tensor> parts;
+    for (const std::size_t k : run) parts.push_back(tensors[k].reshape({-1}));
+    std::vector<at::Tensor> flat{at::cat(parts)};
+    const double bytes = static_cast<double>(flat[0].numel() * flat[0].element_size()) * 2 * (w - 1) / w;
+    const auto start = Clock::now();
+    group.allreduce_sum(flat);
+    totals.communicate_seconds += seconds_since(start);
+    totals.bytes_sent += bytes;
+    totals.bytes_received += bytes;
+    flat[0].div_(w);
+    std::int64_t offset = 0;
+    for (const std::size_t k : run) {
+      const std::int64_t m = tensors[k].numel();
+      tensors[k].copy_(flat[0].slice(0, offset, offset + m).view(tensors[k].sizes()));
+      offset += m;
+    }
+  }
+}
+
 }  // namespace
 
 const char* sync_type_name(SyncType type) {
@@ -59,14 +94,23 @@ void check_spec(const LocalSgdSpec& s) {
   TORCH_CHECK(s.outer.momentum >= 0 && s.outer.momentum < 1, "local SGD: outer.momentum must be in [0, 1), got ",
               s.outer.momentum);
   TORCH_CHECK(!s.outer.nesterov || s.outer.momentum > 0, "local SGD: outer.nesterov needs outer.momentum > 0");
+  TORCH_CHECK(s.type != SyncType::kLocalSgd || (s.outer.lr == 1 && s.outer.momentum == 0),
+              "local SGD: local_sgd averages the models (outer lr 1, momentum 0), got outer lr ", s.outer.lr,
+              ", momentum ", s.outer.momentum, "; an outer step is diloco's");
   TORCH_CHECK(!s.compression.overlap, "local SGD: the pseudo-gradients are exchanged between steps; overlap must be false");
   check_spec(s.compression);
 }
 
-LocalSgd::LocalSgd(LocalSgdSpec spec, std::vector<at::Tensor> params) : spec_(spec), params_(std::move(params)) {
+LocalSgd::LocalSgd(LocalSgdSpec spec, std::vector<at::Tensor> params, const std::vector<at::Tensor>& buffers)
+    : spec_(spec), params_(std::move(params)) {
   check_spec(spec_);
   TORCH_CHECK(!params_.empty(), "local SGD: no parameters");
   at::NoGradGuard no_grad;
+  for (const auto& b : buffers) {
+    if (!b.defined() || !b.is_floating_point()) continue;  // (BatchNorm's count: an integer, the same on every rank)
+    buffers_.push_back(b);
+    buffer_anchors_.push_back(b.detach().clone());
+  }
   std::int64_t total = 0;
   for (const auto& p : params_) {
     TORCH_CHECK(p.is_contiguous(), "local SGD: parameters must be contiguous (a fragment is a view of their elements)");
@@ -113,21 +157,31 @@ bool LocalSgd::finish(ProcessGroup* group, std::int64_t steps) { return round(gr
 
 bool LocalSgd::round(ProcessGroup* group, std::int64_t steps, bool all) {
   const double sent_before = totals_.bytes_sent;
-  double outer_sq = 0;
+  if (last_round_ != steps) round_outer_sq_ = 0;  // (finish() after after_step() at one step: one round)
   bool any = false;
   for (std::size_t f = 0; f < fragments_.size(); ++f) {
     if (last_synced_[f] == steps || !(all || due(f, steps))) continue;
-    sync(group, f, outer_sq);
+    sync(group, f, round_outer_sq_);
     last_synced_[f] = steps;
     any = true;
   }
-  if (any) {
-    if (last_round_ != steps) ++totals_.rounds;  // (finish() after after_step() at one step: one round)
-    last_round_ = steps;
-    if (!all) totals_.peak_round_bytes = std::max(totals_.peak_round_bytes, totals_.bytes_sent - sent_before);
-    totals_.last_outer_norm = std::sqrt(outer_sq);
+  if (!any) return false;
+  // The buffers (BatchNorm's running statistics) averaged too, with every round.
+  if (!buffers_.empty()) {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> mean;
+    for (const auto& b : buffers_) mean.push_back(b.detach().clone());
+    if (group != nullptr && group->size() > 1) average(*group, mean, totals_);
+    for (std::size_t i = 0; i < buffers_.size(); ++i) {
+      buffers_[i].detach().copy_(mean[i]);
+      buffer_anchors_[i].copy_(mean[i]);
+    }
   }
-  return any;
+  if (last_round_ != steps) ++totals_.rounds;
+  last_round_ = steps;
+  if (!all) totals_.peak_round_bytes = std::max(totals_.peak_round_bytes, totals_.bytes_sent - sent_before);
+  totals_.last_outer_norm = std::sqrt(round_outer_sq_);
+  return true;
 }
 
 void LocalSgd::sync(ProcessGroup* group, std::size_t f, double& outer_sq) {
@@ -143,36 +197,7 @@ void LocalSgd::sync(ProcessGroup* group, std::size_t f, double& outer_sq) {
   }
   if (group != nullptr && group->size() > 1) {
     if (spec_.compression.method == Compression::kNone) {
-      // One all-reduce per dtype, in the parameters' own precision.
-      std::vector<std::vector<std::size_t>> by_dtype;
-      for (std::size_t k = 0; k < n; ++k) {
-        auto same = std::find_if(by_dtype.begin(), by_dtype.end(), [&](const auto& run) {
-          return delta[run.front()].scalar_type() == delta[k].scalar_type();
-        });
-        if (same == by_dtype.end()) {
-          by_dtype.push_back({k});
-        } else {
-          same->push_back(k);
-        }
-      }
-      for (const auto& run : by_dtype) {
-        std::vector<at::Tensor> parts;
-        for (const std::size_t k : run) parts.push_back(delta[k].reshape({-1}));
-        std::vector<at::Tensor> flat{at::cat(parts)};
-        const double bytes = static_cast<double>(flat[0].numel() * flat[0].element_size()) * 2 * (w - 1) / w;
-        const auto start = Clock::now();
-        group->allreduce_sum(flat);
-        totals_.communicate_seconds += seconds_since(start);
-        totals_.bytes_sent += bytes;
-        totals_.bytes_received += bytes;
-        flat[0].div_(w);
-        std::int64_t offset = 0;
-        for (const std::size_t k : run) {
-          const std::int64_t m = delta[k].numel();
-          delta[k].copy_(flat[0].slice(0, offset, offset + m).view(delta[k].sizes()));
-          offset += m;
-        }
-      }
+      average(*group, delta, totals_);
     } else {
       for (std::size_t k = 0; k < n; ++k) v.carrier[k].mutable_grad() = delta[k];
       GradientExchange& x = *exchanges_[f];
@@ -202,15 +227,21 @@ void LocalSgd::sync(ProcessGroup* group, std::size_t f, double& outer_sq) {
 
 LocalSgd::Global::Global(LocalSgd& sync) : sync_(sync) {
   at::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < sync_.params_.size(); ++i) {
-    own_.push_back(sync_.params_[i].detach().clone());
-    sync_.params_[i].detach().copy_(sync_.anchors_[i]);
-  }
+  const auto swap_in = [&](const std::vector<at::Tensor>& mine, const std::vector<at::Tensor>& global) {
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      own_.push_back(mine[i].detach().clone());
+      mine[i].detach().copy_(global[i]);
+    }
+  };
+  swap_in(sync_.params_, sync_.anchors_);
+  swap_in(sync_.buffers_, sync_.buffer_anchors_);
 }
 
 LocalSgd::Global::~Global() {
   at::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < own_.size(); ++i) sync_.params_[i].detach().copy_(own_[i]);
+  const std::size_t n = sync_.params_.size();
+  for (std::size_t i = 0; i < n; ++i) sync_.params_[i].detach().copy_(own_[i]);
+  for (std::size_t i = 0; i < sync_.buffers_.size(); ++i) sync_.buffers_[i].detach().copy_(own_[n + i]);
 }
 
 }  // namespace bigbatch::distributed

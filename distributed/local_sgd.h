@@ -57,7 +57,9 @@ struct LocalSgdSpec {
   SyncType type = SyncType::kLocalSgd;
   /// H: steps of each fragment between its synchronizations, >= 1.
   std::int64_t every = 1;
-  /// local_sgd: lr 1, momentum 0 (the average); diloco: diloco_outer() unless set.
+  /// local_sgd: lr 1, momentum 0 (the average; nothing else is taken);
+  /// diloco: any, diloco_outer() for the paper's (the runner's config
+  /// reader gives it unless "outer" says otherwise).
   OuterSpec outer;
   /// P: the parameters, flattened and joined in order, cut into P runs of
   /// equal elements (fragment p: elements [p N / P, (p + 1) N / P)), so that
@@ -68,9 +70,11 @@ struct LocalSgdSpec {
   std::int64_t fragments = 1;
   /// How the pseudo-gradients are averaged: none (an all-reduce in the
   /// parameters' own dtype), or a compressor of compression.h with its error
-  /// feedback (one exchange per fragment, its memories carried from one
-  /// synchronization of the fragment to the next). bucket_bytes and overlap
-  /// are not used.
+  /// feedback (one exchange per fragment over the fragment's pieces, in
+  /// buckets of bucket_bytes, its memories carried from one synchronization
+  /// of the fragment to the next; its start_steps and warmup_steps count
+  /// that fragment's synchronizations). A piece that is part of a tensor is
+  /// one-dimensional: PowerSGD sends it uncompressed. overlap must be false.
   CompressionSpec compression;
 };
 
@@ -92,8 +96,8 @@ struct SyncStats {
   double peak_round_bytes = 0;
   double compress_seconds = 0;
   double communicate_seconds = 0;
-  /// The L2 norm of the last round's outer update (anchor after - before,
-  /// over the fragments it synchronized); NaN before the first round.
+  /// The L2 norm of the last round's outer update (lr times the update, over
+  /// the fragments it synchronized); NaN before the first round.
   double last_outer_norm = std::numeric_limits<double>::quiet_NaN();
 };
 
@@ -103,7 +107,10 @@ struct SyncStats {
 /// finish() at the run's end, on every rank, with the same parameters.
 class LocalSgd {
  public:
-  LocalSgd(LocalSgdSpec spec, std::vector<at::Tensor> params);
+  /// `buffers`: the model's buffers; the floating ones (BatchNorm's running
+  /// statistics) are averaged over the ranks with every round, plainly, and
+  /// take part in Global.
+  LocalSgd(LocalSgdSpec spec, std::vector<at::Tensor> params, const std::vector<at::Tensor>& buffers = {});
   ~LocalSgd();
   LocalSgd(const LocalSgd&) = delete;
   LocalSgd& operator=(const LocalSgd&) = delete;
@@ -113,14 +120,16 @@ class LocalSgd {
   /// a world of one, where the outer step alone runs). Returns whether any did.
   bool after_step(ProcessGroup* group, std::int64_t steps);
   /// The run's end: every fragment not synchronized after `steps` does now,
-  /// so that the ranks end with one model. Returns whether any did.
+  /// so that the ranks end with one model (call it on every rank). Returns
+  /// whether any did.
   bool finish(ProcessGroup* group, std::int64_t steps);
   /// Whether fragment `f` synchronizes after step `steps`.
   bool due(std::size_t f, std::int64_t steps) const;
 
   /// While it lives, the parameters hold the global model (each fragment's
-  /// last synchronized values, the same on every rank), and this rank's own
-  /// come back bit for bit when it ends: what an evaluation sees.
+  /// last synchronized values, the same on every rank; the floating buffers
+  /// as last averaged), and this rank's own come back bit for bit when it
+  /// ends: what an evaluation sees.
   class Global {
    public:
     explicit Global(LocalSgd& sync);
@@ -164,6 +173,8 @@ class LocalSgd {
   std::vector<std::unique_ptr<GradientExchange>> exchanges_;  ///< one per fragment, with a compressor
   std::vector<std::int64_t> last_synced_;                     ///< each fragment's last step synchronized
   std::int64_t last_round_ = 0;                               ///< the last step with a round
+  double round_outer_sq_ = 0;                                 ///< its outer update's squared norm so far
+  std::vector<at::Tensor> buffers_, buffer_anchors_;          ///< the floating buffers, as last averaged
   SyncStats totals_;
 };
 

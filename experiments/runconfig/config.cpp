@@ -218,12 +218,11 @@ void distributed_fields(Io& io, Spec& d) {
   if (io.given("sync", !d.synchronous())) {
     io.object("sync", d, [](auto& q, auto& s) { sync_fields(q, s); });
   }
-  io.check("compression", !d.delayed() || m == distributed::Compression::kNone,
-           std::string("distributed.sync delayed exchanges nothing to compress; got ") + distributed::compression_name(m));
   if (!d.synchronous()) {
     io.check("shard", d.shard == distributed::ShardStage::kNone,
-             "the ranks of " + std::string(distributed::sync_type_name(d.sync.type)) +
-                 " keep their own optimizer states between synchronizations; shard must be \"none\"");
+             d.delayed() ? std::string("delayed keeps the past parameters whole on every rank; shard must be \"none\"")
+                         : "the ranks of " + std::string(distributed::sync_type_name(d.sync.type)) +
+                               " keep their own optimizer states between synchronizations; shard must be \"none\"");
     io.check("overlap", !d.compression.overlap,
              std::string(distributed::sync_type_name(d.sync.type)) + " exchanges no gradients in backward");
   }

@@ -30,10 +30,6 @@ void check_world(const SweepConfig& sweep, int world_size) {
                       "\" shards the optimizer across the ranks of a data-parallel run, and this run has a world "
                       "of one; run it with --nproc 2 or more (or under torchrun, mpirun, srun)");
   }
-  if (sweep.base.distributed.delayed() && world_size > 1) {
-    throw ConfigError("distributed.sync: delayed simulates asynchronous SGD's stale gradients in one process, and "
-                      "this run has a world of " + std::to_string(world_size) + "; run it without --nproc");
-  }
   for (const auto b : sweep.batch_sizes) {
     if (b % world_size != 0) {
       throw ConfigError("batch_sizes: " + std::to_string(b) + " is not divisible by the world size " +

@@ -12,8 +12,7 @@ namespace bigbatch::experiments {
 
 /// Throws ConfigError unless every batch size divides by the world size, and
 /// when the config compresses the gradient exchange of, or shards the
-/// optimizer across, a world of one, or simulates delayed gradients
-/// (distributed.sync "delayed") in a world of more.
+/// optimizer across, a world of one.
 void check_world(const SweepConfig& sweep, int world_size);
 
 /// Throws ConfigError unless --jobs is >= 1, and 1 when data-parallel (every

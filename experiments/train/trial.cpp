@@ -390,7 +390,6 @@ void Trainer::add_lanes(const std::vector<TrialConfig>& configs) {
       stepped = &lane->sharded->wrapped();
     }
     if (c.distributed.delayed()) {
-      TORCH_CHECK(group_ == nullptr || group_->size() == 1, "distributed.sync delayed runs in a world of one");
       distributed::DelaySpec delay = c.distributed.delay;
       delay.seed = c.seed;
       lane->delayed = std::make_unique<distributed::DelayedGradients>(delay, lane->params);
@@ -398,7 +397,7 @@ void Trainer::add_lanes(const std::vector<TrialConfig>& configs) {
       distributed::LocalSgdSpec sync = c.distributed.sync;
       sync.compression = c.distributed.compression;
       sync.compression.seed = c.seed;
-      lane->local = std::make_unique<distributed::LocalSgd>(sync, lane->params);
+      lane->local = std::make_unique<distributed::LocalSgd>(sync, lane->params, model_->lane(i).buffers());
       model_->local_steps();
     }
     schedules::Schedule schedule(c.schedule, c.batch_size, data_.train_size());
@@ -472,7 +471,8 @@ std::vector<double> Trainer::train_step() {
   if (first.multiplicative) b.weights = share(first.multiplicative->weights(b.size, step_));
   if (first.scaler) b.loss_scale = first.scaler->scale();  // (fp16 trials are never batched: one lane)
   // Delayed gradients (never batched: one lane): this step's gradient at the
-  // parameters of tau steps ago, applied to today's.
+  // parameters of tau steps ago (data-parallel: every rank's, exchanged as
+  // usual; the ranks hold the same past and draw the same tau), applied to today's.
   const std::int64_t tau = first.delayed ? first.delayed->staleness(step_) : 0;
   std::optional<distributed::DelayedGradients::Stale> stale;
   if (first.delayed) stale.emplace(*first.delayed, tau);

@@ -152,7 +152,7 @@ int local_sgd_worker(const std::string& scenario) {
     spec.fragments = f[0] == "topk" ? 1 : std::stoll(f[2]);
     if (f[0] == "topk") {
       spec.compression.method = bd::Compression::kTopK;
-      spec.compression.ratio = 0.1;
+      spec.compression.ratio = f.size() > 1 ? std::stod(f[1]) : 0.1;
       spec.compression.seed = 3;
     }
   }
@@ -359,6 +359,40 @@ TEST(LocalSgd, PseudoGradientsThroughTopKWithErrorFeedback) {
   // The model moved from its start: the compressed average is not nothing.
   const at::Tensor start = flat(net_of(100, at::kDouble)->parameters());
   EXPECT_GT((got[0] - start).abs().max().item<double>(), 1e-3);
+  // Top-k of everything is the average itself, through fp32 buckets: the
+  // uncompressed run's parameters to fp32 rounding (a sum for a mean, or a
+  // memory added twice, is far off).
+  const auto all = run_ranks("local_sgd:topk:1", 2, n);
+  const auto plain = run_ranks("local_sgd:diloco:2:1", 2, n);
+  EXPECT_LT(relative(all[0], plain[0], start), 1e-5);
+  EXPECT_GT(relative(got[0], plain[0], start), 1e-3) << "10% top-k sent everything";
+}
+
+TEST(LocalSgd, EvaluationsSeeTheLastSynchronizedModelAndBuffers) {
+  // A world of one: the outer step alone. The parameter moves by a local
+  // step; until its synchronization the global view is the start.
+  at::Tensor p = at::tensor({1.0, 2.0}), b = at::tensor({3.0});
+  bd::LocalSgdSpec s;
+  s.every = 2;
+  bd::LocalSgd sync(s, {p}, {b, at::tensor({7}, at::kLong)});
+  p.copy_(at::tensor({5.0, 5.0}));
+  b.fill_(7.0);
+  EXPECT_FALSE(sync.after_step(nullptr, 1));
+  {
+    bd::LocalSgd::Global global(sync);
+    EXPECT_TRUE(at::equal(p, at::tensor({1.0, 2.0})));
+    EXPECT_TRUE(at::equal(b, at::tensor({3.0})));
+  }
+  EXPECT_TRUE(at::equal(p, at::tensor({5.0, 5.0})));  // this rank's own, back
+  EXPECT_TRUE(at::equal(b, at::tensor({7.0})));
+  EXPECT_TRUE(sync.after_step(nullptr, 2));  // the average of one: its own
+  p.copy_(at::tensor({6.0, 6.0}));
+  {
+    bd::LocalSgd::Global global(sync);
+    EXPECT_TRUE(at::equal(p, at::tensor({5.0, 5.0})));
+    EXPECT_TRUE(at::equal(b, at::tensor({7.0})));
+  }
+  EXPECT_DOUBLE_EQ(sync.totals().last_outer_norm, 5.0);  // |(5, 5) - (1, 2)|
 }
 
 TEST(LocalSgd, RefusesABadSpecNamingTheField) {
@@ -387,6 +421,9 @@ TEST(LocalSgd, RefusesABadSpecNamingTheField) {
   s.outer.lr = -1;
   refused(s, "outer.lr must be > 0, got -1");
   s.outer.lr = 1;
+  s.outer.momentum = 0.9;
+  refused(s, "local_sgd averages the models (outer lr 1, momentum 0), got outer lr 1, momentum 0.9");
+  s.outer.momentum = 0;
   s.type = bd::SyncType::kEveryStep;
   refused(s, "type must be local_sgd or diloco");
 }

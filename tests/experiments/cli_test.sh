@@ -1250,22 +1250,28 @@ events = open(os.path.join(d, "events.out.tfevents.bigbatch"), "rb").read()
 assert events.count(b"sync/outer_norm") == len(rows) and events.count(b"exchange/syncs") == len(rows)
 print("diloco: 11 rounds, 12 fragment synchronizations,", x["bytes_sent"], "bytes; peak", x["peak_sync_bytes"])
 PY
-  # Delayed gradients (asynchronous SGD simulated in one process): refused
-  # over ranks and with a compressor; tau = 0 is the plain run bit for bit;
-  # uniform staleness is the same run twice, its histogram counting every step.
+  # Delayed gradients (asynchronous SGD's staleness, simulated): tau = 0 is
+  # the plain run bit for bit, in one process and over 2 ranks; uniform
+  # staleness is the same run twice, its histogram counting every step.
   derive dz.json 'c["distributed"] = {"sync": {"type": "delayed", "tau": -1}}'
   expect_error 2 "distributed.sync.tau: must be >= 0 (steps), got -1" "$bigbatch" train dz.json
-  derive dz.json 'c["distributed"] = {"sync": {"type": "delayed", "tau": 2}, "compression": {"name": "topk"}}'
-  expect_error 2 "distributed.compression: distributed.sync delayed exchanges nothing to compress; got topk" "$bigbatch" train dz.json
-  derive dz.json 'c["distributed"] = {"sync": {"type": "delayed", "tau": 2}}'
-  expect_error 2 "distributed.sync: delayed simulates asynchronous SGD's stale gradients in one process, and this run has a world of 2" \
-    "$bigbatch" train dz.json --nproc 2 --master-port $(free_port)
+  derive dz.json 'c["distributed"] = {"sync": {"type": "delayed", "tau": 2}, "shard": "states"}; c["optimizer"] = {"name": "lamb"}'
+  expect_error 2 "distributed.shard: delayed keeps the past parameters whole on every rank" "$bigbatch" train dz.json --nproc 2 --master-port $(free_port)
   derive d0.json 'c["target"]["threshold"] = 1e-9; c["distributed"] = {"sync": {"type": "delayed", "tau": 0}}'
   derive du.json 'c["target"]["threshold"] = 1e-9; c["distributed"] = {"sync": {"type": "delayed", "tau": 4, "draw": "uniform", "staleness_aware": True}}'
   "$bigbatch" train plain.json --batch-size 64 --lr 0.03 --steps 30 --out one > /dev/null
   "$bigbatch" train d0.json --batch-size 64 --lr 0.03 --steps 30 --out d0 > /dev/null
   "$bigbatch" train du.json --batch-size 64 --lr 0.03 --steps 30 --out du > /dev/null
   "$bigbatch" train du.json --batch-size 64 --lr 0.03 --steps 30 --out du2 > /dev/null
+  "$bigbatch" train d0.json --batch-size 512 --lr 0.03 --steps 40 --out d0r --nproc 2 --master-port $(free_port) > /dev/null
+  $py - plain/e2e.train/b512_p0_s0 d0r/e2e.train/b512_p0_s0 <<'PY'
+import csv, os, sys
+a, b = (list(csv.DictReader(open(os.path.join(d, "metrics.csv")))) for d in sys.argv[1:3])
+assert len(a) == len(b) >= 2, (len(a), len(b))
+for x, y in zip(a, b):
+    assert all(x[k] == y[k] for k in x if k not in ("wall_time", "compress_seconds", "comm_seconds")), (x, y)
+print("delayed, tau 0, over 2 ranks: synchronous data parallelism bit for bit")
+PY
   $py - one/e2e.train/b64_p0_s0 d0/e2e.train/b64_p0_s0 du/e2e.train/b64_p0_s0 du2/e2e.train/b64_p0_s0 <<'PY'
 import csv, json, os, sys
 one, d0, du, du2 = (list(csv.DictReader(open(os.path.join(d, "metrics.csv")))) for d in sys.argv[1:5])
@@ -1297,7 +1303,7 @@ import csv, json, os, sys
 d = sys.argv[1]
 for v, every in (("sync", 1), ("local4", 4), ("diloco8", 8)):
     rows = list(csv.DictReader(open(os.path.join(d, v, "steps_to_target.csv"))))
-    assert len(rows) == 2, rows
+    assert len(rows) == 2 and all(r["reached"] == "1" for r in rows), rows
     for r in rows:
         if r["reached"] != "1":
             continue
