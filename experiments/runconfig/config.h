@@ -99,8 +99,14 @@ struct DistributedSpec {
   /// is "compression", applied to the pseudo-gradients); or "delayed" with
   /// "tau", "draw", "staleness_aware" (asynchronous SGD's stale gradients in
   /// one process, distributed/delayed.h: `delay`).
-  distributed::LocalSgdSpec sync{distributed::SyncType::kEveryStep};
+  distributed::LocalSgdSpec sync = every_step();
   distributed::DelaySpec delay;
+  /// The default "sync": the gradients averaged every step.
+  static distributed::LocalSgdSpec every_step() {
+    distributed::LocalSgdSpec s;
+    s.type = distributed::SyncType::kEveryStep;
+    return s;
+  }
   bool synchronous() const { return sync.type == distributed::SyncType::kEveryStep; }
   bool delayed() const { return sync.type == distributed::SyncType::kDelayed; }
   bool is_default() const;
