@@ -15,6 +15,7 @@
 #include "optimizers/lars.h"
 #include "optimizers/lion.h"
 #include "optimizers/loss_scaler.h"
+#include "optimizers/tensor_swap.h"
 #include "optimizers/weight_average.h"
 #include "optimizers/muon.h"
 #include "optimizers/novograd.h"

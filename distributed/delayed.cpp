@@ -1,6 +1,8 @@
 // Delayed gradients (delayed.h).
 #include "delayed.h"
 
+#include "../kernels/compress.h"
+
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
@@ -8,17 +10,8 @@
 #include <utility>
 
 namespace bigbatch::distributed {
-namespace {
 
-// SplitMix64's finalizer: a well-mixed 64-bit value of (seed, step).
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
+namespace kc = kernels::compress;
 
 void check_spec(const DelaySpec& s) {
   TORCH_CHECK(s.tau >= 0, "delayed gradients: tau must be >= 0 (steps), got ", s.tau);
@@ -32,7 +25,9 @@ DelayedGradients::DelayedGradients(DelaySpec spec, std::vector<at::Tensor> param
 std::int64_t DelayedGradients::staleness(std::int64_t step) const {
   std::int64_t tau = spec_.tau;
   if (spec_.draw == StalenessDraw::kUniform && tau > 0) {
-    const std::uint64_t r = mix(mix(spec_.seed) ^ static_cast<std::uint64_t>(step));
+    // SplitMix64 (kernels/compress.h's finalizer after its increment) of the seed, then of the step.
+    constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+    const std::uint64_t r = kc::mix64((kc::mix64(spec_.seed + kGolden) ^ static_cast<std::uint64_t>(step)) + kGolden);
     tau = static_cast<std::int64_t>(r % static_cast<std::uint64_t>(spec_.tau + 1));
   }
   return std::min(tau, step);
@@ -42,22 +37,11 @@ double DelayedGradients::rate_factor(std::int64_t tau) const {
   return spec_.staleness_aware && tau >= 1 ? 1.0 / static_cast<double>(tau) : 1.0;
 }
 
-DelayedGradients::Stale::Stale(DelayedGradients& delays, std::int64_t tau) : delays_(delays) {
+DelayedGradients::Stale::Stale(DelayedGradients& delays, std::int64_t tau) {
   if (tau == 0) return;
-  TORCH_CHECK(tau >= 1 && tau <= static_cast<std::int64_t>(delays_.past_.size()),
-              "delayed gradients: no parameters of ", tau, " steps ago (", delays_.past_.size(), " kept)");
-  at::NoGradGuard no_grad;
-  const std::vector<at::Tensor>& then = delays_.past_[static_cast<std::size_t>(tau - 1)];
-  for (std::size_t i = 0; i < delays_.params_.size(); ++i) {
-    at::Tensor p = delays_.params_[i].detach();
-    current_.push_back(p.clone());
-    p.copy_(then[i]);
-  }
-}
-
-DelayedGradients::Stale::~Stale() {
-  at::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < current_.size(); ++i) delays_.params_[i].detach().copy_(current_[i]);
+  TORCH_CHECK(tau >= 1 && tau <= static_cast<std::int64_t>(delays.past_.size()),
+              "delayed gradients: no parameters of ", tau, " steps ago (", delays.past_.size(), " kept)");
+  swap_.emplace(delays.params_, delays.past_[static_cast<std::size_t>(tau - 1)]);
 }
 
 void DelayedGradients::record(std::int64_t tau) {

@@ -9,10 +9,13 @@
 // docs/distributed.md.
 #pragma once
 
+#include "../optimizers/tensor_swap.h"
+
 #include <ATen/ATen.h>
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <vector>
 
 namespace bigbatch::distributed {
@@ -59,13 +62,9 @@ class DelayedGradients {
   class Stale {
    public:
     Stale(DelayedGradients& delays, std::int64_t tau);
-    ~Stale();
-    Stale(const Stale&) = delete;
-    Stale& operator=(const Stale&) = delete;
 
    private:
-    DelayedGradients& delays_;
-    std::vector<at::Tensor> current_;
+    std::optional<optim::TensorSwap> swap_;  ///< none for tau = 0
   };
 
   /// Before the step: keeps the parameters it is about to change (the

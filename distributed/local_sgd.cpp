@@ -225,23 +225,16 @@ void LocalSgd::sync(ProcessGroup* group, std::size_t f, double& outer_sq) {
   ++totals_.fragment_syncs;
 }
 
-LocalSgd::Global::Global(LocalSgd& sync) : sync_(sync) {
-  at::NoGradGuard no_grad;
-  const auto swap_in = [&](const std::vector<at::Tensor>& mine, const std::vector<at::Tensor>& global) {
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      own_.push_back(mine[i].detach().clone());
-      mine[i].detach().copy_(global[i]);
-    }
-  };
-  swap_in(sync_.params_, sync_.anchors_);
-  swap_in(sync_.buffers_, sync_.buffer_anchors_);
+namespace {
+
+std::vector<at::Tensor> joined(std::vector<at::Tensor> a, const std::vector<at::Tensor>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
 }
 
-LocalSgd::Global::~Global() {
-  at::NoGradGuard no_grad;
-  const std::size_t n = sync_.params_.size();
-  for (std::size_t i = 0; i < n; ++i) sync_.params_[i].detach().copy_(own_[i]);
-  for (std::size_t i = 0; i < sync_.buffers_.size(); ++i) sync_.buffers_[i].detach().copy_(own_[n + i]);
-}
+}  // namespace
+
+LocalSgd::Global::Global(LocalSgd& sync)
+    : swap_(joined(sync.params_, sync.buffers_), joined(sync.anchors_, sync.buffer_anchors_)) {}
 
 }  // namespace bigbatch::distributed

@@ -12,6 +12,7 @@
 
 #include "compression.h"
 #include "process_group.h"
+#include "../optimizers/tensor_swap.h"
 
 #include <ATen/ATen.h>
 
@@ -133,13 +134,9 @@ class LocalSgd {
   class Global {
    public:
     explicit Global(LocalSgd& sync);
-    ~Global();
-    Global(const Global&) = delete;
-    Global& operator=(const Global&) = delete;
 
    private:
-    LocalSgd& sync_;
-    std::vector<at::Tensor> own_;
+    optim::TensorSwap swap_;
   };
 
   const LocalSgdSpec& spec() const { return spec_; }

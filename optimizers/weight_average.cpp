@@ -76,20 +76,6 @@ std::vector<at::Tensor> WeightAverage::averaged() const {
   return out;
 }
 
-WeightAverage::Swap::Swap(const WeightAverage& average) : average_(average) {
-  at::NoGradGuard no_grad;
-  const std::vector<at::Tensor> values = average.averaged();
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    kept_.push_back(average.params_[i].detach().clone());
-    average.params_[i].detach().copy_(values[i]);
-  }
-}
-
-WeightAverage::Swap::~Swap() {
-  at::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < kept_.size(); ++i) average_.params_[i].detach().copy_(kept_[i]);
-}
-
 std::vector<at::Tensor> WeightAverage::state() const {
   std::vector<at::Tensor> out{at::scalar_tensor(updates_, at::kLong)};
   if (options_.type == AverageType::kEma) {

@@ -10,6 +10,8 @@
 // The averaged weights are never trained: training goes on from w.
 #pragma once
 
+#include "tensor_swap.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -50,14 +52,10 @@ class WeightAverage {
   /// the trained ones back (bit for bit).
   class Swap {
    public:
-    explicit Swap(const WeightAverage& average);
-    ~Swap();
-    Swap(const Swap&) = delete;
-    Swap& operator=(const Swap&) = delete;
+    explicit Swap(const WeightAverage& average) : swap_(average.params_, average.averaged()) {}
 
    private:
-    const WeightAverage& average_;
-    std::vector<at::Tensor> kept_;
+    TensorSwap swap_;
   };
 
   /// What a checkpoint saves: [updates (int64), then the EMA's tensors or
